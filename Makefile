@@ -1,0 +1,43 @@
+# The two commands the README promises: `make run` and `make test`.
+PYTHON ?= $(shell scripts/find-python)
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: run test lint venv dev-venv clean
+
+$(VENV)/.installed: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.installed
+dev-venv: $(VENV)/.dev-installed
+
+## make run: the app with demo data on SQLite and in-process execution.
+run: venv
+	mkdir -p var
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py ensure_admin
+	$(PY) manage.py seed_demo
+	$(PY) manage.py runserver 127.0.0.1:8000
+
+## make lint: ruff and the migrations check.
+lint: dev-venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run
+
+## make test: installs what is missing, starts a throwaway PostgreSQL and
+## redis-server, runs the whole suite against them, stops them.
+test: dev-venv
+	scripts/install-system-deps
+	$(MAKE) lint
+	$(PY) -m tests.harness $(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,0 +1,121 @@
+"""Settings for nrllm-ops, read only from environment variables.
+
+Every variable is listed with its default in the README. Defaults run locally
+with zero setup: a SQLite file under ``var/`` and in-process execution.
+"""
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.utils import get_random_secret_key
+
+from nrllm_ops.env import env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if env_str("DATABASE_URL") and not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DATABASE_URL is set")
+    # Local default only: a key kept beside the SQLite file, so sessions
+    # survive restarts of `make run`.
+    _key_file = VAR_DIR / "secret_key"
+    if not _key_file.exists():
+        VAR_DIR.mkdir(exist_ok=True)
+        _key_file.write_text(get_random_secret_key())
+    SECRET_KEY = _key_file.read_text().strip()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_rq",
+    "rest_framework",
+    "tools",
+    "runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "nrllm_ops.urls"
+WSGI_APPLICATION = "nrllm_ops.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_default_database_url = f"sqlite:///{VAR_DIR / 'nrllm.sqlite3'}"
+try:
+    DATABASES = {
+        "default": dj_database_url.parse(
+            env_str("DATABASE_URL") or _default_database_url, conn_max_age=0
+        )
+    }
+except ValueError as error:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {error}") from None
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Runs execute in-process beside the web server; wait for the writer
+    # instead of failing with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# --- The queue -------------------------------------------------------------
+# Without REDIS_URL runs execute in-process when enqueued (the embedded
+# default). With it, django-rq workers (`manage.py rqworker`) execute them.
+REDIS_URL = env_str("REDIS_URL")
+NRLLM_QUEUE_NAME = "default"
+RQ_QUEUES = {
+    NRLLM_QUEUE_NAME: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0"},
+}
+
+# --- The runtime -----------------------------------------------------------
+NRLLM_LEASE_SECONDS = env_int("NRLLM_LEASE_SECONDS", 900, minimum=1)
+NRLLM_MAX_REQUEUES = env_int("NRLLM_MAX_REQUEUES", 3, minimum=0)
+NRLLM_MAX_ITERATIONS = env_int("NRLLM_MAX_ITERATIONS", 20, minimum=1)
+NRLLM_HTTP_ALLOWED_HOSTS = env_list("NRLLM_HTTP_ALLOWED_HOSTS")
+NRLLM_HTTP_TIMEOUT_SECONDS = env_int("NRLLM_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
+NRLLM_TOOLS = env_list("NRLLM_TOOLS")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class RunsConfig(AppConfig):
+    name = "runs"
+    verbose_name = "Agent runs"
+    default_auto_field = "django.db.models.BigAutoField"

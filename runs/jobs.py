@@ -1,0 +1,22 @@
+"""The RQ job function. It never raises for a run's outcome: the run row
+holds the outcome, and RQ must not retry or record a failure of its own."""
+
+import logging
+
+from django.db import close_old_connections
+
+logger = logging.getLogger(__name__)
+
+
+def execute_run_job(run_id: str) -> None:
+    from runs.runtime import run_queued
+
+    close_old_connections()
+    try:
+        run_queued(run_id)
+    except Exception:
+        # Only infrastructure failures reach here (the database away at claim
+        # time, say); the run row is unchanged and recovery is the reaper's.
+        logger.exception("run=%s job could not execute the run", run_id)
+    finally:
+        close_old_connections()

@@ -1,0 +1,147 @@
+"""The agent loop: provider ↔ tools until a final answer or the iteration cap.
+
+It knows nothing of persistence. The runtime watches it through an observer
+with two hooks — ``before_tool`` (may refuse by raising) and ``after_step`` —
+and owns the lease, the fence, the audit and the settle.
+"""
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from runs.providers import Provider
+from runs.vocabulary import StepKind, TerminationReason
+from tools.contract import Tool, ToolContext, ToolError
+from tools.effects import ToolEffect
+from tools.validation import argument_errors
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """A tool call about to execute; ``position`` identifies it within the run."""
+
+    tool: Tool
+    arguments: Any
+    position: str
+
+
+@dataclass
+class StepEvent:
+    """Something that happened, for the runtime to record."""
+
+    kind: str
+    tool_name: str = ""
+    effect: str = ""
+    arguments: Any = None
+    result: Any = None
+    error: str = ""
+    idempotency_key: str = ""
+    #: True when a tool's code ran: its effect may have reached the world.
+    executed: bool = False
+
+    @property
+    def is_executed_write(self) -> bool:
+        return self.executed and ToolEffect(self.effect).is_write
+
+
+@dataclass
+class LoopOutcome:
+    reason: str
+    output: str = ""
+    messages: list[dict] = field(default_factory=list)
+
+
+class LoopObserver(Protocol):
+    def before_tool(self, call: PlannedCall) -> ToolContext: ...
+
+    def after_step(self, event: StepEvent) -> None: ...
+
+
+def tool_spec(tool: Tool) -> dict:
+    return {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+
+
+def run_agent_loop(
+    *,
+    prompt: str,
+    provider: Provider,
+    tools: Mapping[str, Tool],
+    max_iterations: int,
+    observer: LoopObserver,
+) -> LoopOutcome:
+    """Drive the conversation. Exceptions from the provider or the observer
+    propagate: the runtime decides what they mean for the run."""
+    messages: list[dict] = [{"role": "user", "content": prompt}]
+    specs = [tool_spec(tool) for tool in tools.values()]
+    for iteration in range(1, max_iterations + 1):
+        turn = provider.next_turn(messages, specs)
+        calls = [{"name": call.name, "arguments": call.arguments} for call in turn.tool_calls]
+        observer.after_step(
+            StepEvent(kind=StepKind.LLM, result={"content": turn.content, "tool_calls": calls})
+        )
+        messages.append({"role": "assistant", "content": turn.content, "tool_calls": calls})
+        if not turn.tool_calls:
+            return LoopOutcome(TerminationReason.COMPLETED, turn.content, messages)
+        for index, call in enumerate(turn.tool_calls):
+            position = f"{iteration}.{index}"
+            event = _execute_call(call.name, call.arguments, position, tools, observer)
+            observer.after_step(event)
+            messages.append(
+                {
+                    "role": "tool",
+                    "name": call.name,
+                    "content": event.error or json.dumps(event.result, sort_keys=True),
+                }
+            )
+    return LoopOutcome(TerminationReason.MAX_ITERATIONS, "", messages)
+
+
+def _execute_call(
+    name: str, arguments: Any, position: str, tools: Mapping[str, Tool], observer: LoopObserver
+) -> StepEvent:
+    tool = tools.get(name)
+    if tool is None:
+        # Never executed: the model asked for something this run was not given.
+        return StepEvent(
+            kind=StepKind.TOOL,
+            tool_name=name,
+            arguments=arguments,
+            error=f"tool {name!r} is not offered to this run; offered: {sorted(tools)}",
+        )
+    problems = argument_errors(tool.parameters, arguments)
+    if problems:
+        return StepEvent(
+            kind=StepKind.TOOL,
+            tool_name=name,
+            arguments=arguments,
+            error="invalid arguments: " + "; ".join(problems),
+        )
+    context = observer.before_tool(PlannedCall(tool=tool, arguments=arguments, position=position))
+    event = StepEvent(
+        kind=StepKind.TOOL,
+        tool_name=name,
+        effect=tool.effect.value,
+        arguments=arguments,
+        idempotency_key=context.idempotency_key,
+        executed=True,
+    )
+    try:
+        result = tool.run(arguments, context)
+    except ToolError as error:
+        event.error = str(error) or type(error).__name__
+        return event
+    except Exception as error:
+        logger.exception("tool %s raised", name)
+        event.error = f"tool {name!r} failed: {type(error).__name__}: {error}"
+        return event
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as error:
+        event.error = f"tool {name!r} returned a result that is not JSON: {error}"
+    else:
+        event.result = result
+    return event

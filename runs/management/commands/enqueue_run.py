@@ -1,0 +1,20 @@
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.management.commands._request_file import read_request
+from runs.run_request import InvalidRunRequest
+from runs.runtime import enqueue
+
+
+class Command(BaseCommand):
+    help = "Enqueue a run from a request JSON file (or - for stdin); prints the run id."
+
+    def add_arguments(self, parser):
+        parser.add_argument("file", help="request JSON file, or - for stdin")
+
+    def handle(self, *args, file, **options):
+        request = read_request(file)
+        try:
+            run = enqueue(request)
+        except InvalidRunRequest as error:
+            raise CommandError(f"invalid run request: {error}") from None
+        self.stdout.write(str(run.pk))

@@ -1,0 +1,32 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.management.commands._request_file import read_request
+from runs.run_request import InvalidRunRequest
+from runs.runtime import run
+
+
+class Command(BaseCommand):
+    help = "Execute an interactive run from a request JSON file (or - for stdin); prints the outcome as JSON."
+
+    def add_arguments(self, parser):
+        parser.add_argument("file", help="request JSON file, or - for stdin")
+
+    def handle(self, *args, file, **options):
+        request = read_request(file)
+        try:
+            agent_run = run(request)
+        except InvalidRunRequest as error:
+            raise CommandError(f"invalid run request: {error}") from None
+        outcome = {
+            "id": str(agent_run.pk),
+            "status": agent_run.status,
+            "termination_reason": agent_run.termination_reason,
+            "failure_class": agent_run.failure_class,
+            "error_type": agent_run.error_type,
+            "error_message": agent_run.error_message,
+            "output": agent_run.output,
+            "steps": agent_run.step_count,
+        }
+        self.stdout.write(json.dumps(outcome, indent=2))

@@ -1,0 +1,110 @@
+"""Runs, their append-only steps, and dead letters.
+
+A run row is the state of a run; an RQ job only wakes a worker up (G4). All
+writes of ``status`` and of the lease fields go through ``runs.transitions``.
+"""
+
+import uuid
+
+from django.db import models
+
+from runs.vocabulary import (
+    DeadLetterReason,
+    FailureClass,
+    RunMode,
+    RunStatus,
+    StepKind,
+    TerminationReason,
+)
+from tools.effects import ToolEffect
+
+EFFECT_CHOICES = [(effect.value, effect.value) for effect in ToolEffect]
+
+
+class AgentRun(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    request = models.JSONField()
+    prompt = models.TextField()
+    status = models.CharField(max_length=16, choices=RunStatus.choices)
+    termination_reason = models.CharField(
+        max_length=32, choices=TerminationReason.choices, blank=True
+    )
+    failure_class = models.CharField(max_length=16, choices=FailureClass.choices, blank=True)
+    error_type = models.CharField(max_length=200, blank=True)
+    error_message = models.TextField(blank=True)
+    output = models.TextField(blank=True)
+    mode = models.CharField(max_length=16, choices=RunMode.choices)
+
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    #: Grows with every claim: it names the attempt, and guards every write of
+    #: that attempt so a worker that lost the run matches nothing (G4, G5).
+    lease_token = models.PositiveIntegerField(default=0)
+    #: The write fence (G6): the effect of the write tool executing now.
+    pending_effect = models.CharField(max_length=32, choices=EFFECT_CHOICES, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    requeue_count = models.PositiveIntegerField(default=0)
+    #: Steps recorded so far; the guarded UPDATE that records a step takes the
+    #: next sequence from here, so two writers cannot allocate the same one.
+    step_count = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["-created_at"], name="run_created_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in RunStatus.terminal()
+
+
+class RunStep(models.Model):
+    """One thing that happened in a run. Inserted once, never updated (G11)."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="steps")
+    sequence = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=StepKind.choices)
+    tool_name = models.CharField(max_length=100, blank=True)
+    #: The effect the tool executed under, as the code declared it then.
+    effect = models.CharField(max_length=32, choices=EFFECT_CHOICES, blank=True)
+    arguments = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    idempotency_key = models.CharField(max_length=64, blank=True)
+    lease_token = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "sequence"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "sequence"], name="step_sequence_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.sequence} of run {self.run_id}"
+
+
+class DeadLetter(models.Model):
+    """A queued run that failed and will not be retried automatically."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="dead_letters")
+    reason = models.CharField(max_length=32, choices=DeadLetterReason.choices)
+    failure_class = models.CharField(max_length=16, choices=FailureClass.choices, blank=True)
+    error_type = models.CharField(max_length=200, blank=True)
+    error_message = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"dead letter {self.reason} for run {self.run_id}"

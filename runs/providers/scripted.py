@@ -1,0 +1,103 @@
+"""A provider that plays the turns written in the request.
+
+The embedded default and the test double: no network. A turn is a final
+answer ``{"content": ...}``, tool calls ``{"tool_calls": [...]}`` or a
+simulated failure ``{"error": "<failure class>"}``; with ``"attempts": N``
+the failure happens only on the run's first N attempts and is skipped after.
+Any turn may add ``"delay_seconds"``.
+"""
+
+import time
+
+from runs.providers.base import ProviderError, ToolCall, Turn
+from runs.vocabulary import FailureClass
+
+_DELAY = {"type": "number", "minimum": 0, "maximum": 3600}
+_TURN_SCHEMA = {
+    "oneOf": [
+        {
+            "type": "object",
+            "properties": {"content": {"type": "string"}, "delay_seconds": _DELAY},
+            "required": ["content"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "tool_calls": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string"}, "arguments": {}},
+                        "required": ["name"],
+                        "additionalProperties": False,
+                    },
+                },
+                "delay_seconds": _DELAY,
+            },
+            "required": ["tool_calls"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "error": {"enum": [value for value in FailureClass.values]},
+                "attempts": {"type": "integer", "minimum": 1},
+                "retry_after": {"type": "number", "minimum": 0},
+                "delay_seconds": _DELAY,
+            },
+            "required": ["error"],
+            "additionalProperties": False,
+        },
+    ]
+}
+
+
+class ScriptedProvider:
+    kind = "scripted"
+    spec_schema = {
+        "type": "object",
+        "properties": {
+            "kind": {"const": "scripted"},
+            "turns": {"type": "array", "minItems": 1, "items": _TURN_SCHEMA},
+        },
+        "required": ["kind", "turns"],
+        "additionalProperties": False,
+    }
+
+    def __init__(self, turns: list[dict], *, attempt: int):
+        # Error turns limited to earlier attempts are skipped on this one.
+        self._turns = [
+            turn for turn in turns if not ("error" in turn and turn.get("attempts", attempt) < attempt)
+        ]
+        self._played = 0
+
+    @classmethod
+    def from_spec(cls, spec: dict, *, attempt: int) -> "ScriptedProvider":
+        return cls(spec["turns"], attempt=attempt)
+
+    def next_turn(self, messages: list[dict], tool_specs: list[dict]) -> Turn:
+        if self._played >= len(self._turns):
+            raise ProviderError(
+                f"the script has no turn {self._played + 1}",
+                failure_class=FailureClass.CONFIGURATION,
+            )
+        turn = self._turns[self._played]
+        self._played += 1
+        if turn.get("delay_seconds"):
+            time.sleep(turn["delay_seconds"])
+        if "error" in turn:
+            raise ProviderError(
+                f"scripted {turn['error']} failure",
+                failure_class=turn["error"],
+                retry_after=turn.get("retry_after"),
+            )
+        if "tool_calls" in turn:
+            return Turn(
+                tool_calls=[
+                    ToolCall(name=call["name"], arguments=call.get("arguments", {}))
+                    for call in turn["tool_calls"]
+                ]
+            )
+        return Turn(content=turn["content"])

@@ -1,0 +1,43 @@
+"""What happens to a queued run after a failed attempt (G3, G8)."""
+
+from dataclasses import dataclass
+
+from runs.failures import is_retryable
+from runs.vocabulary import DeadLetterReason
+from tools.effects import ToolEffect
+
+BACKOFF_BASE_SECONDS = 2
+BACKOFF_CAP_SECONDS = 300
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    requeue: bool
+    #: Why the run is dead-lettered, when it is not requeued.
+    dead_letter_reason: str = ""
+    delay_seconds: float = 0
+
+
+def decide_retry(
+    *,
+    failure_class: str,
+    pending_effect: str,
+    requeue_count: int,
+    max_requeues: int,
+    retry_after: float | None = None,
+) -> RetryDecision:
+    """Requeue with backoff, or dead-letter and say why.
+
+    A fence standing on a non-idempotent write means the write may have
+    landed: never retried, whatever the class.
+    """
+    if pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
+        return RetryDecision(False, DeadLetterReason.WRITE_INTERRUPTED)
+    if not is_retryable(failure_class):
+        return RetryDecision(False, DeadLetterReason.NOT_RETRYABLE)
+    if requeue_count >= max_requeues:
+        return RetryDecision(False, DeadLetterReason.RETRIES_EXHAUSTED)
+    backoff = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**requeue_count)
+    if retry_after is not None:
+        backoff = max(backoff, min(retry_after, BACKOFF_CAP_SECONDS))
+    return RetryDecision(True, delay_seconds=backoff)

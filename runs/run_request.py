@@ -1,0 +1,98 @@
+"""The request that starts a run: parsed and checked before anything is stored.
+
+A request names ``prompt``, ``tools`` (offered tool names), ``provider`` and
+optionally ``max_iterations``. Anything else, or anything malformed, is
+refused with ``InvalidRunRequest`` naming the problem.
+"""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from runs.providers import PROVIDER_KINDS
+from tools.enabled import disabled_tool_names
+from tools.registry import get_registry
+
+
+class InvalidRunRequest(ValueError):
+    """The request cannot start a run; the message says why."""
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    prompt: str
+    tools: tuple[str, ...]
+    provider: dict
+    max_iterations: int
+
+    def as_json(self) -> dict:
+        return {
+            "prompt": self.prompt,
+            "tools": list(self.tools),
+            "provider": self.provider,
+            "max_iterations": self.max_iterations,
+        }
+
+
+_REQUEST_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "prompt": {"type": "string", "minLength": 1, "maxLength": 100_000},
+        "tools": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "provider": {
+            "type": "object",
+            "properties": {"kind": {"type": "string"}},
+            "required": ["kind"],
+        },
+        "max_iterations": {"type": "integer", "minimum": 1},
+    },
+    "required": ["prompt", "provider"],
+    "additionalProperties": False,
+}
+
+
+def _schema_problem(schema: dict, value, prefix: str = "") -> str | None:
+    error = best_match(Draft202012Validator(schema).iter_errors(value))
+    if error is None:
+        return None
+    path = "/".join(str(part) for part in error.absolute_path)
+    where = "/".join(part for part in (prefix, path) if part) or "request"
+    return f"{where}: {error.message}"
+
+
+def parse_run_request(data) -> RunRequest:
+    """Check ``data`` and return the request it describes, or raise."""
+    problem = _schema_problem(_REQUEST_SCHEMA, data)
+    if problem:
+        raise InvalidRunRequest(problem)
+
+    provider = data["provider"]
+    provider_class = PROVIDER_KINDS.get(provider["kind"])
+    if provider_class is None:
+        raise InvalidRunRequest(
+            f"provider/kind: unknown provider {provider['kind']!r}; known: {sorted(PROVIDER_KINDS)}"
+        )
+    problem = _schema_problem(provider_class.spec_schema, provider, prefix="provider")
+    if problem:
+        raise InvalidRunRequest(problem)
+
+    registry = get_registry()
+    tools = tuple(data.get("tools", []))
+    unknown = [name for name in tools if name not in registry]
+    if unknown:
+        raise InvalidRunRequest(f"tools: unknown tool(s) {unknown}; known: {registry.names()}")
+    disabled = sorted(disabled_tool_names() & set(tools))
+    if disabled:
+        raise InvalidRunRequest(f"tools: disabled by an operator: {disabled}")
+
+    cap = settings.NRLLM_MAX_ITERATIONS
+    max_iterations = data.get("max_iterations", cap)
+    if max_iterations > cap:
+        raise InvalidRunRequest(
+            f"max_iterations: {max_iterations} is above the limit of {cap} (NRLLM_MAX_ITERATIONS)"
+        )
+    return RunRequest(
+        prompt=data["prompt"], tools=tools, provider=provider, max_iterations=max_iterations
+    )

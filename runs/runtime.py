@@ -1,0 +1,172 @@
+"""The runtime: start runs, execute them under a lease, settle them.
+
+``enqueue`` stores a queued run and dispatches its job after commit;
+``run_queued`` is what a job does; ``run`` executes an interactive run inline.
+The agent loop is driven here and observed by ``LeasedExecution``.
+"""
+
+import logging
+import os
+import secrets
+import socket
+
+from django.conf import settings
+from django.db import DatabaseError, transaction
+
+from runs import dispatch, transitions
+from runs.errors import LeaseLost, RunCancelled
+from runs.execution import LeasedExecution
+from runs.failures import classify
+from runs.loop import run_agent_loop
+from runs.models import AgentRun
+from runs.providers import build_provider
+from runs.retry import decide_retry
+from runs.run_request import RunRequest, parse_run_request
+from runs.transitions import Lease
+from runs.vocabulary import RunMode, RunStatus, TerminationReason
+from tools.enabled import disabled_tool_names
+from tools.registry import get_registry
+
+logger = logging.getLogger(__name__)
+
+
+def worker_identity() -> str:
+    """Names one execution: host, process and a nonce, so two executions in
+    the same process never share a lease owner."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def enqueue(request_data) -> AgentRun:
+    """Validate and store a ``queued`` run; its job is dispatched after commit.
+
+    Raises ``InvalidRunRequest`` and stores nothing when the request is bad.
+    """
+    run_request = parse_run_request(request_data)
+    with transaction.atomic():
+        run = transitions.create_queued_run(run_request.as_json(), run_request.prompt)
+        transaction.on_commit(lambda: dispatch_or_fail(run.pk))
+    return run
+
+
+def dispatch_or_fail(run_id, *, delay_seconds: float = 0) -> None:
+    """Dispatch the job; if that fails, fail the run rather than strand it."""
+    try:
+        dispatch.dispatch(run_id, delay_seconds=delay_seconds)
+    except Exception as error:
+        logger.exception("run=%s dispatch failed", run_id)
+        try:
+            transitions.fail_dispatch(run_id, error, classify(error))
+        except DatabaseError:
+            logger.exception("run=%s could not be marked dispatch_failed", run_id)
+
+
+def run_queued(run_id) -> None:
+    """Claim and execute a queued run. Never raises for a run's outcome.
+
+    A duplicate or stale job finds the run not ``queued`` and does nothing.
+    """
+    lease = transitions.claim(run_id, worker_identity(), settings.NRLLM_LEASE_SECONDS)
+    if lease is None:
+        logger.info("run=%s not claimable (already taken or ended); job ignored", run_id)
+        return
+    run = AgentRun.objects.only("request", "requeue_count").get(pk=run_id)
+    request = parse_stored_request(run.request)
+    _execute(lease, request, RunMode.QUEUED, requeue_count=run.requeue_count)
+
+
+def run(request_data) -> AgentRun:
+    """Execute an ``interactive`` run inline, under a lease, and return it ended."""
+    run_request = parse_run_request(request_data)
+    lease = transitions.begin_interactive(
+        run_request.as_json(),
+        run_request.prompt,
+        worker_identity(),
+        settings.NRLLM_LEASE_SECONDS,
+    )
+    _execute(lease, run_request, RunMode.INTERACTIVE, requeue_count=0)
+    return AgentRun.objects.get(pk=lease.run_id)
+
+
+def parse_stored_request(stored: dict) -> RunRequest:
+    # Stored requests were valid when enqueued; tools may since have been
+    # removed or disabled, which the agent loop handles by not offering them.
+    return RunRequest(
+        prompt=stored["prompt"],
+        tools=tuple(stored.get("tools", [])),
+        provider=stored["provider"],
+        max_iterations=stored["max_iterations"],
+    )
+
+
+def _offered_tools(names) -> dict:
+    registry = get_registry()
+    disabled = disabled_tool_names()
+    return {
+        name: registry.get(name) for name in names if name in registry and name not in disabled
+    }
+
+
+def _execute(lease: Lease, request: RunRequest, mode: str, *, requeue_count: int) -> None:
+    execution = LeasedExecution(lease, settings.NRLLM_LEASE_SECONDS)
+    try:
+        execution.record_request(request.as_json())
+        outcome = run_agent_loop(
+            prompt=request.prompt,
+            provider=build_provider(request.provider, attempt=lease.token),
+            tools=_offered_tools(request.tools),
+            max_iterations=request.max_iterations,
+            observer=execution,
+        )
+    except LeaseLost:
+        logger.warning("run=%s lease_token=%s lost; settling nothing", lease.run_id, lease.token)
+        return
+    except RunCancelled:
+        transitions.settle(lease, RunStatus.CANCELLED, TerminationReason.CANCELLED)
+        return
+    except Exception as error:
+        _settle_failure(lease, error, mode, requeue_count=requeue_count)
+        return
+    if outcome.reason == TerminationReason.COMPLETED:
+        transitions.settle(lease, RunStatus.COMPLETED, outcome.reason, output=outcome.output)
+    else:
+        transitions.settle(lease, RunStatus.FAILED, outcome.reason)
+
+
+def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count: int) -> None:
+    failure_class = classify(error)
+    details = {
+        "failure_class": failure_class,
+        "error_type": type(error).__name__,
+        "error_message": str(error),
+    }
+    logger.warning(
+        "run=%s lease_token=%s failed: %s (%s)", lease.run_id, lease.token, error, failure_class
+    )
+    try:
+        if mode == RunMode.INTERACTIVE:
+            reason = (
+                TerminationReason.PROVIDER_FAILED
+                if hasattr(error, "failure_class")
+                else TerminationReason.NOT_RETRYABLE
+            )
+            transitions.settle(lease, RunStatus.FAILED, reason, **details)
+            return
+        pending_effect = (
+            AgentRun.objects.filter(pk=lease.run_id).values_list("pending_effect", flat=True).get()
+        )
+        decision = decide_retry(
+            failure_class=failure_class,
+            pending_effect=pending_effect,
+            requeue_count=requeue_count,
+            max_requeues=settings.NRLLM_MAX_REQUEUES,
+            retry_after=getattr(error, "retry_after", None),
+        )
+        if decision.requeue:
+            if transitions.requeue_for_retry(lease, **details):
+                dispatch_or_fail(lease.run_id, delay_seconds=decision.delay_seconds)
+            return
+        transitions.dead_letter(lease, decision.dead_letter_reason, **details)
+    except DatabaseError:
+        # The settle itself failed: the run stays running with its fence as it
+        # stands, and its lease expires; recovery is the reaper's (G7).
+        logger.exception("run=%s could not be settled after failure", lease.run_id)

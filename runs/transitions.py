@@ -1,0 +1,340 @@
+"""Every guarded state change of a run, and the only writer of its status.
+
+Each transition is one conditional UPDATE whose WHERE states what must still
+be true (status, lease owner, lease token), and each reports whether it
+matched. A worker that lost its run — reaped, re-claimed, cancelled, settled
+by someone else — matches nothing and so changes nothing (G4–G6, G9).
+"""
+
+import enum
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import DatabaseError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from runs.models import AgentRun, DeadLetter, RunStep
+from runs.vocabulary import RunMode, RunStatus, TerminationReason
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Proof of ownership of a running run: every guarded write names it."""
+
+    run_id: str
+    owner: str
+    token: int
+
+
+def _owned(lease: Lease):
+    # The status is part of the guard: a run settled or cancelled by anyone
+    # else is no longer this lease's to touch.
+    return AgentRun.objects.filter(
+        pk=lease.run_id,
+        status=RunStatus.RUNNING,
+        lease_owner=lease.owner,
+        lease_token=lease.token,
+    )
+
+
+def _expiry(lease_seconds: float):
+    return timezone.now() + timedelta(seconds=lease_seconds)
+
+
+# --- creating runs -------------------------------------------------------
+
+
+def create_queued_run(request: dict, prompt: str) -> AgentRun:
+    """Store a ``queued`` run; the caller dispatches its job after commit."""
+    return AgentRun.objects.create(
+        request=request, prompt=prompt, status=RunStatus.QUEUED, mode=RunMode.QUEUED
+    )
+
+
+def begin_interactive(request: dict, prompt: str, owner: str, lease_seconds: float) -> Lease:
+    """Store an ``interactive`` run already running under a first lease."""
+    run = AgentRun.objects.create(
+        request=request,
+        prompt=prompt,
+        status=RunStatus.RUNNING,
+        mode=RunMode.INTERACTIVE,
+        lease_owner=owner,
+        lease_token=1,
+        lease_expires_at=_expiry(lease_seconds),
+        started_at=timezone.now(),
+    )
+    return Lease(str(run.pk), owner, 1)
+
+
+# --- the lease -------------------------------------------------------------
+
+
+def claim(run_id, owner: str, lease_seconds: float) -> Lease | None:
+    """Take a ``queued`` run: ``queued → running`` with a new lease token.
+
+    Of any number of concurrent claims exactly one matches; a duplicate or
+    stale job gets None and must do nothing.
+    """
+    with transaction.atomic():
+        claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+            status=RunStatus.RUNNING,
+            lease_owner=owner,
+            lease_token=F("lease_token") + 1,
+            lease_expires_at=_expiry(lease_seconds),
+            pending_effect="",
+            started_at=timezone.now(),
+        )
+        if not claimed:
+            return None
+        # The UPDATE's row lock is held until commit, so this reads our token.
+        token = AgentRun.objects.filter(pk=run_id).values_list("lease_token", flat=True).get()
+    return Lease(str(run_id), owner, token)
+
+
+def renew_lease(lease: Lease, lease_seconds: float, *, fence: str = "") -> bool:
+    """Extend the lease (heartbeat); with ``fence``, also stamp the write fence.
+
+    Before a tool call (``fence`` given, possibly empty) the renewal also
+    requires that no cancel was requested, so a cancelled run starts no tool.
+    False means the lease is lost or the run must stop.
+    """
+    return bool(
+        _owned(lease)
+        .filter(cancel_requested_at__isnull=True)
+        .update(lease_expires_at=_expiry(lease_seconds), pending_effect=fence)
+    )
+
+
+def heartbeat(lease: Lease, lease_seconds: float) -> bool:
+    """Extend the lease at a step boundary; False if the lease is lost."""
+    return bool(_owned(lease).update(lease_expires_at=_expiry(lease_seconds)))
+
+
+def cancel_requested(lease: Lease) -> bool:
+    """Whether the run is still this lease's and an operator asked to cancel."""
+    return _owned(lease).filter(cancel_requested_at__isnull=False).exists()
+
+
+# --- steps -----------------------------------------------------------------
+
+
+class RecordOutcome(enum.Enum):
+    PERSISTED = "persisted"
+    #: Persisted, and an operator has asked to cancel the run.
+    PERSISTED_CANCEL_REQUESTED = "persisted_cancel_requested"
+    LEASE_LOST = "lease_lost"
+    FAILED = "failed"
+
+    @property
+    def persisted(self) -> bool:
+        return self in (RecordOutcome.PERSISTED, RecordOutcome.PERSISTED_CANCEL_REQUESTED)
+
+
+def record_step(lease: Lease, lease_seconds: float, step: dict, *, clear_fence: bool) -> RecordOutcome:
+    """Append a step under the lease, renewing it; never raises.
+
+    With ``clear_fence`` the write fence is cleared in the same transaction
+    as the insert, so the fence stands exactly until the write is audited (G6).
+    A database error rolls back both and returns ``FAILED`` (G2).
+    """
+    changes = {"step_count": F("step_count") + 1, "lease_expires_at": _expiry(lease_seconds)}
+    if clear_fence:
+        changes["pending_effect"] = ""
+    try:
+        with transaction.atomic():
+            if not _owned(lease).update(**changes):
+                return RecordOutcome.LEASE_LOST
+            sequence, cancel_at = (
+                AgentRun.objects.filter(pk=lease.run_id)
+                .values_list("step_count", "cancel_requested_at")
+                .get()
+            )
+            RunStep.objects.create(
+                run_id=lease.run_id, sequence=sequence, lease_token=lease.token, **step
+            )
+    except DatabaseError as error:
+        logger.error(
+            "step not persisted: run=%s lease_token=%s kind=%s tool=%s: %s",
+            lease.run_id,
+            lease.token,
+            step.get("kind"),
+            step.get("tool_name", ""),
+            error,
+        )
+        _drop_broken_connection()
+        return RecordOutcome.FAILED
+    if cancel_at is not None:
+        return RecordOutcome.PERSISTED_CANCEL_REQUESTED
+    return RecordOutcome.PERSISTED
+
+
+def _drop_broken_connection() -> None:
+    """After a database error, drop the connection if it is dead so the next
+    statement reconnects instead of failing on a closed socket forever."""
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
+
+
+# --- ending a run ------------------------------------------------------------
+
+
+def _ended(status: str, reason: str, **fields) -> dict:
+    return {
+        "status": status,
+        "termination_reason": reason,
+        "finished_at": timezone.now(),
+        "lease_owner": "",
+        "lease_expires_at": None,
+        **fields,
+    }
+
+
+def settle(
+    lease: Lease,
+    status: str,
+    reason: str,
+    *,
+    output: str = "",
+    failure_class: str = "",
+    error_type: str = "",
+    error_message: str = "",
+) -> bool:
+    """Move a running run to a terminal status; a late settle changes nothing (G9).
+
+    The write fence is left as it stands: a run that ends with a fence up has
+    a write in doubt, and that must stay visible.
+    """
+    assert status in RunStatus.terminal()
+    matched = _owned(lease).update(
+        **_ended(
+            status,
+            reason,
+            output=output,
+            failure_class=failure_class,
+            error_type=error_type,
+            error_message=error_message,
+        )
+    )
+    if not matched:
+        logger.warning(
+            "settle ignored: run=%s lease_token=%s is no longer this lease's (wanted %s/%s)",
+            lease.run_id,
+            lease.token,
+            status,
+            reason,
+        )
+    return bool(matched)
+
+
+def dead_letter(
+    lease: Lease, reason: str, *, failure_class: str, error_type: str, error_message: str
+) -> bool:
+    """Fail a queued run for good and open a dead letter, atomically."""
+    with transaction.atomic():
+        if not settle(
+            lease,
+            RunStatus.FAILED,
+            reason,
+            failure_class=failure_class,
+            error_type=error_type,
+            error_message=error_message,
+        ):
+            return False
+        DeadLetter.objects.create(
+            run_id=lease.run_id,
+            reason=reason,
+            failure_class=failure_class,
+            error_type=error_type,
+            error_message=error_message,
+        )
+    return True
+
+
+def requeue_for_retry(
+    lease: Lease, *, failure_class: str, error_type: str, error_message: str
+) -> bool:
+    """Give a failed attempt back to the queue: ``running → queued``, budget spent +1.
+
+    The fence is cleared: the caller has decided no non-idempotent write is
+    in doubt.
+    """
+    return bool(
+        _owned(lease).update(
+            status=RunStatus.QUEUED,
+            lease_owner="",
+            lease_expires_at=None,
+            pending_effect="",
+            requeue_count=F("requeue_count") + 1,
+            failure_class=failure_class,
+            error_type=error_type,
+            error_message=error_message,
+        )
+    )
+
+
+def fail_dispatch(run_id, error: BaseException, failure_class: str) -> bool:
+    """A ``queued`` run whose job could not be dispatched fails, rather than
+    waiting for a wake-up that will never come."""
+    return bool(
+        AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+            **_ended(
+                RunStatus.FAILED,
+                TerminationReason.DISPATCH_FAILED,
+                failure_class=failure_class,
+                error_type=type(error).__name__,
+                error_message=str(error),
+            )
+        )
+    )
+
+
+class CancelOutcome(enum.Enum):
+    CANCELLED = "cancelled"  # it was queued: it will never start
+    REQUESTED = "requested"  # it is running: its worker stops at the next step boundary
+    ALREADY_REQUESTED = "already_requested"
+    TERMINAL = "terminal"  # it had already ended; nothing changed
+    NOT_FOUND = "not_found"
+
+
+def cancel(run_id) -> CancelOutcome:
+    """Cancel a run: at once if queued; by fence if running (G9)."""
+    queued = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED)
+    if queued.update(**_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
+        return CancelOutcome.CANCELLED
+    running = AgentRun.objects.filter(
+        pk=run_id, status=RunStatus.RUNNING, cancel_requested_at__isnull=True
+    )
+    if running.update(cancel_requested_at=timezone.now()):
+        return CancelOutcome.REQUESTED
+    status = AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
+    if status is None:
+        return CancelOutcome.NOT_FOUND
+    if status == RunStatus.RUNNING:
+        return CancelOutcome.ALREADY_REQUESTED
+    if status == RunStatus.QUEUED:
+        # Claimed and requeued between our two updates: try once more.
+        return cancel(run_id)
+    return CancelOutcome.TERMINAL
+
+
+__all__ = [
+    "CancelOutcome",
+    "Lease",
+    "RecordOutcome",
+    "begin_interactive",
+    "cancel",
+    "cancel_requested",
+    "claim",
+    "create_queued_run",
+    "dead_letter",
+    "fail_dispatch",
+    "heartbeat",
+    "record_step",
+    "renew_lease",
+    "requeue_for_retry",
+    "settle",
+]

@@ -1,0 +1,73 @@
+"""The values a run, a step and a dead letter can take (DESIGN.md §2).
+
+Each status names the transition in ``runs.transitions`` that writes it; that
+module is the only writer of a run's status.
+"""
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"  # create_queued_run
+    RUNNING = "running"  # claim, begin_interactive
+    COMPLETED = "completed"  # settle
+    FAILED = "failed"  # settle, dead_letter, fail_dispatch
+    CANCELLED = "cancelled"  # cancel, settle
+
+    @classmethod
+    def terminal(cls) -> set[str]:
+        return {cls.COMPLETED, cls.FAILED, cls.CANCELLED}
+
+
+class TerminationReason(models.TextChoices):
+    """Why a run ended; the status says what."""
+
+    COMPLETED = "completed"
+    MAX_ITERATIONS = "max_iterations"
+    CANCELLED = "cancelled"
+    PROVIDER_FAILED = "provider_failed"
+    NOT_RETRYABLE = "not_retryable"
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    WRITE_INTERRUPTED = "write_interrupted"
+    AUDIT_FAILED = "audit_failed"
+    DISPATCH_FAILED = "dispatch_failed"
+    LEASE_LOST_NO_REQUEST = "lease_lost_no_request"
+
+
+class FailureClass(models.TextChoices):
+    CONNECTION = "connection"
+    RATE_LIMIT = "rate_limit"
+    AUTH = "auth"
+    CONFIGURATION = "configuration"
+    CLIENT_ERROR = "client_error"
+    SERVER_ERROR = "server_error"
+    CIRCUIT_OPEN = "circuit_open"
+    UNKNOWN = "unknown"
+
+
+RETRYABLE_FAILURE_CLASSES = frozenset(
+    {
+        FailureClass.CONNECTION,
+        FailureClass.RATE_LIMIT,
+        FailureClass.SERVER_ERROR,
+        FailureClass.CIRCUIT_OPEN,
+    }
+)
+
+
+class RunMode(models.TextChoices):
+    QUEUED = "queued"  # enqueue(): executed by a worker
+    INTERACTIVE = "interactive"  # run(): executed inline by the caller
+
+
+class StepKind(models.TextChoices):
+    REQUEST = "request"
+    LLM = "llm"
+    TOOL = "tool"
+    OPERATOR = "operator"
+
+
+class DeadLetterReason(models.TextChoices):
+    NOT_RETRYABLE = "not_retryable"
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    WRITE_INTERRUPTED = "write_interrupted"

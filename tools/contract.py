@@ -1,0 +1,54 @@
+"""The contract a tool author implements.
+
+A tool is a class with ``name``, ``description``, a JSON-Schema
+``parameters``, a class attribute ``effect`` (default ``READ_ONLY``) and
+``run(arguments, context)``. It returns a JSON-serialisable result or raises
+``ToolError`` with a message the model may read.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tools.effects import ToolEffect
+
+
+class ToolError(Exception):
+    """A failure the tool reports to the model; the run goes on."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What the runtime tells a tool about the call it is executing."""
+
+    run_id: str
+    #: Same for every attempt at the same call (same tool, arguments and
+    #: position in the run), different for any other call: send it to the
+    #: outside world so a repeated write can be recognised there.
+    idempotency_key: str
+    #: The lease token of the attempt executing the call.
+    attempt: int
+
+
+def idempotency_key_for(run_id: str, position: str, tool_name: str, arguments: Any) -> str:
+    """Derive the idempotency key of a call from what identifies it.
+
+    ``position`` names the call's place in the run (iteration and index within
+    the model's turn), which a re-execution from the start reproduces.
+    """
+    canonical_arguments = json.dumps(arguments, sort_keys=True, separators=(",", ":"))
+    material = "\x1f".join([str(run_id), position, tool_name, canonical_arguments])
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+class Tool:
+    """Base class of every tool. Subclasses set the class attributes."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    parameters: ClassVar[dict[str, Any] | None] = None
+    effect: ClassVar[ToolEffect] = ToolEffect.READ_ONLY
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
+        raise NotImplementedError
