@@ -22,7 +22,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 class RunStepInline(admin.TabularInline):
     model = RunStep
-    fields = ["sequence", "kind", "tool_name", "effect", "arguments", "result", "error", "lease_token"]
+    fields = [
+        "sequence",
+        "kind",
+        "tool_name",
+        "effect",
+        "arguments",
+        "result",
+        "error",
+        "lease_token",
+    ]
     readonly_fields = fields
     extra = 0
     can_delete = False

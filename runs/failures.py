@@ -1,6 +1,7 @@
 """The one classifier from an exception to a failure class (G8)."""
 
 import httpx
+import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError
 
@@ -10,6 +11,8 @@ _CONNECTION_ERRORS = (
     ConnectionError,
     TimeoutError,
     httpx.TransportError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
     OperationalError,
     InterfaceError,
 )

@@ -29,12 +29,13 @@ def decide_retry(
     """Requeue with backoff, or dead-letter and say why.
 
     A fence standing on a non-idempotent write means the write may have
-    landed: never retried, whatever the class.
+    landed: never retried, whatever the class (a non-retryable class keeps
+    its own reason, ``not_retryable``, as G3 asks of a failed write audit).
     """
-    if pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
-        return RetryDecision(False, DeadLetterReason.WRITE_INTERRUPTED)
     if not is_retryable(failure_class):
         return RetryDecision(False, DeadLetterReason.NOT_RETRYABLE)
+    if pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
+        return RetryDecision(False, DeadLetterReason.WRITE_INTERRUPTED)
     if requeue_count >= max_requeues:
         return RetryDecision(False, DeadLetterReason.RETRIES_EXHAUSTED)
     backoff = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**requeue_count)

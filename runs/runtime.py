@@ -101,9 +101,7 @@ def parse_stored_request(stored: dict) -> RunRequest:
 def _offered_tools(names) -> dict:
     registry = get_registry()
     disabled = disabled_tool_names()
-    return {
-        name: registry.get(name) for name in names if name in registry and name not in disabled
-    }
+    return {name: registry.get(name) for name in names if name in registry and name not in disabled}
 
 
 def _execute(lease: Lease, request: RunRequest, mode: str, *, requeue_count: int) -> None:

@@ -134,7 +134,9 @@ class RecordOutcome(enum.Enum):
         return self in (RecordOutcome.PERSISTED, RecordOutcome.PERSISTED_CANCEL_REQUESTED)
 
 
-def record_step(lease: Lease, lease_seconds: float, step: dict, *, clear_fence: bool) -> RecordOutcome:
+def record_step(
+    lease: Lease, lease_seconds: float, step: dict, *, clear_fence: bool
+) -> RecordOutcome:
     """Append a step under the lease, renewing it; never raises.
 
     With ``clear_fence`` the write fence is cleared in the same transaction

@@ -19,4 +19,9 @@ class ToolsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from tools.registry import get_registry
+
+        # Load the registry now, so a broken tool in NRLLM_TOOLS stops
+        # start-up with a message naming it instead of failing a run later.
+        get_registry()
         post_migrate.connect(_sync_tool_settings, sender=self)

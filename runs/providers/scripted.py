@@ -69,7 +69,9 @@ class ScriptedProvider:
     def __init__(self, turns: list[dict], *, attempt: int):
         # Error turns limited to earlier attempts are skipped on this one.
         self._turns = [
-            turn for turn in turns if not ("error" in turn and turn.get("attempts", attempt) < attempt)
+            turn
+            for turn in turns
+            if not ("error" in turn and turn.get("attempts", attempt) < attempt)
         ]
         self._played = 0
 

@@ -30,9 +30,7 @@ def check_url_allowed(url: str) -> None:
         raise ToolError(f"refused {url!r}: the port is not valid") from None
     allowed = {entry.lower() for entry in settings.NRLLM_HTTP_ALLOWED_HOSTS}
     if host not in allowed and f"{host}:{port}" not in allowed:
-        raise ToolError(
-            f"refused {url!r}: host {host!r} is not in NRLLM_HTTP_ALLOWED_HOSTS"
-        )
+        raise ToolError(f"refused {url!r}: host {host!r} is not in NRLLM_HTTP_ALLOWED_HOSTS")
 
 
 def _client() -> httpx.Client:

@@ -8,7 +8,10 @@ from runs.runtime import run
 
 
 class Command(BaseCommand):
-    help = "Execute an interactive run from a request JSON file (or - for stdin); prints the outcome as JSON."
+    help = (
+        "Execute an interactive run from a request JSON file (or - for stdin); "
+        "prints the outcome as JSON."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="request JSON file, or - for stdin")

@@ -42,7 +42,10 @@ AUDIT_FAILED = {
                 "tool_calls": [
                     {
                         "name": "send_notification",
-                        "arguments": {"recipient": "oncall@example.org", "message": "Nightly failed."},
+                        "arguments": {
+                            "recipient": "oncall@example.org",
+                            "message": "Nightly failed.",
+                        },
                     }
                 ]
             },

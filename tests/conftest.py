@@ -1,0 +1,106 @@
+"""Fixtures: the in-process runtime, the real Redis queue, real rqworker
+processes, a local HTTP server and the database fault injector."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+
+from runs.dispatch import run_queue
+from tests.http_fixture import start_http_server
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def http_server(settings):
+    """A local HTTP server the HTTP tools are allowed to reach."""
+    server = start_http_server()
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = [server.host]
+    yield server
+    server.release.set()
+    server.server.shutdown()
+    server.server.server_close()
+
+
+@pytest.fixture
+def queue(settings):
+    """Dispatch through the real Redis (this xdist worker's own database),
+    emptied before the test."""
+    settings.REDIS_URL = django_settings.TEST_REDIS_URL
+    rq_queue = run_queue()
+    rq_queue.connection.flushdb()
+    yield rq_queue
+    rq_queue.connection.flushdb()
+
+
+def _database_url() -> str:
+    # The test database pytest-django created (test_nrllm, test_nrllm_gw0, ...).
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+@pytest.fixture
+def worker_env():
+    """Environment for a subprocess of the app against the test database and Redis."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "nrllm_ops.settings",
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": django_settings.TEST_REDIS_URL,
+        "SECRET_KEY": "tests-only-secret-key",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+class Workers:
+    """Starts real ``manage.py rqworker`` processes and always stops them."""
+
+    def __init__(self, env):
+        self.env = env
+        self.processes: list[subprocess.Popen] = []
+
+    def start(self, *, burst=False, **env_overrides) -> subprocess.Popen:
+        command = [sys.executable, "manage.py", "rqworker", django_settings.NRLLM_QUEUE_NAME]
+        if burst:
+            command.append("--burst")
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={
+                **self.env,
+                # Read now, so a test's own settings (http_server's host) apply.
+                "NRLLM_HTTP_ALLOWED_HOSTS": ",".join(django_settings.NRLLM_HTTP_ALLOWED_HOSTS),
+                **{key: str(value) for key, value in env_overrides.items()},
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.processes.append(process)
+        return process
+
+    def run_burst(self, timeout=60, **env_overrides) -> str:
+        """Run one burst worker until the queue is drained; return its output."""
+        process = self.start(burst=True, **env_overrides)
+        output, _ = process.communicate(timeout=timeout)
+        assert process.returncode == 0, output.decode()
+        return output.decode()
+
+    def stop_all(self):
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate(timeout=30)
+
+
+@pytest.fixture
+def workers(queue, worker_env):
+    pool = Workers(worker_env)
+    yield pool
+    pool.stop_all()

@@ -1,0 +1,89 @@
+"""Run a command (the test suite) beside a throwaway PostgreSQL and redis-server.
+
+    python -m tests.harness python -m pytest [args]
+
+Process management is pytest-postgresql's and pytest-redis's executors; this
+module only picks free ports, makes their directories (owned by ``postgres``
+when running as root, since PostgreSQL refuses root), exports
+``NRLLM_TEST_DATABASE_URL`` and ``NRLLM_TEST_REDIS_URL``, and stops both
+servers however the command ends.
+"""
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import port_for
+from pytest_postgresql.executors import PostgreSQLExecutor
+from pytest_redis.executor import RedisExecutor
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _postgres(workdir: Path) -> PostgreSQLExecutor:
+    pgdir = workdir / "postgresql"
+    pgdir.mkdir()
+    if os.geteuid() == 0:
+        postgres = pwd.getpwnam("postgres")
+        os.chown(pgdir, postgres.pw_uid, postgres.pw_gid)
+    return PostgreSQLExecutor(
+        executable=str(ROOT / "scripts" / "pg_ctl"),
+        host="127.0.0.1",
+        port=port_for.select_random(),
+        datadir=str(pgdir / "data"),
+        unixsocketdir=str(pgdir),
+        logfile=str(pgdir / "server.log"),
+        startparams="-w",
+        dbname="nrllm",
+        user="postgres",
+        # Tests start several worker processes per xdist worker.
+        postgres_options="-c max_connections=200",
+    )
+
+
+def _redis(workdir: Path) -> RedisExecutor:
+    redis_dir = workdir / "redis"
+    redis_dir.mkdir()
+    executable = shutil.which("redis-server")
+    if executable is None:
+        sys.exit("tests.harness: redis-server not found; run scripts/install-system-deps")
+    return RedisExecutor(
+        executable=executable,
+        databases=32,
+        redis_timeout=30,
+        loglevel="warning",
+        host="127.0.0.1",
+        port=port_for.select_random(),
+        datadir=redis_dir,
+    )
+
+
+def main(command: list[str]) -> int:
+    if not command:
+        sys.exit("usage: python -m tests.harness COMMAND [ARGS...]")
+    workdir = Path(tempfile.mkdtemp(prefix="nrllm-test-"))
+    workdir.chmod(0o755)
+    try:
+        with _postgres(workdir) as postgres, _redis(workdir) as redis:
+            env = {
+                **os.environ,
+                "NRLLM_TEST_DATABASE_URL": (
+                    f"postgres://postgres@127.0.0.1:{postgres.port}/{postgres.dbname}"
+                ),
+                "NRLLM_TEST_REDIS_URL": f"redis://127.0.0.1:{redis.port}",
+            }
+            print(
+                f"tests.harness: PostgreSQL on {postgres.port}, redis-server on {redis.port}",
+                flush=True,
+            )
+            return subprocess.call(command, env=env, cwd=ROOT)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

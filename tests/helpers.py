@@ -1,0 +1,36 @@
+"""Small builders and waiting helpers shared by the tests."""
+
+import time
+
+
+def scripted(*turns, tools=(), prompt="test prompt", max_iterations=None) -> dict:
+    """A run request with the scripted provider playing ``turns``."""
+    request = {
+        "prompt": prompt,
+        "tools": list(tools),
+        "provider": {"kind": "scripted", "turns": list(turns)},
+    }
+    if max_iterations is not None:
+        request["max_iterations"] = max_iterations
+    return request
+
+
+def call(name, **arguments) -> dict:
+    """A scripted turn that calls one tool."""
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def answer(content="done", **extra) -> dict:
+    return {"content": content, **extra}
+
+
+def wait_until(predicate, *, timeout=20.0, interval=0.05, what="condition"):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,30 @@
+"""Settings for the test suite: the real app settings, pointed at the
+throwaway PostgreSQL and Redis that ``tests.harness`` started."""
+
+import os
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from nrllm_ops.settings import *  # noqa: F403
+
+try:
+    _database_url = os.environ["NRLLM_TEST_DATABASE_URL"]
+    _redis_base_url = os.environ["NRLLM_TEST_REDIS_URL"]
+except KeyError as missing:
+    raise ImproperlyConfigured(
+        f"{missing} is not set: run the tests with `make test`, which starts "
+        "PostgreSQL and Redis for them"
+    ) from None
+
+DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=0)}
+
+# Each xdist worker gets a Redis database of its own.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+TEST_REDIS_URL = f"{_redis_base_url}/{int(_worker.removeprefix('gw')) + 1}"
+RQ_QUEUES = {NRLLM_QUEUE_NAME: {"URL": TEST_REDIS_URL}}  # noqa: F405
+# Tests execute in-process unless they opt into the queue (the `queue` fixture).
+REDIS_URL = ""
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+SECRET_KEY = "tests-only-secret-key"

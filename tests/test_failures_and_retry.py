@@ -1,0 +1,146 @@
+"""G8 (the part in the core): one classifier, and what a queued failure becomes."""
+
+import httpx
+import pytest
+import redis
+from django.core.exceptions import ImproperlyConfigured
+from django.db import InterfaceError, OperationalError
+
+from runs.errors import AuditPersistenceFailed
+from runs.failures import classify, is_retryable
+from runs.models import DeadLetter
+from runs.providers import ProviderError
+from runs.retry import decide_retry
+from runs.runtime import enqueue
+from tests.helpers import answer, call, scripted
+from tools.models import Note
+
+
+@pytest.mark.parametrize(
+    ("error", "failure_class"),
+    [
+        *[
+            (ProviderError("x", failure_class=cls), cls)
+            for cls in [
+                "connection",
+                "rate_limit",
+                "auth",
+                "configuration",
+                "client_error",
+                "server_error",
+                "circuit_open",
+                "unknown",
+            ]
+        ],
+        (ConnectionRefusedError(), "connection"),
+        (TimeoutError(), "connection"),
+        (httpx.ConnectError("x"), "connection"),
+        (redis.exceptions.ConnectionError("x"), "connection"),
+        (OperationalError("x"), "connection"),
+        (InterfaceError("x"), "connection"),
+        (ImproperlyConfigured("x"), "configuration"),
+        (AuditPersistenceFailed("x"), "unknown"),
+        (ValueError("x"), "unknown"),
+        (ProviderError("x", failure_class="made_up"), "unknown"),
+    ],
+)
+def test_classifier(error, failure_class):
+    assert classify(error) == failure_class
+
+
+def test_retryable_classes():
+    assert {
+        cls
+        for cls in [
+            "connection",
+            "rate_limit",
+            "auth",
+            "configuration",
+            "client_error",
+            "server_error",
+            "circuit_open",
+            "unknown",
+        ]
+        if is_retryable(cls)
+    } == {"connection", "rate_limit", "server_error", "circuit_open"}
+
+
+@pytest.mark.parametrize(
+    ("failure_class", "fence", "count", "expected"),
+    [
+        ("server_error", "", 0, (True, "")),
+        ("server_error", "idempotent_write", 0, (True, "")),
+        ("server_error", "non_idempotent_write", 0, (False, "write_interrupted")),
+        ("auth", "", 0, (False, "not_retryable")),
+        ("unknown", "non_idempotent_write", 0, (False, "not_retryable")),
+        ("unknown", "", 0, (False, "not_retryable")),
+        ("connection", "", 3, (False, "retries_exhausted")),
+    ],
+)
+def test_retry_decision(failure_class, fence, count, expected):
+    decision = decide_retry(
+        failure_class=failure_class, pending_effect=fence, requeue_count=count, max_requeues=3
+    )
+    assert (decision.requeue, decision.dead_letter_reason) == expected
+
+
+def test_backoff_grows_and_honours_retry_after():
+    delays = [
+        decide_retry(
+            failure_class="rate_limit", pending_effect="", requeue_count=n, max_requeues=9
+        ).delay_seconds
+        for n in range(3)
+    ]
+    assert delays == [2, 4, 8]
+    assert (
+        decide_retry(
+            failure_class="rate_limit",
+            pending_effect="",
+            requeue_count=0,
+            max_requeues=9,
+            retry_after=30,
+        ).delay_seconds
+        == 30
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_non_retryable_failure_dead_letters_a_queued_run():
+    agent_run = enqueue(scripted({"error": "auth"}))
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.termination_reason, agent_run.failure_class) == (
+        "failed",
+        "not_retryable",
+        "auth",
+    )
+    assert DeadLetter.objects.get(run=agent_run).reason == "not_retryable"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retried_call_carries_the_same_idempotency_key(settings):
+    Note.objects.create(slug="a", body="b")
+    agent_run = enqueue(
+        scripted(
+            call("upsert_note", slug="a", body="c"),
+            {"error": "server_error", "attempts": 1},
+            answer("done"),
+            tools=["upsert_note"],
+        )
+    )
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.requeue_count, agent_run.lease_token) == ("completed", 1, 2)
+    keys = list(agent_run.steps.filter(kind="tool").values_list("lease_token", "idempotency_key"))
+    assert [token for token, _ in keys] == [1, 2]
+    assert keys[0][1] == keys[1][1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retryable_failure_past_the_budget_is_dead_lettered(settings):
+    settings.NRLLM_MAX_REQUEUES = 1
+    agent_run = enqueue(scripted({"error": "connection"}))
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.termination_reason, agent_run.requeue_count) == (
+        "failed",
+        "retries_exhausted",
+        1,
+    )

@@ -1,0 +1,143 @@
+"""G4 and G5: the claim decides, the lease is renewed, a lost lease stops the worker."""
+
+import threading
+
+import pytest
+from django.db import connection
+
+from runs import transitions
+from runs.models import AgentRun
+from runs.runtime import enqueue, run_queued
+from runs.transitions import Lease, RecordOutcome
+from tests.helpers import answer, call, scripted, wait_until
+from tools.models import OutboxNotification
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def queued_run(request=None):
+    return transitions.create_queued_run(request or scripted(answer()), "p")
+
+
+def test_of_eight_concurrent_claims_exactly_one_wins():
+    agent_run = queued_run()
+    barrier = threading.Barrier(8)
+    leases = []
+
+    def contender(index):
+        try:
+            barrier.wait()
+            leases.append(transitions.claim(agent_run.pk, f"worker-{index}", 60))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=contender, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [lease for lease in leases if lease is not None]
+    assert len(leases) == 8 and len(winners) == 1
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.lease_owner, agent_run.lease_token) == (
+        "running",
+        winners[0].owner,
+        1,
+    )
+
+
+def test_every_claim_grows_the_lease_token():
+    agent_run = queued_run()
+    first = transitions.claim(agent_run.pk, "a", 60)
+    assert transitions.requeue_for_retry(
+        first, failure_class="connection", error_type="E", error_message=""
+    )
+    second = transitions.claim(agent_run.pk, "b", 60)
+    assert (first.token, second.token) == (1, 2)
+    # The first attempt's lease matches nothing any more.
+    assert not transitions.heartbeat(first, 60)
+    step = {"kind": "llm"}
+    assert transitions.record_step(first, 60, step, clear_fence=False) is RecordOutcome.LEASE_LOST
+    assert transitions.record_step(second, 60, step, clear_fence=False) is RecordOutcome.PERSISTED
+
+
+def test_a_stale_job_for_a_run_already_taken_does_nothing():
+    agent_run = queued_run(
+        scripted(call("send_notification", recipient="a", message="b"), answer())
+    )
+    lease = transitions.claim(agent_run.pk, "someone-else", 60)
+    run_queued(agent_run.pk)
+    agent_run.refresh_from_db()
+    assert (agent_run.lease_owner, agent_run.lease_token, agent_run.step_count) == (
+        lease.owner,
+        1,
+        0,
+    )
+    assert OutboxNotification.objects.count() == 0
+
+
+def test_the_lease_is_renewed_at_every_step_boundary():
+    agent_run = queued_run()
+    lease = transitions.claim(agent_run.pk, "w", 1)
+    AgentRun.objects.filter(pk=agent_run.pk).update(lease_expires_at="2000-01-01T00:00:00Z")
+    assert transitions.record_step(lease, 600, {"kind": "llm"}, clear_fence=False).persisted
+    agent_run.refresh_from_db()
+    assert agent_run.lease_expires_at.year > 2000
+
+
+@pytest.mark.worker
+def test_a_worker_whose_lease_was_taken_stops_records_nothing_and_settles_nothing(workers):
+    agent_run = enqueue(
+        scripted(
+            call("search_notes", query="x"),
+            {**call("send_notification", recipient="a", message="b"), "delay_seconds": 2},
+            answer(),
+            tools=["search_notes", "send_notification"],
+        )
+    )
+    worker = workers.start(burst=True)
+    # request, llm, tool: the worker is now waiting on the slow second turn.
+    wait_until(lambda: AgentRun.objects.get(pk=agent_run.pk).step_count >= 3, what="3 steps")
+    # Another worker takes the run over (as after a reap and a re-claim).
+    AgentRun.objects.filter(pk=agent_run.pk).update(
+        lease_owner="thief", lease_token=2, lease_expires_at="2999-01-01T00:00:00Z"
+    )
+    worker.communicate(timeout=30)
+
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.lease_owner, agent_run.lease_token) == (
+        "running",
+        "thief",
+        2,
+    )
+    assert agent_run.step_count == 3 and agent_run.steps.count() == 3
+    assert agent_run.termination_reason == "" and agent_run.finished_at is None
+    assert OutboxNotification.objects.count() == 0
+
+
+@pytest.mark.worker
+def test_a_duplicate_rq_job_executes_nothing_twice(workers, queue):
+    agent_run = enqueue(
+        scripted(
+            call("send_notification", recipient="a", message="b"),
+            answer(),
+            tools=["send_notification"],
+        )
+    )
+    # The same wake-up delivered twice (a client retry, a re-dispatch).
+    queue.enqueue("runs.jobs.execute_run_job", str(agent_run.pk))
+    assert queue.count == 2
+    output = workers.run_burst()
+    agent_run.refresh_from_db()
+    assert agent_run.status == "completed" and agent_run.lease_token == 1
+    assert OutboxNotification.objects.count() == 1
+    assert agent_run.steps.filter(kind="tool").count() == 1
+    assert "not claimable" in output
+
+
+def test_lease_identity_is_owner_and_token():
+    agent_run = queued_run()
+    lease = transitions.claim(agent_run.pk, "w", 60)
+    assert not transitions.heartbeat(Lease(lease.run_id, "other", lease.token), 60)
+    assert not transitions.heartbeat(Lease(lease.run_id, lease.owner, lease.token + 1), 60)
+    assert transitions.heartbeat(lease, 60)

@@ -1,0 +1,53 @@
+"""The queue path: enqueue after commit, real rqworker execution, dispatch failure."""
+
+import pytest
+from django.db import transaction
+
+from runs.models import AgentRun
+from runs.runtime import enqueue
+from tests.helpers import answer, call, scripted
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.worker
+def test_a_queued_run_completes_on_a_real_rqworker(workers, queue):
+    agent_run = enqueue(
+        scripted(call("search_notes", query="x"), answer("hello"), tools=["search_notes"])
+    )
+    [job] = queue.get_jobs()
+    assert job.args == (str(agent_run.pk),)
+    assert job.timeout == -1 and job.retries_left is None  # the run row decides, not RQ
+    assert AgentRun.objects.get(pk=agent_run.pk).status == "queued"
+    workers.run_burst()
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.output, agent_run.mode) == ("completed", "hello", "queued")
+    assert agent_run.steps.count() == 4
+
+
+def test_the_job_is_dispatched_only_after_commit(queue):
+    with transaction.atomic():
+        agent_run = enqueue(scripted(answer()))
+        assert queue.count == 0
+    assert queue.count == 1
+    assert AgentRun.objects.get(pk=agent_run.pk).status == "queued"
+
+
+def test_a_rolled_back_enqueue_dispatches_nothing(queue):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue(scripted(answer()))
+        raise RuntimeError("caller failed")
+    assert queue.count == 0 and AgentRun.objects.count() == 0
+
+
+def test_a_dispatch_failure_fails_the_run_instead_of_stranding_it(settings):
+    # A Redis that is not there: a closed port on this machine.
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    agent_run = enqueue(scripted(answer()))
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.termination_reason, agent_run.failure_class) == (
+        "failed",
+        "dispatch_failed",
+        "connection",
+    )
+    assert agent_run.error_type == "ConnectionError"

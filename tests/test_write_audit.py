@@ -1,0 +1,86 @@
+"""G2 and G3: a write whose step cannot be persisted fails the run, and is
+never retried; read-only runs stay fail-soft. The fault is a real database
+trigger refusing the INSERT."""
+
+import pytest
+from django.db import OperationalError
+
+from runs.errors import AuditPersistenceFailed
+from runs.failures import classify
+from runs.faults import step_inserts_refused
+from runs.models import DeadLetter
+from runs.runtime import enqueue, run
+from tests.helpers import answer, call, scripted
+from tools.models import Note, OutboxNotification
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOTIFY = call("send_notification", recipient="ops", message="deployed")
+
+
+def test_a_read_only_run_survives_a_refused_step_insert():
+    Note.objects.create(slug="a", body="b")
+    with step_inserts_refused("read_note"):
+        agent_run = run(
+            scripted(call("read_note", slug="a"), answer("read it"), tools=["read_note"])
+        )
+    assert (agent_run.status, agent_run.output) == ("completed", "read it")
+    assert list(agent_run.steps.values_list("kind", flat=True)) == ["request", "llm", "llm"]
+
+
+def test_a_non_tool_step_refused_is_fail_soft_too():
+    with step_inserts_refused():
+        agent_run = run(scripted(answer("ok")))
+    assert agent_run.status == "completed" and agent_run.steps.count() == 0
+
+
+def test_an_interactive_write_fails_closed_when_its_step_is_refused():
+    with step_inserts_refused("send_notification"):
+        agent_run = run(scripted(NOTIFY, answer("never reached"), tools=["send_notification"]))
+    assert (agent_run.status, agent_run.termination_reason, agent_run.failure_class) == (
+        "failed",
+        "not_retryable",
+        "unknown",
+    )
+    assert agent_run.error_type == "AuditPersistenceFailed"
+    assert "send_notification" in agent_run.error_message
+    # The write happened once and its fence still stands: a write in doubt.
+    assert OutboxNotification.objects.count() == 1
+    assert agent_run.pending_effect == "non_idempotent_write"
+    # Nothing after the unrecorded write: the final answer was never asked for.
+    assert list(agent_run.steps.values_list("kind", flat=True)) == ["request", "llm"]
+
+
+def test_a_queued_write_is_dead_lettered_not_retryable_with_budget_left(settings):
+    settings.NRLLM_MAX_REQUEUES = 3
+    with step_inserts_refused("send_notification"):
+        agent_run = enqueue(scripted(NOTIFY, answer(), tools=["send_notification"]))
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.termination_reason) == ("failed", "not_retryable")
+    assert agent_run.requeue_count == 0 and agent_run.lease_token == 1
+    dead_letter = DeadLetter.objects.get(run=agent_run)
+    assert (dead_letter.reason, dead_letter.failure_class, dead_letter.error_type) == (
+        "not_retryable",
+        "unknown",
+        "AuditPersistenceFailed",
+    )
+    assert OutboxNotification.objects.count() == 1
+
+
+def test_an_idempotent_write_fails_closed_too():
+    with step_inserts_refused("upsert_note"):
+        agent_run = run(
+            scripted(call("upsert_note", slug="a", body="b"), answer(), tools=["upsert_note"])
+        )
+    assert agent_run.status == "failed" and agent_run.error_type == "AuditPersistenceFailed"
+    assert agent_run.pending_effect == "idempotent_write"
+
+
+def test_audit_failure_is_unknown_even_when_caused_by_a_connection_error():
+    try:
+        try:
+            raise OperationalError("server closed the connection")
+        except OperationalError as cause:
+            raise AuditPersistenceFailed("write not recorded") from cause
+    except AuditPersistenceFailed as error:
+        assert classify(error) == "unknown"

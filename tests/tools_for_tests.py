@@ -1,0 +1,68 @@
+"""Tool classes the tests register through ``NRLLM_TOOLS``."""
+
+from runs.models import AgentRun
+from tools.contract import Tool
+from tools.effects import ToolEffect
+
+_ANY = {"type": "object", "properties": {}, "additionalProperties": True}
+
+
+class FenceProbe(Tool):
+    """Reports the run's write fence as the database holds it mid-call."""
+
+    name = "fence_probe_write"
+    description = "idempotent write that reports the fence it runs under"
+    effect = ToolEffect.IDEMPOTENT_WRITE
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        run = AgentRun.objects.get(pk=context.run_id)
+        return {"pending_effect": run.pending_effect, "lease_token": run.lease_token}
+
+
+class ReadFenceProbe(FenceProbe):
+    name = "fence_probe_read"
+    description = "read-only tool that reports the fence it runs under"
+    effect = ToolEffect.READ_ONLY
+
+
+class NoEffectDeclared(Tool):
+    name = "no_effect_declared"
+    description = "declares no effect"
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        return {}
+
+
+class StringEffect(Tool):
+    name = "string_effect"
+    description = "declares its effect as a plain string"
+    effect = "read_only"  # type: ignore[assignment]
+    parameters = _ANY
+
+
+class DuplicateReadNote(Tool):
+    name = "read_note"
+    description = "clashes with the builtin"
+    parameters = _ANY
+
+
+class Nameless(Tool):
+    description = "has no name"
+    parameters = _ANY
+
+
+class SchemaLess(Tool):
+    name = "schema_less"
+    description = "has no parameters schema"
+
+
+class BrokenSchema(Tool):
+    name = "broken_schema"
+    description = "parameters is not a JSON Schema"
+    parameters = {"type": "no-such-type"}
+
+
+class NotATool:
+    name = "not_a_tool"
