@@ -24,13 +24,15 @@ run: venv
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
 	$(PY) manage.py seed_demo
-	$(PY) manage.py runserver 127.0.0.1:8000
+	@echo "Serving the admin at http://127.0.0.1:8000/admin/ (user: admin)"
+	$(PY) manage.py runserver --insecure 127.0.0.1:8000
 
 ## make lint: ruff and the migrations check.
 lint: dev-venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	DATABASE_URL=sqlite:///:memory: $(PY) manage.py makemigrations --check --dry-run
+	DATABASE_URL=sqlite:///:memory: SECRET_KEY=migrations-check \
+		$(PY) manage.py makemigrations --check --dry-run
 
 ## make test: installs what is missing, starts a throwaway PostgreSQL and
 ## redis-server, runs the whole suite against them, stops them.

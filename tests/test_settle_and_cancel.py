@@ -88,3 +88,18 @@ def test_cancelling_mid_run_stops_before_the_next_tool(workers):
     # Terminal stays terminal: a late job does nothing.
     run_queued(agent_run.pk)
     assert AgentRun.objects.get(pk=agent_run.pk).status == "cancelled"
+
+
+@pytest.mark.worker
+def test_a_cancel_noticed_at_the_step_boundary_wins_over_a_final_answer(workers):
+    agent_run = enqueue(scripted(answer("too late", delay_seconds=1.5)))
+    worker = workers.start(burst=True)
+    wait_until(lambda: AgentRun.objects.get(pk=agent_run.pk).step_count >= 1, what="request step")
+    assert transitions.cancel(agent_run.pk) is CancelOutcome.REQUESTED
+    worker.communicate(timeout=30)
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.termination_reason, agent_run.output) == (
+        "cancelled",
+        "cancelled",
+        "",
+    )

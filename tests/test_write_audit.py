@@ -84,3 +84,25 @@ def test_audit_failure_is_unknown_even_when_caused_by_a_connection_error():
             raise AuditPersistenceFailed("write not recorded") from cause
     except AuditPersistenceFailed as error:
         assert classify(error) == "unknown"
+
+
+@pytest.mark.worker
+def test_a_worker_dead_letters_a_write_whose_step_is_refused_and_never_retries_it(workers, queue):
+    agent_run = enqueue(scripted(NOTIFY, answer(), tools=["send_notification"]))
+    with step_inserts_refused("send_notification"):
+        workers.run_burst()
+    # A duplicate wake-up and another worker later change nothing.
+    queue.enqueue("runs.jobs.execute_run_job", str(agent_run.pk))
+    workers.run_burst()
+
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.termination_reason, agent_run.error_type) == (
+        "failed",
+        "not_retryable",
+        "AuditPersistenceFailed",
+    )
+    assert agent_run.lease_token == 1 and agent_run.requeue_count == 0
+    assert OutboxNotification.objects.count() == 1
+    assert DeadLetter.objects.filter(run=agent_run).count() == 1
+    # The job function never raises for a run's outcome: RQ saw no failure.
+    assert queue.failed_job_registry.count == 0
