@@ -70,8 +70,7 @@ def run_queued(run_id) -> None:
         logger.info("run=%s not claimable (already taken or ended); job ignored", run_id)
         return
     run = AgentRun.objects.only("request", "requeue_count").get(pk=run_id)
-    request = parse_stored_request(run.request)
-    _execute(lease, request, RunMode.QUEUED, requeue_count=run.requeue_count)
+    _execute(lease, run.request, RunMode.QUEUED, requeue_count=run.requeue_count)
 
 
 def run(request_data) -> AgentRun:
@@ -83,11 +82,11 @@ def run(request_data) -> AgentRun:
         worker_identity(),
         settings.NRLLM_LEASE_SECONDS,
     )
-    _execute(lease, run_request, RunMode.INTERACTIVE, requeue_count=0)
+    _execute(lease, run_request.as_json(), RunMode.INTERACTIVE, requeue_count=0)
     return AgentRun.objects.get(pk=lease.run_id)
 
 
-def parse_stored_request(stored: dict) -> RunRequest:
+def _stored_request(stored: dict) -> RunRequest:
     # Stored requests were valid when enqueued; tools may since have been
     # removed or disabled, which the agent loop handles by not offering them.
     return RunRequest(
@@ -104,10 +103,11 @@ def _offered_tools(names) -> dict:
     return {name: registry.get(name) for name in names if name in registry and name not in disabled}
 
 
-def _execute(lease: Lease, request: RunRequest, mode: str, *, requeue_count: int) -> None:
+def _execute(lease: Lease, stored_request: dict, mode: str, *, requeue_count: int) -> None:
     execution = LeasedExecution(lease, settings.NRLLM_LEASE_SECONDS)
     try:
-        execution.record_request(request.as_json())
+        request = _stored_request(stored_request)
+        execution.record_request(stored_request)
         outcome = run_agent_loop(
             prompt=request.prompt,
             provider=build_provider(request.provider, attempt=lease.token),

@@ -109,3 +109,26 @@ def test_an_interactive_provider_failure_settles_failed():
     )
     assert agent_run.dead_letters.count() == 0
     assert AgentRun.objects.get().mode == "interactive"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_disabled_after_enqueue_is_not_offered_and_not_executed():
+    from django.db import transaction
+
+    from runs.runtime import enqueue
+    from tools.models import ToolSetting
+
+    with transaction.atomic():
+        agent_run = enqueue(
+            scripted(
+                call("send_notification", recipient="a", message="b"),
+                answer(),
+                tools=["send_notification"],
+            )
+        )
+        # Switched off by an operator before any worker picked the run up.
+        ToolSetting.objects.filter(name="send_notification").update(enabled=False)
+    agent_run.refresh_from_db()
+    assert agent_run.status == "completed"
+    assert "is not offered to this run" in agent_run.steps.get(kind="tool").error
+    assert OutboxNotification.objects.count() == 0

@@ -12,6 +12,7 @@ from runs.models import DeadLetter
 from runs.providers import ProviderError
 from runs.retry import decide_retry
 from runs.runtime import enqueue
+from runs.vocabulary import FailureClass
 from tests.helpers import answer, call, scripted
 from tools.models import Note
 
@@ -19,19 +20,7 @@ from tools.models import Note
 @pytest.mark.parametrize(
     ("error", "failure_class"),
     [
-        *[
-            (ProviderError("x", failure_class=cls), cls)
-            for cls in [
-                "connection",
-                "rate_limit",
-                "auth",
-                "configuration",
-                "client_error",
-                "server_error",
-                "circuit_open",
-                "unknown",
-            ]
-        ],
+        *[(ProviderError("x", failure_class=cls), cls) for cls in FailureClass.values],
         (ConnectionRefusedError(), "connection"),
         (TimeoutError(), "connection"),
         (httpx.ConnectError("x"), "connection"),
@@ -49,20 +38,8 @@ def test_classifier(error, failure_class):
 
 
 def test_retryable_classes():
-    assert {
-        cls
-        for cls in [
-            "connection",
-            "rate_limit",
-            "auth",
-            "configuration",
-            "client_error",
-            "server_error",
-            "circuit_open",
-            "unknown",
-        ]
-        if is_retryable(cls)
-    } == {"connection", "rate_limit", "server_error", "circuit_open"}
+    retryable = {cls for cls in FailureClass.values if is_retryable(cls)}
+    assert retryable == {"connection", "rate_limit", "server_error", "circuit_open"}
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,15 @@
 never retried; read-only runs stay fail-soft. The fault is a real database
 trigger refusing the INSERT."""
 
+import os
+
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 
 from runs.errors import AuditPersistenceFailed
 from runs.failures import classify
 from runs.faults import step_inserts_refused
-from runs.models import DeadLetter
+from runs.models import DeadLetter, RunStep
 from runs.runtime import enqueue, run
 from tests.helpers import answer, call, scripted
 from tools.models import Note, OutboxNotification
@@ -106,3 +108,44 @@ def test_a_worker_dead_letters_a_write_whose_step_is_refused_and_never_retries_i
     assert DeadLetter.objects.filter(run=agent_run).count() == 1
     # The job function never raises for a run's outcome: RQ saw no failure.
     assert queue.failed_job_registry.count == 0
+
+
+@pytest.fixture
+def role_without_step_insert(worker_env):
+    """A database role with every privilege the app needs except INSERT on steps."""
+    role = f"nrllm_no_step_insert_{os.environ.get('PYTEST_XDIST_WORKER', 'gw0')}"
+    database = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP ROLE IF EXISTS {role}")
+        cursor.execute(f"CREATE ROLE {role} LOGIN")
+        cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+        cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+        cursor.execute(f"REVOKE INSERT ON {RunStep._meta.db_table} FROM {role}")
+    db = connection.settings_dict
+    yield f"postgres://{role}@{db['HOST']}:{db['PORT']}/{database}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP OWNED BY {role}")
+        cursor.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.worker
+def test_a_worker_denied_step_inserts_fails_writes_closed_and_finishes_reads(
+    workers, role_without_step_insert
+):
+    Note.objects.create(slug="a", body="b")
+    read = enqueue(scripted(call("read_note", slug="a"), answer("read"), tools=["read_note"]))
+    write = enqueue(
+        scripted(call("upsert_note", slug="a", body="c"), answer(), tools=["upsert_note"])
+    )
+    workers.run_burst(DATABASE_URL=role_without_step_insert)
+
+    read.refresh_from_db()
+    write.refresh_from_db()
+    assert (read.status, read.output, read.steps.count()) == ("completed", "read", 0)
+    assert (write.status, write.termination_reason, write.error_type) == (
+        "failed",
+        "not_retryable",
+        "AuditPersistenceFailed",
+    )
+    assert write.pending_effect == "idempotent_write"
+    assert Note.objects.get(slug="a").body == "c"
