@@ -210,7 +210,8 @@ def settle(
     The write fence is left as it stands: a run that ends with a fence up has
     a write in doubt, and that must stay visible.
     """
-    assert status in RunStatus.terminal()
+    if status not in RunStatus.terminal():
+        raise ValueError(f"settle needs a terminal status, not {status!r}")
     matched = _owned(lease).update(
         **_ended(
             status,
