@@ -106,6 +106,14 @@ RQ_QUEUES = {
 NRLLM_LEASE_SECONDS = env_int("NRLLM_LEASE_SECONDS", 900, minimum=1)
 NRLLM_MAX_REQUEUES = env_int("NRLLM_MAX_REQUEUES", 3, minimum=0)
 NRLLM_MAX_ITERATIONS = env_int("NRLLM_MAX_ITERATIONS", 20, minimum=1)
+NRLLM_RETRY_BACKOFF_SECONDS = env_int("NRLLM_RETRY_BACKOFF_SECONDS", 2, minimum=0)
+NRLLM_RETRY_BACKOFF_MAX_SECONDS = env_int("NRLLM_RETRY_BACKOFF_MAX_SECONDS", 300, minimum=0)
+# A queued run due this long ago whose job Redis no longer holds is
+# dispatched again by the reaper (Redis restarted without persistence, say).
+NRLLM_REDISPATCH_AFTER_SECONDS = env_int("NRLLM_REDISPATCH_AFTER_SECONDS", 60, minimum=1)
+NRLLM_REAPER_INTERVAL_SECONDS = env_int("NRLLM_REAPER_INTERVAL_SECONDS", 30, minimum=1)
+# Added to a tool's own time limit when the lease is extended to cover it.
+NRLLM_OPERATION_MARGIN_SECONDS = env_int("NRLLM_OPERATION_MARGIN_SECONDS", 30, minimum=0)
 NRLLM_HTTP_ALLOWED_HOSTS = env_list("NRLLM_HTTP_ALLOWED_HOSTS")
 NRLLM_HTTP_TIMEOUT_SECONDS = env_int("NRLLM_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
 NRLLM_TOOLS = env_list("NRLLM_TOOLS")

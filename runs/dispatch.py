@@ -15,6 +15,7 @@ from datetime import timedelta
 from django.conf import settings
 from redis import Redis
 from rq import Queue
+from rq.job import Job, JobStatus
 
 JOB_FUNCTION = "runs.jobs.execute_run_job"
 JOB_OPTIONS = {"job_timeout": -1, "result_ttl": 3600, "failure_ttl": 86400}
@@ -30,7 +31,13 @@ def run_queue() -> Queue:
     return Queue(settings.NRLLM_QUEUE_NAME, connection=_redis(settings.REDIS_URL))
 
 
-def dispatch(run_id, *, delay_seconds: float = 0) -> None:
+def job_id_for(run_id, requeue_count: int) -> str:
+    """One job id per run and attempt, so the reaper can ask Redis whether the
+    job that should wake a queued run still exists."""
+    return f"run-{run_id}-{requeue_count}"
+
+
+def dispatch(run_id, *, requeue_count: int = 0, delay_seconds: float = 0) -> None:
     """Wake a worker for ``run_id``; raises if the job cannot be enqueued."""
     if not settings.REDIS_URL:
         from runs.runtime import run_queued
@@ -38,7 +45,23 @@ def dispatch(run_id, *, delay_seconds: float = 0) -> None:
         run_queued(run_id)
         return
     queue = run_queue()
+    options = {**JOB_OPTIONS, "job_id": job_id_for(run_id, requeue_count)}
     if delay_seconds > 0:
-        queue.enqueue_in(timedelta(seconds=delay_seconds), JOB_FUNCTION, str(run_id), **JOB_OPTIONS)
+        queue.enqueue_in(timedelta(seconds=delay_seconds), JOB_FUNCTION, str(run_id), **options)
     else:
-        queue.enqueue(JOB_FUNCTION, str(run_id), **JOB_OPTIONS)
+        queue.enqueue(JOB_FUNCTION, str(run_id), **options)
+
+
+def live_job_ids(job_ids: list[str]) -> set[str]:
+    """Those of ``job_ids`` that will still wake a worker: waiting in the
+    queue, scheduled for later, or deferred."""
+    if not settings.REDIS_URL or not job_ids:
+        return set()
+    jobs = Job.fetch_many(job_ids, connection=_redis(settings.REDIS_URL))
+    return {
+        job.id
+        for job in jobs
+        if job is not None
+        and job.get_status(refresh=False)
+        in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
+    }

@@ -20,3 +20,14 @@ def execute_run_job(run_id: str) -> None:
         logger.exception("run=%s job could not execute the run", run_id)
     finally:
         close_old_connections()
+
+
+def reap_job() -> str:
+    """The reaper as a periodic RQ job (see ``runs/cron.py``)."""
+    from runs.reaper import reap_stale_runs
+
+    close_old_connections()
+    try:
+        return reap_stale_runs().summary()
+    finally:
+        close_old_connections()

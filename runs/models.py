@@ -44,6 +44,9 @@ class AgentRun(models.Model):
     pending_effect = models.CharField(max_length=32, choices=EFFECT_CHOICES, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     requeue_count = models.PositiveIntegerField(default=0)
+    #: When a ``queued`` run is due (later than now while a retry backs off);
+    #: the reaper re-dispatches a run long past due whose job Redis lost.
+    available_at = models.DateTimeField(null=True, blank=True)
     #: Steps recorded so far; the guarded UPDATE that records a step takes the
     #: next sequence from here, so two writers cannot allocate the same one.
     step_count = models.PositiveIntegerField(default=0)
@@ -57,6 +60,7 @@ class AgentRun(models.Model):
         indexes = [
             models.Index(fields=["-created_at"], name="run_created_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
+            models.Index(fields=["status", "available_at"], name="run_status_available_idx"),
         ]
 
     def __str__(self) -> str:

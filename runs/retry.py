@@ -6,9 +6,6 @@ from runs.failures import is_retryable
 from runs.vocabulary import DeadLetterReason
 from tools.effects import ToolEffect
 
-BACKOFF_BASE_SECONDS = 2
-BACKOFF_CAP_SECONDS = 300
-
 
 @dataclass(frozen=True)
 class RetryDecision:
@@ -25,6 +22,8 @@ def decide_retry(
     requeue_count: int,
     max_requeues: int,
     retry_after: float | None = None,
+    backoff_base: float = 2,
+    backoff_cap: float = 300,
 ) -> RetryDecision:
     """Requeue with backoff, or dead-letter and say why.
 
@@ -38,7 +37,8 @@ def decide_retry(
         return RetryDecision(False, DeadLetterReason.WRITE_INTERRUPTED)
     if requeue_count >= max_requeues:
         return RetryDecision(False, DeadLetterReason.RETRIES_EXHAUSTED)
-    backoff = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**requeue_count)
+    backoff = min(backoff_cap, backoff_base * 2**requeue_count)
     if retry_after is not None:
-        backoff = max(backoff, min(retry_after, BACKOFF_CAP_SECONDS))
+        # The provider said when to come back; never sooner, within the cap.
+        backoff = max(backoff, min(retry_after, backoff_cap))
     return RetryDecision(True, delay_seconds=backoff)

@@ -44,14 +44,14 @@ def enqueue(request_data) -> AgentRun:
     run_request = parse_run_request(request_data)
     with transaction.atomic():
         run = transitions.create_queued_run(run_request.as_json(), run_request.prompt)
-        transaction.on_commit(lambda: dispatch_or_fail(run.pk))
+        transaction.on_commit(lambda: dispatch_or_fail(run.pk, requeue_count=0))
     return run
 
 
-def dispatch_or_fail(run_id, *, delay_seconds: float = 0) -> None:
+def dispatch_or_fail(run_id, *, requeue_count: int, delay_seconds: float = 0) -> None:
     """Dispatch the job; if that fails, fail the run rather than strand it."""
     try:
-        dispatch.dispatch(run_id, delay_seconds=delay_seconds)
+        dispatch.dispatch(run_id, requeue_count=requeue_count, delay_seconds=delay_seconds)
     except Exception as error:
         logger.exception("run=%s dispatch failed", run_id)
         try:
@@ -158,10 +158,13 @@ def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count:
             requeue_count=requeue_count,
             max_requeues=settings.NRLLM_MAX_REQUEUES,
             retry_after=getattr(error, "retry_after", None),
+            backoff_base=settings.NRLLM_RETRY_BACKOFF_SECONDS,
+            backoff_cap=settings.NRLLM_RETRY_BACKOFF_MAX_SECONDS,
         )
         if decision.requeue:
-            if transitions.requeue_for_retry(lease, **details):
-                dispatch_or_fail(lease.run_id, delay_seconds=decision.delay_seconds)
+            delay = decision.delay_seconds
+            if transitions.requeue_for_retry(lease, **details, delay_seconds=delay):
+                dispatch_or_fail(lease.run_id, requeue_count=requeue_count + 1, delay_seconds=delay)
             return
         transitions.dead_letter(lease, decision.dead_letter_reason, **details)
     except DatabaseError:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F
-from django.utils import timezone
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.db.models.functions import Now
 
 from runs.models import AgentRun, DeadLetter, RunStep
 from runs.vocabulary import RunMode, RunStatus, TerminationReason
@@ -41,8 +41,23 @@ def _owned(lease: Lease):
     )
 
 
+def db_time(after_seconds: float = 0):
+    """The database's clock, ``after_seconds`` from now, as an SQL expression.
+
+    Every lease and every staleness check uses the database's clock, so
+    workers and reapers on machines whose clocks disagree still agree on
+    which leases have expired.
+    """
+    if not after_seconds:
+        return Now()
+    return ExpressionWrapper(
+        Now() + Value(timedelta(seconds=after_seconds), output_field=DurationField()),
+        output_field=DateTimeField(),
+    )
+
+
 def _expiry(lease_seconds: float):
-    return timezone.now() + timedelta(seconds=lease_seconds)
+    return db_time(lease_seconds)
 
 
 # --- creating runs -------------------------------------------------------
@@ -51,7 +66,11 @@ def _expiry(lease_seconds: float):
 def create_queued_run(request: dict, prompt: str) -> AgentRun:
     """Store a ``queued`` run; the caller dispatches its job after commit."""
     return AgentRun.objects.create(
-        request=request, prompt=prompt, status=RunStatus.QUEUED, mode=RunMode.QUEUED
+        request=request,
+        prompt=prompt,
+        status=RunStatus.QUEUED,
+        mode=RunMode.QUEUED,
+        available_at=db_time(),
     )
 
 
@@ -65,7 +84,7 @@ def begin_interactive(request: dict, prompt: str, owner: str, lease_seconds: flo
         lease_owner=owner,
         lease_token=1,
         lease_expires_at=_expiry(lease_seconds),
-        started_at=timezone.now(),
+        started_at=db_time(),
     )
     return Lease(str(run.pk), owner, 1)
 
@@ -86,7 +105,7 @@ def claim(run_id, owner: str, lease_seconds: float) -> Lease | None:
             lease_token=F("lease_token") + 1,
             lease_expires_at=_expiry(lease_seconds),
             pending_effect="",
-            started_at=timezone.now(),
+            started_at=db_time(),
         )
         if not claimed:
             return None
@@ -150,14 +169,7 @@ def record_step(
         with transaction.atomic():
             if not _owned(lease).update(**changes):
                 return RecordOutcome.LEASE_LOST
-            sequence, cancel_at = (
-                AgentRun.objects.filter(pk=lease.run_id)
-                .values_list("step_count", "cancel_requested_at")
-                .get()
-            )
-            RunStep.objects.create(
-                run_id=lease.run_id, sequence=sequence, lease_token=lease.token, **step
-            )
+            cancel_at = _append_step(lease.run_id, lease.token, step)
     except DatabaseError as error:
         logger.error(
             "step not persisted: run=%s lease_token=%s kind=%s tool=%s: %s",
@@ -174,6 +186,17 @@ def record_step(
     return RecordOutcome.PERSISTED
 
 
+def _append_step(run_id, lease_token: int, step: dict):
+    """Insert a step numbered by the ``step_count`` the caller's guarded UPDATE
+    just incremented (its row lock is held until commit, so the number is
+    ours alone). Returns the run's ``cancel_requested_at``."""
+    sequence, cancel_at = (
+        AgentRun.objects.filter(pk=run_id).values_list("step_count", "cancel_requested_at").get()
+    )
+    RunStep.objects.create(run_id=run_id, sequence=sequence, lease_token=lease_token, **step)
+    return cancel_at
+
+
 def _drop_broken_connection() -> None:
     """After a database error, drop the connection if it is dead so the next
     statement reconnects instead of failing on a closed socket forever."""
@@ -188,7 +211,7 @@ def _ended(status: str, reason: str, **fields) -> dict:
     return {
         "status": status,
         "termination_reason": reason,
-        "finished_at": timezone.now(),
+        "finished_at": db_time(),
         "lease_owner": "",
         "lease_expires_at": None,
         **fields,
@@ -257,21 +280,32 @@ def dead_letter(
     return True
 
 
-def requeue_for_retry(
-    lease: Lease, *, failure_class: str, error_type: str, error_message: str
-) -> bool:
-    """Give a failed attempt back to the queue: ``running → queued``, budget spent +1.
+def _back_in_queue(delay_seconds: float = 0) -> dict:
+    # The fence is cleared: whoever requeues has decided that no
+    # non-idempotent write is in doubt.
+    return {
+        "status": RunStatus.QUEUED,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "pending_effect": "",
+        "requeue_count": F("requeue_count") + 1,
+        "available_at": db_time(delay_seconds),
+    }
 
-    The fence is cleared: the caller has decided no non-idempotent write is
-    in doubt.
-    """
+
+def requeue_for_retry(
+    lease: Lease,
+    *,
+    failure_class: str,
+    error_type: str,
+    error_message: str,
+    delay_seconds: float = 0,
+) -> bool:
+    """Give a failed attempt back to the queue: ``running → queued``, budget spent +1,
+    due after ``delay_seconds``."""
     return bool(
         _owned(lease).update(
-            status=RunStatus.QUEUED,
-            lease_owner="",
-            lease_expires_at=None,
-            pending_effect="",
-            requeue_count=F("requeue_count") + 1,
+            **_back_in_queue(delay_seconds),
             failure_class=failure_class,
             error_type=error_type,
             error_message=error_message,
@@ -295,6 +329,73 @@ def fail_dispatch(run_id, error: BaseException, failure_class: str) -> bool:
     )
 
 
+# --- the reaper (G7) ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StaleLease:
+    """What the reaper saw of a run whose lease had expired."""
+
+    run_id: str
+    token: int
+
+
+def _still_stale(stale: StaleLease, as_of):
+    # Re-checked inside every reaper UPDATE: a worker that renewed after the
+    # reaper looked (a slow-but-alive worker) no longer matches, and keeps its run.
+    return AgentRun.objects.filter(
+        pk=stale.run_id,
+        status=RunStatus.RUNNING,
+        lease_token=stale.token,
+        lease_expires_at__lt=as_of if as_of is not None else Now(),
+    )
+
+
+def _reap(stale: StaleLease, as_of, changes: dict, step: dict, dead_letter_fields=None) -> bool:
+    with transaction.atomic():
+        matched = _still_stale(stale, as_of).update(step_count=F("step_count") + 1, **changes)
+        if not matched:
+            return False
+        _append_step(stale.run_id, stale.token, step)
+        if dead_letter_fields is not None:
+            DeadLetter.objects.create(run_id=stale.run_id, **dead_letter_fields)
+    return True
+
+
+def reap_requeue(stale: StaleLease, as_of, step: dict) -> bool:
+    """``running → queued`` for a stale run that is safe to run again."""
+    return _reap(stale, as_of, _back_in_queue(), step)
+
+
+def reap_dead_letter(stale: StaleLease, as_of, step: dict, *, reason: str, error: str) -> bool:
+    """``running → failed`` with a dead letter; the fence is left standing."""
+    details = {"failure_class": "", "error_type": "LeaseExpired", "error_message": error}
+    return _reap(
+        stale,
+        as_of,
+        _ended(RunStatus.FAILED, reason, **details),
+        step,
+        dead_letter_fields={"reason": reason, **details},
+    )
+
+
+def reap_cancelled(stale: StaleLease, as_of, step: dict) -> bool:
+    """A stale run an operator asked to cancel ends ``cancelled``."""
+    return _reap(stale, as_of, _ended(RunStatus.CANCELLED, TerminationReason.CANCELLED), step)
+
+
+def note_redispatch(run_id, step: dict) -> bool:
+    """Record on a still-``queued`` run that its lost job was dispatched again."""
+    with transaction.atomic():
+        matched = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+            step_count=F("step_count") + 1, available_at=db_time()
+        )
+        if matched:
+            token = AgentRun.objects.filter(pk=run_id).values_list("lease_token", flat=True).get()
+            _append_step(run_id, token, step)
+    return bool(matched)
+
+
 class CancelOutcome(enum.Enum):
     CANCELLED = "cancelled"  # it was queued: it will never start
     REQUESTED = "requested"  # it is running: its worker stops at the next step boundary
@@ -311,7 +412,7 @@ def cancel(run_id) -> CancelOutcome:
     running = AgentRun.objects.filter(
         pk=run_id, status=RunStatus.RUNNING, cancel_requested_at__isnull=True
     )
-    if running.update(cancel_requested_at=timezone.now()):
+    if running.update(cancel_requested_at=db_time()):
         return CancelOutcome.REQUESTED
     status = AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
     if status is None:
@@ -322,22 +423,3 @@ def cancel(run_id) -> CancelOutcome:
         # Claimed and requeued between our two updates: try once more.
         return cancel(run_id)
     return CancelOutcome.TERMINAL
-
-
-__all__ = [
-    "CancelOutcome",
-    "Lease",
-    "RecordOutcome",
-    "begin_interactive",
-    "cancel",
-    "cancel_requested",
-    "claim",
-    "create_queued_run",
-    "dead_letter",
-    "fail_dispatch",
-    "heartbeat",
-    "record_step",
-    "renew_lease",
-    "requeue_for_retry",
-    "settle",
-]

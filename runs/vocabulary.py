@@ -8,11 +8,11 @@ from django.db import models
 
 
 class RunStatus(models.TextChoices):
-    QUEUED = "queued"  # create_queued_run
+    QUEUED = "queued"  # create_queued_run, requeue_for_retry, reaper.requeue
     RUNNING = "running"  # claim, begin_interactive
     COMPLETED = "completed"  # settle
-    FAILED = "failed"  # settle, dead_letter, fail_dispatch
-    CANCELLED = "cancelled"  # cancel, settle
+    FAILED = "failed"  # settle, dead_letter, fail_dispatch, reaper.dead_letter
+    CANCELLED = "cancelled"  # cancel, settle, reaper.settle_cancelled
 
     @classmethod
     def terminal(cls) -> set[str]:
@@ -65,6 +65,7 @@ class StepKind(models.TextChoices):
     LLM = "llm"
     TOOL = "tool"
     OPERATOR = "operator"
+    REAPER = "reaper"
 
 
 class DeadLetterReason(models.TextChoices):

@@ -1,0 +1,168 @@
+"""The reaper (G7): recovers runs whose worker stopped renewing its lease,
+and queued runs whose wake-up job Redis lost.
+
+A stale run is requeued when that is safe and the budget allows, and
+dead-lettered otherwise. Every mutation is a transition that re-checks
+staleness inside its UPDATE, so running two reapers at once, or racing a
+slow-but-alive worker, changes each run at most once. Time is the database's.
+"""
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+
+from runs import transitions
+from runs.dispatch import job_id_for, live_job_ids
+from runs.models import AgentRun
+from runs.transitions import StaleLease, db_time
+from runs.vocabulary import DeadLetterReason, RunStatus, StepKind
+from tools.effects import ToolEffect
+
+logger = logging.getLogger(__name__)
+
+REQUEUE = "requeued"
+DEAD_LETTER = "dead_lettered"
+CANCEL = "cancelled"
+REDISPATCH = "redispatched"
+
+
+@dataclass(frozen=True)
+class ReapDecision:
+    action: str
+    reason: str
+
+
+def decide_reap(
+    *, pending_effect: str, requeue_count: int, max_requeues: int, cancel_requested: bool
+) -> ReapDecision:
+    """What to do with a run whose lease expired, and why."""
+    if pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
+        # The write may have landed; running it again could repeat it.
+        return ReapDecision(DEAD_LETTER, DeadLetterReason.WRITE_INTERRUPTED)
+    if cancel_requested:
+        return ReapDecision(CANCEL, "cancel requested")
+    if requeue_count >= max_requeues:
+        return ReapDecision(DEAD_LETTER, DeadLetterReason.RETRIES_EXHAUSTED)
+    return ReapDecision(REQUEUE, "lease expired; safe to run again")
+
+
+@dataclass
+class ReapReport:
+    decisions: dict = field(default_factory=dict)  # run id -> "action: reason"
+    #: Stale when looked at, renewed (or taken) before the reaper's UPDATE.
+    lost_races: int = 0
+
+    def count(self, action: str) -> int:
+        return sum(1 for outcome in self.decisions.values() if outcome.startswith(action))
+
+    def summary(self) -> str:
+        actions = (REQUEUE, DEAD_LETTER, CANCEL, REDISPATCH)
+        counts = ", ".join(f"{action} {self.count(action)}" for action in actions)
+        return f"{counts}, left to a live worker {self.lost_races}"
+
+
+def reap_stale_runs(*, as_of: datetime | None = None, batch_size: int = 1000) -> ReapReport:
+    """One reaper pass. ``as_of`` replaces the database's "now" (for tests)."""
+    report = ReapReport()
+    now = as_of if as_of is not None else db_time()
+    stale_runs = (
+        AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+        .order_by("lease_expires_at")
+        .values(
+            "id",
+            "lease_token",
+            "lease_owner",
+            "lease_expires_at",
+            "pending_effect",
+            "requeue_count",
+            "cancel_requested_at",
+        )[:batch_size]
+    )
+    for run in stale_runs:
+        _reap_one(run, as_of, report)
+    _redispatch_lost_jobs(as_of, batch_size, report)
+    return report
+
+
+def _reap_one(run: dict, as_of, report: ReapReport) -> None:
+    decision = decide_reap(
+        pending_effect=run["pending_effect"],
+        requeue_count=run["requeue_count"],
+        max_requeues=settings.NRLLM_MAX_REQUEUES,
+        cancel_requested=run["cancel_requested_at"] is not None,
+    )
+    stale = StaleLease(str(run["id"]), run["lease_token"])
+    step = {
+        "kind": StepKind.REAPER,
+        "result": {
+            "decision": decision.action,
+            "reason": decision.reason,
+            "stale_lease_owner": run["lease_owner"],
+            "stale_lease_token": run["lease_token"],
+            "lease_expired_at": run["lease_expires_at"].isoformat(),
+            "pending_effect": run["pending_effect"],
+            "requeue_count": run["requeue_count"],
+        },
+    }
+    if decision.action == REQUEUE:
+        done = transitions.reap_requeue(stale, as_of, step)
+        if done:
+            count = run["requeue_count"] + 1
+            _dispatch_after_commit(stale.run_id, count)
+    elif decision.action == CANCEL:
+        done = transitions.reap_cancelled(stale, as_of, step)
+    else:
+        done = transitions.reap_dead_letter(
+            stale,
+            as_of,
+            step,
+            reason=decision.reason,
+            error=(
+                f"lease of {run['lease_owner']} (token {run['lease_token']}) expired at "
+                f"{run['lease_expires_at'].isoformat()} with fence {run['pending_effect']!r}"
+            ),
+        )
+    if not done:
+        report.lost_races += 1
+        logger.info("reaper: run=%s renewed or taken before the reaper acted", stale.run_id)
+        return
+    report.decisions[stale.run_id] = f"{decision.action}: {decision.reason}"
+    logger.warning(
+        "reaper: run=%s lease_token=%s %s (%s)",
+        stale.run_id,
+        stale.token,
+        decision.action,
+        decision.reason,
+    )
+
+
+def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
+    threshold = settings.NRLLM_REDISPATCH_AFTER_SECONDS
+    cutoff = as_of - timedelta(seconds=threshold) if as_of is not None else db_time(-threshold)
+    waiting = list(
+        AgentRun.objects.filter(status=RunStatus.QUEUED, available_at__lt=cutoff)
+        .order_by("available_at")
+        .values_list("id", "requeue_count")[:batch_size]
+    )
+    live = live_job_ids([job_id_for(run_id, count) for run_id, count in waiting])
+    for run_id, requeue_count in waiting:
+        if job_id_for(run_id, requeue_count) in live:
+            continue
+        step = {
+            "kind": StepKind.REAPER,
+            "result": {"decision": REDISPATCH, "reason": "queued run had no job in Redis"},
+        }
+        if transitions.note_redispatch(run_id, step):
+            report.decisions[str(run_id)] = f"{REDISPATCH}: no job in Redis"
+            logger.warning("reaper: run=%s redispatched (its job was lost)", run_id)
+            _dispatch_after_commit(run_id, requeue_count)
+
+
+def _dispatch_after_commit(run_id, requeue_count: int) -> None:
+    from runs.runtime import dispatch_or_fail
+
+    transaction.on_commit(functools.partial(dispatch_or_fail, run_id, requeue_count=requeue_count))
