@@ -20,9 +20,10 @@ logger = logging.getLogger(__name__)
 
 
 class LeasedExecution:
-    def __init__(self, lease: Lease, lease_seconds: float):
+    def __init__(self, lease: Lease, lease_seconds: float, operation_margin: float):
         self.lease = lease
         self.lease_seconds = lease_seconds
+        self.operation_margin = operation_margin
 
     # --- hooks the agent loop calls ----------------------------------------
 
@@ -34,7 +35,11 @@ class LeasedExecution:
         """
         effect = call.tool.effect
         fence = effect.value if effect.is_write else ""
-        if not transitions.renew_lease(self.lease, self.lease_seconds, fence=fence):
+        limit = call.tool.time_limit()
+        # Operation deadline: the lease must outlive the call, or a long write
+        # would be reaped mid-call.
+        lease_seconds = max(self.lease_seconds, (limit or 0) + self.operation_margin)
+        if not transitions.renew_lease(self.lease, lease_seconds, fence=fence):
             self._stop_for_lost_renewal(before=call.tool.name)
         return ToolContext(
             run_id=self.lease.run_id,
@@ -42,6 +47,7 @@ class LeasedExecution:
                 self.lease.run_id, call.position, call.tool.name, call.arguments
             ),
             attempt=self.lease.token,
+            timeout_seconds=limit,
         )
 
     def after_step(self, event: StepEvent) -> None:

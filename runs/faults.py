@@ -1,7 +1,7 @@
-"""Database-level fault injection: a trigger that refuses step inserts.
+"""Database-level fault injection: triggers that make the database refuse writes.
 
 Used by the demo data (a run whose write audit failed) and by the tests. The
-fault is real — the database refuses the INSERT — so the code under test
+fault is real — the database refuses the statement — so the code under test
 runs unchanged.
 """
 
@@ -9,9 +9,7 @@ import contextlib
 
 from django.db import connection
 
-from runs.models import RunStep
-
-_TRIGGER = "nrllm_refuse_step_insert"
+from runs.models import AgentRun, RunStep
 
 
 def _literal(value: str) -> str:
@@ -19,36 +17,56 @@ def _literal(value: str) -> str:
 
 
 @contextlib.contextmanager
-def step_inserts_refused(tool_name: str | None = None):
-    """While active, the database refuses to insert steps (of ``tool_name`` only, if given).
+def _refusing_trigger(name: str, event: str, table: str, condition: str, message: str):
+    """While active, ``event`` (INSERT/UPDATE) on ``table`` fails where ``condition`` holds.
 
     On SQLite the trigger is TEMP, so only this connection sees it; on
     PostgreSQL it applies to every connection, workers included.
     """
-    table = RunStep._meta.db_table
-    condition = f"NEW.tool_name = {_literal(tool_name)}" if tool_name else "TRUE"
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             cursor.execute(
-                f"CREATE TEMP TRIGGER {_TRIGGER} BEFORE INSERT ON main.{table} "
-                f"WHEN {condition.replace('TRUE', '1')} "
-                f"BEGIN SELECT RAISE(ABORT, 'step insert refused (injected fault)'); END"
+                f"CREATE TEMP TRIGGER {name} BEFORE {event} ON main.{table} "
+                f"WHEN {condition} BEGIN SELECT RAISE(ABORT, {_literal(message)}); END"
             )
         else:
             cursor.execute(
-                f"CREATE OR REPLACE FUNCTION {_TRIGGER}() RETURNS trigger AS $$ BEGIN "
-                f"RAISE EXCEPTION 'step insert refused (injected fault)'; END $$ LANGUAGE plpgsql"
+                f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger AS $$ BEGIN "
+                f"RAISE EXCEPTION {_literal(message)}; END $$ LANGUAGE plpgsql"
             )
             cursor.execute(
-                f"CREATE TRIGGER {_TRIGGER} BEFORE INSERT ON {table} FOR EACH ROW "
-                f"WHEN ({condition}) EXECUTE FUNCTION {_TRIGGER}()"
+                f"CREATE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW "
+                f"WHEN ({condition}) EXECUTE FUNCTION {name}()"
             )
     try:
         yield
     finally:
         with connection.cursor() as cursor:
             if connection.vendor == "sqlite":
-                cursor.execute(f"DROP TRIGGER IF EXISTS {_TRIGGER}")
+                cursor.execute(f"DROP TRIGGER IF EXISTS {name}")
             else:
-                cursor.execute(f"DROP TRIGGER IF EXISTS {_TRIGGER} ON {table}")
-                cursor.execute(f"DROP FUNCTION IF EXISTS {_TRIGGER}()")
+                cursor.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+                cursor.execute(f"DROP FUNCTION IF EXISTS {name}()")
+
+
+def step_inserts_refused(tool_name: str | None = None):
+    """The database refuses to insert steps (of ``tool_name`` only, if given)."""
+    condition = f"NEW.tool_name = {_literal(tool_name)}" if tool_name else "1 = 1"
+    return _refusing_trigger(
+        "nrllm_refuse_step_insert",
+        "INSERT",
+        RunStep._meta.db_table,
+        condition,
+        "step insert refused (injected fault)",
+    )
+
+
+def run_status_changes_refused():
+    """The database refuses any UPDATE that changes a run's status (settle, requeue...)."""
+    return _refusing_trigger(
+        "nrllm_refuse_status_change",
+        "UPDATE",
+        AgentRun._meta.db_table,
+        "NEW.status <> OLD.status",
+        "run status change refused (injected fault)",
+    )

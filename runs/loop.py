@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from runs.providers import Provider
 from runs.vocabulary import StepKind, TerminationReason
 from tools.contract import Tool, ToolContext, ToolError
+from tools.deadline import time_limit
 from tools.effects import ToolEffect
 from tools.validation import argument_errors
 
@@ -130,7 +131,8 @@ def _execute_call(
         executed=True,
     )
     try:
-        result = tool.run(arguments, context)
+        with time_limit(context.timeout_seconds, name):
+            result = tool.run(arguments, context)
     except ToolError as error:
         event.error = str(error) or type(error).__name__
         return event

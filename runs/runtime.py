@@ -104,7 +104,9 @@ def _offered_tools(names) -> dict:
 
 
 def _execute(lease: Lease, stored_request: dict, mode: str, *, requeue_count: int) -> None:
-    execution = LeasedExecution(lease, settings.NRLLM_LEASE_SECONDS)
+    execution = LeasedExecution(
+        lease, settings.NRLLM_LEASE_SECONDS, settings.NRLLM_OPERATION_MARGIN_SECONDS
+    )
     try:
         request = _stored_request(stored_request)
         execution.record_request(stored_request)

@@ -1,6 +1,11 @@
 """Tool classes the tests register through ``NRLLM_TOOLS``."""
 
+import time
+
+from django.db import connection
+
 from runs.models import AgentRun
+from tools.builtin.http import PostWebhook
 from tools.contract import Tool
 from tools.effects import ToolEffect
 
@@ -66,3 +71,44 @@ class BrokenSchema(Tool):
 
 class NotATool:
     name = "not_a_tool"
+
+
+class IdempotentWebhook(PostWebhook):
+    """A webhook whose receiver deduplicates by Idempotency-Key: safe to repeat."""
+
+    name = "put_webhook"
+    description = "idempotent variant of post_webhook"
+    effect = ToolEffect.IDEMPOTENT_WRITE
+
+
+class SlowTool(Tool):
+    """Sleeps past its own time limit."""
+
+    name = "slow_tool"
+    description = "sleeps for the given seconds; limited to 1 second"
+    parameters = {"type": "object", "properties": {"seconds": {"type": "number"}}}
+    timeout_seconds = 1
+
+    def run(self, arguments, context):
+        time.sleep(arguments.get("seconds", 5))
+        return {"slept": True}
+
+
+class LeaseProbe(Tool):
+    """Reports how long the lease has left while it runs."""
+
+    name = "lease_probe"
+    description = "reports the lease's remaining seconds mid-call; limit 600 seconds"
+    effect = ToolEffect.IDEMPOTENT_WRITE
+    parameters = _ANY
+    timeout_seconds = 600
+
+    def run(self, arguments, context):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT EXTRACT(EPOCH FROM lease_expires_at - now()) FROM runs_agentrun "
+                "WHERE id = %s",
+                [context.run_id],
+            )
+            (remaining,) = cursor.fetchone()
+        return {"lease_remaining_seconds": float(remaining)}

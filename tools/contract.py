@@ -29,6 +29,8 @@ class ToolContext:
     idempotency_key: str
     #: The lease token of the attempt executing the call.
     attempt: int
+    #: The call's time limit (the tool's ``timeout_seconds``), if it has one.
+    timeout_seconds: float | None = None
 
 
 def idempotency_key_for(run_id: str, position: str, tool_name: str, arguments: Any) -> str:
@@ -49,6 +51,13 @@ class Tool:
     description: ClassVar[str] = ""
     parameters: ClassVar[dict[str, Any] | None] = None
     effect: ClassVar[ToolEffect] = ToolEffect.READ_ONLY
+    #: The longest a call may take. The lease is extended to cover it before
+    #: the call, and the call is stopped when it runs out. None: no limit of
+    #: its own, and the ordinary lease covers the call.
+    timeout_seconds: ClassVar[float | None] = None
+
+    def time_limit(self) -> float | None:
+        return self.timeout_seconds
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         raise NotImplementedError

@@ -1,6 +1,8 @@
 """HTTP tools, limited to ``NRLLM_HTTP_ALLOWED_HOSTS``."""
 
-from tools.builtin.http_guard import guarded_get, guarded_post_json
+from django.conf import settings
+
+from tools.builtin.http_guard import MAX_REDIRECTS, guarded_get, guarded_post_json
 from tools.contract import Tool, ToolContext
 from tools.effects import ToolEffect
 
@@ -16,6 +18,10 @@ class HttpGet(Tool):
         "required": ["url"],
         "additionalProperties": False,
     }
+
+    def time_limit(self) -> float:
+        # Each hop of a redirect chain may use the whole I/O timeout.
+        return settings.NRLLM_HTTP_TIMEOUT_SECONDS * (MAX_REDIRECTS + 1)
 
     def run(self, arguments, context: ToolContext):
         return guarded_get(arguments["url"])
@@ -34,6 +40,9 @@ class PostWebhook(Tool):
         "required": ["url", "payload"],
         "additionalProperties": False,
     }
+
+    def time_limit(self) -> float:
+        return settings.NRLLM_HTTP_TIMEOUT_SECONDS
 
     def run(self, arguments, context: ToolContext):
         return guarded_post_json(
