@@ -61,12 +61,12 @@ def step_inserts_refused(tool_name: str | None = None):
     )
 
 
-def run_status_changes_refused():
-    """The database refuses any UPDATE that changes a run's status (settle, requeue...)."""
+def run_status_changes_refused(from_status: str = "running"):
+    """The database refuses to move a run out of ``from_status`` (settle, requeue...)."""
     return _refusing_trigger(
         "nrllm_refuse_status_change",
         "UPDATE",
         AgentRun._meta.db_table,
-        "NEW.status <> OLD.status",
+        f"OLD.status = {_literal(from_status)} AND NEW.status <> OLD.status",
         "run status change refused (injected fault)",
     )

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
@@ -65,10 +66,12 @@ class Workers:
         self.env = env
         self.processes: list[subprocess.Popen] = []
 
-    def start(self, *, burst=False, **env_overrides) -> subprocess.Popen:
+    def start(self, *, burst=False, with_scheduler=False, **env_overrides) -> subprocess.Popen:
         command = [sys.executable, "manage.py", "rqworker", django_settings.NRLLM_QUEUE_NAME]
         if burst:
             command.append("--burst")
+        if with_scheduler:
+            command.append("--with-scheduler")
         process = subprocess.Popen(
             command,
             cwd=ROOT,
@@ -76,6 +79,7 @@ class Workers:
                 **self.env,
                 # Read now, so a test's own settings (http_server's host) apply.
                 "NRLLM_HTTP_ALLOWED_HOSTS": ",".join(django_settings.NRLLM_HTTP_ALLOWED_HOSTS),
+                "NRLLM_TOOLS": ",".join(django_settings.NRLLM_TOOLS),
                 **{key: str(value) for key, value in env_overrides.items()},
             },
             stdout=subprocess.PIPE,
@@ -92,10 +96,30 @@ class Workers:
         assert process.returncode == 0, output.decode()
         return output.decode()
 
+    @staticmethod
+    def signal(process: subprocess.Popen, signum: int) -> None:
+        """Signal the worker and its work horse. RQ puts the horse in a
+        process group of its own, so the tree is walked, horse first."""
+        try:
+            tree = psutil.Process(process.pid)
+            members = [*tree.children(recursive=True), tree]
+        except psutil.NoSuchProcess:
+            return
+        for member in members:
+            try:
+                member.send_signal(signum)
+            except psutil.NoSuchProcess:
+                pass
+
+    def kill(self, process: subprocess.Popen) -> None:
+        """SIGKILL the worker and its work horse, and reap them."""
+        self.signal(process, signal.SIGKILL)
+        process.communicate(timeout=30)
+
     def stop_all(self):
         for process in self.processes:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+                self.signal(process, signal.SIGKILL)
             process.communicate(timeout=30)
 
 
