@@ -12,8 +12,10 @@ from django.db import DatabaseError
 
 from runs import transitions
 from runs.errors import AuditPersistenceFailed, LeaseLost, RunCancelled
-from runs.loop import PlannedCall, StepEvent
+from runs.loop import PlannedCall, RecordedOutcome, StepEvent
+from runs.models import RunStep
 from runs.transitions import Lease, RecordOutcome
+from runs.vocabulary import StepKind
 from tools.contract import ToolContext, idempotency_key_for
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,13 @@ class LeasedExecution:
         then the tool does not run.
         """
         effect = call.tool.effect
+        key = idempotency_key_for(self.lease.run_id, call.position, call.tool.name, call.arguments)
+        if effect.is_write:
+            recorded = _recorded_outcome(self.lease.run_id, key)
+            if recorded is not None:
+                # An earlier attempt executed this very call and recorded it:
+                # re-executing from the start must not repeat the write.
+                return recorded
         fence = effect.value if effect.is_write else ""
         limit = call.tool.time_limit()
         # Operation deadline: the lease must outlive the call, or a long write
@@ -43,9 +52,7 @@ class LeasedExecution:
             self._stop_for_lost_renewal(before=call.tool.name)
         return ToolContext(
             run_id=self.lease.run_id,
-            idempotency_key=idempotency_key_for(
-                self.lease.run_id, call.position, call.tool.name, call.arguments
-            ),
+            idempotency_key=key,
             attempt=self.lease.token,
             timeout_seconds=limit,
         )
@@ -112,6 +119,20 @@ class LeasedExecution:
         raise LeaseLost()
 
 
+def _recorded_outcome(run_id: str, idempotency_key: str) -> RecordedOutcome | None:
+    step = (
+        RunStep.objects.filter(
+            run_id=run_id, kind=StepKind.TOOL, idempotency_key=idempotency_key, replay_of=None
+        )
+        .order_by("sequence")
+        .values("sequence", "result", "error")
+        .first()
+    )
+    if step is None:
+        return None
+    return RecordedOutcome(step["sequence"], idempotency_key, step["result"], step["error"])
+
+
 def _step_fields(event: StepEvent) -> dict:
     return {
         "kind": event.kind,
@@ -121,4 +142,5 @@ def _step_fields(event: StepEvent) -> dict:
         "result": event.result,
         "error": event.error,
         "idempotency_key": event.idempotency_key,
+        "replay_of": event.replay_of,
     }

@@ -30,6 +30,18 @@ class PlannedCall:
     position: str
 
 
+@dataclass(frozen=True)
+class RecordedOutcome:
+    """The outcome an earlier attempt recorded for this very call (same
+    idempotency key); the observer returns it instead of a context when the
+    call must not execute again."""
+
+    sequence: int
+    idempotency_key: str
+    result: Any
+    error: str
+
+
 @dataclass
 class StepEvent:
     """Something that happened, for the runtime to record."""
@@ -43,6 +55,7 @@ class StepEvent:
     idempotency_key: str = ""
     #: True when a tool's code ran: its effect may have reached the world.
     executed: bool = False
+    replay_of: int | None = None
 
     @property
     def is_executed_write(self) -> bool:
@@ -57,7 +70,7 @@ class LoopOutcome:
 
 
 class LoopObserver(Protocol):
-    def before_tool(self, call: PlannedCall) -> ToolContext: ...
+    def before_tool(self, call: PlannedCall) -> ToolContext | RecordedOutcome: ...
 
     def after_step(self, event: StepEvent) -> None: ...
 
@@ -122,6 +135,17 @@ def _execute_call(
             error="invalid arguments: " + "; ".join(problems),
         )
     context = observer.before_tool(PlannedCall(tool=tool, arguments=arguments, position=position))
+    if isinstance(context, RecordedOutcome):
+        return StepEvent(
+            kind=StepKind.TOOL,
+            tool_name=name,
+            effect=tool.effect.value,
+            arguments=arguments,
+            result=context.result,
+            error=context.error,
+            idempotency_key=context.idempotency_key,
+            replay_of=context.sequence,
+        )
     event = StepEvent(
         kind=StepKind.TOOL,
         tool_name=name,

@@ -83,7 +83,12 @@ class RunStep(models.Model):
     arguments = models.JSONField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    #: Set only for a step whose tool code ran (or, with ``replay_of``, whose
+    #: recorded outcome was reused): the key the tool was given.
     idempotency_key = models.CharField(max_length=64, blank=True)
+    #: A write call that an earlier attempt already executed and recorded is
+    #: not executed again: its outcome is reused, and this names that step.
+    replay_of = models.PositiveIntegerField(null=True, blank=True)
     lease_token = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
 

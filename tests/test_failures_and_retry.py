@@ -121,3 +121,22 @@ def test_a_retryable_failure_past_the_budget_is_dead_lettered(settings):
         "retries_exhausted",
         1,
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_replays_a_recorded_write_instead_of_repeating_it(http_server):
+    agent_run = enqueue(
+        scripted(
+            call("post_webhook", url=http_server.url("/hook"), payload={"n": 1}),
+            {"error": "server_error", "attempts": 1},
+            answer("done"),
+            tools=["post_webhook"],
+        )
+    )
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.requeue_count) == ("completed", 1)
+    assert len(http_server.posts()) == 1
+    original, replay = agent_run.steps.filter(kind="tool").order_by("sequence")
+    assert (original.lease_token, original.replay_of) == (1, None)
+    assert (replay.lease_token, replay.replay_of) == (2, original.sequence)
+    assert replay.result == original.result and replay.idempotency_key == original.idempotency_key
