@@ -10,7 +10,7 @@ dead.
 """
 
 import functools
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from redis import Redis
@@ -52,16 +52,32 @@ def dispatch(run_id, *, requeue_count: int = 0, delay_seconds: float = 0) -> Non
         queue.enqueue(JOB_FUNCTION, str(run_id), **options)
 
 
-def live_job_ids(job_ids: list[str]) -> set[str]:
-    """Those of ``job_ids`` that will still wake a worker: waiting in the
-    queue, scheduled for later, or deferred."""
+def live_job_ids(job_ids: list[str], *, started_within_seconds: float) -> set[str]:
+    """Those of ``job_ids`` that will still wake a worker.
+
+    A job's status alone cannot say so: a worker killed right after taking a
+    job off the queue leaves it marked ``queued`` in no queue at all. So a
+    job is live when its id is in the queue's list or in the scheduled or
+    deferred registries — or when it started so recently that its worker is
+    presumably claiming the run right now.
+    """
     if not settings.REDIS_URL or not job_ids:
         return set()
-    jobs = Job.fetch_many(job_ids, connection=_redis(settings.REDIS_URL))
-    return {
-        job.id
-        for job in jobs
-        if job is not None
-        and job.get_status(refresh=False)
-        in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
-    }
+    queue = run_queue()
+    waiting = (
+        set(queue.get_job_ids())
+        | set(queue.scheduled_job_registry.get_job_ids())
+        | set(queue.deferred_job_registry.get_job_ids())
+    )
+    live = {job_id for job_id in job_ids if job_id in waiting}
+    started_after = datetime.now(UTC) - timedelta(seconds=started_within_seconds)
+    others = [job_id for job_id in job_ids if job_id not in live]
+    for job in Job.fetch_many(others, connection=queue.connection):
+        if (
+            job is not None
+            and job.get_status(refresh=False) == JobStatus.STARTED
+            and job.started_at is not None
+            and job.started_at > started_after
+        ):
+            live.add(job.id)
+    return live

@@ -148,7 +148,10 @@ def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
         .order_by("available_at")
         .values_list("id", "requeue_count")[:batch_size]
     )
-    live = live_job_ids([job_id_for(run_id, count) for run_id, count in waiting])
+    live = live_job_ids(
+        [job_id_for(run_id, count) for run_id, count in waiting],
+        started_within_seconds=threshold,
+    )
     for run_id, requeue_count in waiting:
         if job_id_for(run_id, requeue_count) in live:
             continue

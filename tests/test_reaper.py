@@ -14,6 +14,7 @@ from runs.dispatch import job_id_for
 from runs.models import AgentRun, DeadLetter, RunStep
 from runs.reaper import reap_stale_runs
 from runs.run_request import parse_run_request
+from runs.runtime import enqueue
 from runs.transitions import StaleLease
 from tests.helpers import answer, scripted
 
@@ -192,3 +193,16 @@ def test_the_reaper_is_registered_with_rqs_cron_scheduler():
     scheduler.load_config_from_file("runs.cron")
     [job] = scheduler.get_jobs()
     assert job.func.__name__ == "reap_job" and job.interval == 30
+
+
+def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_dispatched_again(queue, settings):
+    settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
+    agent_run = enqueue(scripted(answer()))
+    job_id = job_id_for(agent_run.pk, 0)
+    # What a worker SIGKILLed right after dequeuing leaves: the job hash still
+    # says "queued", but no queue holds its id any more.
+    assert queue.connection.lrem(queue.key, 0, job_id) == 1
+    assert queue.fetch_job(job_id).get_status() == "queued"
+    report = reap_stale_runs(as_of=later(120))
+    assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
+    assert job_id in queue.get_job_ids()

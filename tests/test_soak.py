@@ -1,0 +1,94 @@
+"""Soak: hundreds of runs through real workers that are SIGKILLed every few
+seconds, with the reaper running. Every run must end terminal, and no
+non-idempotent call may execute twice."""
+
+import random
+import time
+from collections import Counter
+
+import pytest
+from django.db.models import Count
+
+from runs.models import AgentRun
+from runs.reaper import reap_stale_runs
+from runs.runtime import enqueue
+from runs.vocabulary import RunStatus
+from tests.helpers import answer, call, scripted
+from tools.models import OutboxNotification
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
+
+RUNS = 300
+WORKERS = 3
+KILL_EVERY_SECONDS = 1.5
+DEADLINE_SECONDS = 150
+WORKER_ENV = {
+    "NRLLM_LEASE_SECONDS": 2,
+    "NRLLM_HTTP_TIMEOUT_SECONDS": 2,
+    "NRLLM_OPERATION_MARGIN_SECONDS": 1,
+    "NRLLM_MAX_REQUEUES": 5,
+}
+
+
+def request_for(index: int, http_server) -> dict:
+    read = call("search_notes", query="soak")
+    writes = [
+        call("read_note", slug="missing"),
+        call("upsert_note", slug=f"soak-{index}", body="v"),
+        call("send_notification", recipient=f"soak-{index}", message="m"),
+        call("post_webhook", url=http_server.url(f"/soak-{index}"), payload={"i": index}),
+    ]
+    tools = ["search_notes", "read_note", "upsert_note", "send_notification", "post_webhook"]
+    return scripted(read, writes[index % 4], answer(f"run {index}"), tools=tools)
+
+
+def unfinished() -> int:
+    return AgentRun.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).count()
+
+
+def test_runs_survive_workers_killed_every_few_seconds(workers, http_server, settings, capsys):
+    settings.NRLLM_REDISPATCH_AFTER_SECONDS = 2
+    for index in range(RUNS):
+        enqueue(request_for(index, http_server))
+    pool = [workers.start(**WORKER_ENV) for _ in range(WORKERS)]
+    rng = random.Random(1234)
+    kills = 0
+    started = time.monotonic()
+    next_kill = started + KILL_EVERY_SECONDS
+    while unfinished() and time.monotonic() - started < DEADLINE_SECONDS:
+        time.sleep(0.3)
+        reap_stale_runs()
+        if time.monotonic() >= next_kill:
+            victim = pool.pop(rng.randrange(len(pool)))
+            workers.kill(victim)
+            kills += 1
+            pool.append(workers.start(**WORKER_ENV))
+            next_kill += KILL_EVERY_SECONDS
+    # The killing has stopped; the survivors and the reaper finish the rest.
+    settle_deadline = time.monotonic() + 60
+    while unfinished() and time.monotonic() < settle_deadline:
+        time.sleep(0.5)
+        reap_stale_runs()
+    elapsed = time.monotonic() - started
+
+    outcomes = Counter(AgentRun.objects.values_list("status", "termination_reason"))
+    notifications_per_key = Counter(
+        OutboxNotification.objects.values("idempotency_key")
+        .annotate(n=Count("id"))
+        .values_list("n", flat=True)
+    )
+    posts_per_path = Counter(Counter(post.path for post in http_server.posts()).values())
+    with capsys.disabled():
+        print(
+            f"\nsoak: {RUNS} runs, {WORKERS} workers, {kills} SIGKILLs, {elapsed:.0f}s; "
+            f"outcomes {dict(outcomes)}; notifications per key {dict(notifications_per_key)}; "
+            f"webhook POSTs per call {dict(posts_per_path)}; "
+            f"requeues {sum(AgentRun.objects.values_list('requeue_count', flat=True))}"
+        )
+    assert unfinished() == 0, f"runs left unfinished: {dict(outcomes)}"
+    assert kills >= 3
+    assert set(notifications_per_key) <= {1}, "a notification was sent twice"
+    assert set(posts_per_path) <= {1}, "a webhook was POSTed twice"
+    assert OutboxNotification.objects.values("run_id").distinct().count() == sum(
+        notifications_per_key.values()
+    )
