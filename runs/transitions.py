@@ -17,6 +17,7 @@ from django.db.models.functions import Now
 
 from runs.models import AgentRun, DeadLetter, RunStep
 from runs.vocabulary import RunMode, RunStatus, TerminationReason
+from tools.effects import ToolEffect
 
 logger = logging.getLogger(__name__)
 
@@ -302,9 +303,12 @@ def requeue_for_retry(
     delay_seconds: float = 0,
 ) -> bool:
     """Give a failed attempt back to the queue: ``running → queued``, budget spent +1,
-    due after ``delay_seconds``."""
+    due after ``delay_seconds``. Refused while the fence stands on a
+    non-idempotent write: that write may have landed (G8)."""
     return bool(
-        _owned(lease).update(
+        _owned(lease)
+        .exclude(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
+        .update(
             **_back_in_queue(delay_seconds),
             failure_class=failure_class,
             error_type=error_type,
