@@ -18,6 +18,16 @@ from tests.http_fixture import start_http_server
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Print what tests recorded as their ``summary`` (the soak's counts)."""
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get(
+        "failed", []
+    ):
+        for name, value in getattr(report, "user_properties", []):
+            if name == "summary" and report.when == "call":
+                terminalreporter.write_line(value)
+
+
 @pytest.fixture
 def http_server(settings):
     """A local HTTP server the HTTP tools are allowed to reach."""

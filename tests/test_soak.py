@@ -46,7 +46,9 @@ def unfinished() -> int:
     return AgentRun.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).count()
 
 
-def test_runs_survive_workers_killed_every_few_seconds(workers, http_server, settings, capsys):
+def test_runs_survive_workers_killed_every_few_seconds(
+    workers, http_server, settings, record_property
+):
     settings.NRLLM_REDISPATCH_AFTER_SECONDS = 2
     for index in range(RUNS):
         enqueue(request_for(index, http_server))
@@ -78,13 +80,14 @@ def test_runs_survive_workers_killed_every_few_seconds(workers, http_server, set
         .values_list("n", flat=True)
     )
     posts_per_path = Counter(Counter(post.path for post in http_server.posts()).values())
-    with capsys.disabled():
-        print(
-            f"\nsoak: {RUNS} runs, {WORKERS} workers, {kills} SIGKILLs, {elapsed:.0f}s; "
-            f"outcomes {dict(outcomes)}; notifications per key {dict(notifications_per_key)}; "
-            f"webhook POSTs per call {dict(posts_per_path)}; "
-            f"requeues {sum(AgentRun.objects.values_list('requeue_count', flat=True))}"
-        )
+    # Shown in the test summary (conftest), also from an xdist worker.
+    record_property(
+        "summary",
+        f"soak: {RUNS} runs, {WORKERS} workers, {kills} SIGKILLs, {elapsed:.0f}s; "
+        f"outcomes {dict(outcomes)}; notifications per key {dict(notifications_per_key)}; "
+        f"webhook POSTs per call {dict(posts_per_path)}; "
+        f"requeues {sum(AgentRun.objects.values_list('requeue_count', flat=True))}",
+    )
     assert unfinished() == 0, f"runs left unfinished: {dict(outcomes)}"
     assert kills >= 3
     assert set(notifications_per_key) <= {1}, "a notification was sent twice"
