@@ -28,6 +28,12 @@ def fresh(agent_run):
     return AgentRun.objects.get(pk=agent_run.pk)
 
 
+def enqueue_held_webhook(http_server, tool: str):
+    """A queued run whose one write is a webhook call the server holds."""
+    request = call(tool, url=http_server.url("/hold"), payload={"v": 1})
+    return enqueue(scripted(request, answer(), tools=[tool]))
+
+
 def kill_mid_call(workers, http_server):
     """Start a worker, wait until its tool call is held at the server, SIGKILL it."""
     worker = workers.start(**SHORT_LEASE)
@@ -61,13 +67,7 @@ def test_sigkill_during_an_idempotent_write_retries_with_the_same_idempotency_ke
     workers, http_server, settings
 ):
     settings.NRLLM_TOOLS = ["tests.tools_for_tests.IdempotentWebhook"]
-    agent_run = enqueue(
-        scripted(
-            call("put_webhook", url=http_server.url("/hold"), payload={"v": 1}),
-            answer(),
-            tools=["put_webhook"],
-        )
-    )
+    agent_run = enqueue_held_webhook(http_server, "put_webhook")
     kill_mid_call(workers, http_server)
     assert fresh(agent_run).pending_effect == "idempotent_write"
 
@@ -85,13 +85,7 @@ def test_sigkill_during_an_idempotent_write_retries_with_the_same_idempotency_ke
 def test_sigkill_during_a_non_idempotent_write_dead_letters_it_and_never_repeats_it(
     workers, http_server, queue
 ):
-    agent_run = enqueue(
-        scripted(
-            call("post_webhook", url=http_server.url("/hold"), payload={"v": 1}),
-            answer(),
-            tools=["post_webhook"],
-        )
-    )
+    agent_run = enqueue_held_webhook(http_server, "post_webhook")
     kill_mid_call(workers, http_server)
 
     reap_stale_runs(as_of=later())
@@ -161,13 +155,7 @@ def test_a_refused_audit_then_a_refused_settle_is_dead_lettered_by_the_reaper(wo
 def test_a_connection_terminated_between_a_write_and_its_audit_is_never_retried(
     workers, http_server, queue
 ):
-    agent_run = enqueue(
-        scripted(
-            call("post_webhook", url=http_server.url("/hold"), payload={"v": 1}),
-            answer(),
-            tools=["post_webhook"],
-        )
-    )
+    agent_run = enqueue_held_webhook(http_server, "post_webhook")
     worker = workers.start(burst=True, **SHORT_LEASE)
     assert http_server.held.wait(timeout=30)
     with connection.cursor() as cursor:
