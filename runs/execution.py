@@ -48,7 +48,8 @@ class LeasedExecution:
         # Operation deadline: the lease must outlive the call, or a long write
         # would be reaped mid-call.
         lease_seconds = max(self.lease_seconds, (limit or 0) + self.operation_margin)
-        if not transitions.renew_lease(self.lease, lease_seconds, fence=fence):
+        call_stamp = {"tool": call.tool.name, "arguments": call.arguments, "idempotency_key": key}
+        if not transitions.renew_lease(self.lease, lease_seconds, fence=fence, call=call_stamp):
             self._stop_for_lost_renewal(before=call.tool.name)
         return ToolContext(
             run_id=self.lease.run_id,

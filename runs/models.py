@@ -6,11 +6,14 @@ writes of ``status`` and of the lease fields go through ``runs.transitions``.
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 
 from runs.vocabulary import (
     DeadLetterReason,
     FailureClass,
+    ReconciliationOutcome,
+    Resolution,
     RunMode,
     RunStatus,
     StepKind,
@@ -40,8 +43,11 @@ class AgentRun(models.Model):
     #: Grows with every claim: it names the attempt, and guards every write of
     #: that attempt so a worker that lost the run matches nothing (G4, G5).
     lease_token = models.PositiveIntegerField(default=0)
-    #: The write fence (G6): the effect of the write tool executing now.
+    #: The write fence (G6): the effect of the write tool executing now...
     pending_effect = models.CharField(max_length=32, choices=EFFECT_CHOICES, blank=True)
+    #: ...and that call (tool, arguments, idempotency key), stamped with it,
+    #: so a write left in doubt can be shown to the operator who reconciles it.
+    pending_call = models.JSONField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     requeue_count = models.PositiveIntegerField(default=0)
     #: When a ``queued`` run is due (later than now while a retry backs off);
@@ -57,6 +63,11 @@ class AgentRun(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [
+            ("requeue_agentrun", "Can requeue runs that are safe to requeue"),
+            ("cancel_agentrun", "Can cancel queued and running runs"),
+            ("reconcile_agentrun", "Can reconcile writes in doubt"),
+        ]
         indexes = [
             models.Index(fields=["-created_at"], name="run_created_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
@@ -103,7 +114,8 @@ class RunStep(models.Model):
 
 
 class DeadLetter(models.Model):
-    """A queued run that failed and will not be retried automatically."""
+    """A queued run that failed and will not be retried automatically, until
+    an operator resolves it."""
 
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="dead_letters")
     reason = models.CharField(max_length=32, choices=DeadLetterReason.choices)
@@ -111,9 +123,43 @@ class DeadLetter(models.Model):
     error_type = models.CharField(max_length=200, blank=True)
     error_message = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    resolution = models.CharField(max_length=16, choices=Resolution.choices, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolution_note = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [("dismiss_deadletter", "Can dismiss dead letters")]
+        indexes = [
+            # The open ones, newest first: the dead-letter list's default view.
+            models.Index(
+                fields=["-created_at"],
+                condition=models.Q(resolved_at__isnull=True),
+                name="dead_letter_open_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"dead letter {self.reason} for run {self.run_id}"
+
+
+class WriteReconciliation(models.Model):
+    """An operator's finding on a write left in doubt: did it land or not."""
+
+    run = models.OneToOneField(AgentRun, on_delete=models.CASCADE, related_name="reconciliation")
+    outcome = models.CharField(max_length=16, choices=ReconciliationOutcome.choices)
+    note = models.TextField()
+    #: The write in question, as the fence (or the step) showed it then.
+    tool_name = models.CharField(max_length=100, blank=True)
+    arguments = models.JSONField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=64, blank=True)
+    operator = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.outcome} for run {self.run_id}"

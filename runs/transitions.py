@@ -106,6 +106,7 @@ def claim(run_id, owner: str, lease_seconds: float) -> Lease | None:
             lease_token=F("lease_token") + 1,
             lease_expires_at=_expiry(lease_seconds),
             pending_effect="",
+            pending_call=None,
             started_at=db_time(),
         )
         if not claimed:
@@ -115,7 +116,9 @@ def claim(run_id, owner: str, lease_seconds: float) -> Lease | None:
     return Lease(str(run_id), owner, token)
 
 
-def renew_lease(lease: Lease, lease_seconds: float, *, fence: str = "") -> bool:
+def renew_lease(
+    lease: Lease, lease_seconds: float, *, fence: str = "", call: dict | None = None
+) -> bool:
     """Extend the lease (heartbeat); with ``fence``, also stamp the write fence.
 
     Before a tool call (``fence`` given, possibly empty) the renewal also
@@ -125,7 +128,11 @@ def renew_lease(lease: Lease, lease_seconds: float, *, fence: str = "") -> bool:
     return bool(
         _owned(lease)
         .filter(cancel_requested_at__isnull=True)
-        .update(lease_expires_at=_expiry(lease_seconds), pending_effect=fence)
+        .update(
+            lease_expires_at=_expiry(lease_seconds),
+            pending_effect=fence,
+            pending_call=call if fence else None,
+        )
     )
 
 
@@ -166,6 +173,7 @@ def record_step(
     changes = {"step_count": F("step_count") + 1, "lease_expires_at": _expiry(lease_seconds)}
     if clear_fence:
         changes["pending_effect"] = ""
+        changes["pending_call"] = None
     try:
         with transaction.atomic():
             if not _owned(lease).update(**changes):
@@ -187,14 +195,18 @@ def record_step(
     return RecordOutcome.PERSISTED
 
 
-def _append_step(run_id, lease_token: int, step: dict):
+def _append_step(run_id, lease_token: int | None, step: dict):
     """Insert a step numbered by the ``step_count`` the caller's guarded UPDATE
     just incremented (its row lock is held until commit, so the number is
-    ours alone). Returns the run's ``cancel_requested_at``."""
-    sequence, cancel_at = (
-        AgentRun.objects.filter(pk=run_id).values_list("step_count", "cancel_requested_at").get()
+    ours alone). ``lease_token`` None: the run's current one. Returns the
+    run's ``cancel_requested_at``."""
+    sequence, cancel_at, current_token = (
+        AgentRun.objects.filter(pk=run_id)
+        .values_list("step_count", "cancel_requested_at", "lease_token")
+        .get()
     )
-    RunStep.objects.create(run_id=run_id, sequence=sequence, lease_token=lease_token, **step)
+    token = current_token if lease_token is None else lease_token
+    RunStep.objects.create(run_id=run_id, sequence=sequence, lease_token=token, **step)
     return cancel_at
 
 
@@ -289,6 +301,7 @@ def _back_in_queue(delay_seconds: float = 0) -> dict:
         "lease_owner": "",
         "lease_expires_at": None,
         "pending_effect": "",
+        "pending_call": None,
         "requeue_count": F("requeue_count") + 1,
         "available_at": db_time(delay_seconds),
     }
@@ -398,6 +411,52 @@ def note_redispatch(run_id, step: dict) -> bool:
             token = AgentRun.objects.filter(pk=run_id).values_list("lease_token", flat=True).get()
             _append_step(run_id, token, step)
     return bool(matched)
+
+
+# --- operators (G10, G11) ------------------------------------------------------
+
+
+def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> bool:
+    """``failed``/``cancelled`` → ``queued`` by an operator, with a fresh budget.
+
+    Guarded by the status and step count the requeue verdict was made on:
+    of two concurrent requeues of one run exactly one matches.
+    """
+    with transaction.atomic():
+        matched = AgentRun.objects.filter(
+            pk=run_id,
+            status=seen_status,
+            status__in=[RunStatus.FAILED, RunStatus.CANCELLED],
+            step_count=seen_step_count,
+        ).update(
+            status=RunStatus.QUEUED,
+            termination_reason="",
+            failure_class="",
+            error_type="",
+            error_message="",
+            output="",
+            lease_owner="",
+            lease_expires_at=None,
+            pending_effect="",
+            pending_call=None,
+            cancel_requested_at=None,
+            requeue_count=0,
+            available_at=db_time(),
+            finished_at=None,
+            step_count=F("step_count") + 1,
+        )
+        if matched:
+            _append_step(run_id, None, step)
+    return bool(matched)
+
+
+def append_operator_step(run_id, step: dict) -> bool:
+    """Record an operator's action on the run's step stream, whatever its status."""
+    with transaction.atomic():
+        if not AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") + 1):
+            return False
+        _append_step(run_id, None, step)
+    return True
 
 
 class CancelOutcome(enum.Enum):

@@ -72,3 +72,16 @@ class DeadLetterReason(models.TextChoices):
     NOT_RETRYABLE = "not_retryable"
     RETRIES_EXHAUSTED = "retries_exhausted"
     WRITE_INTERRUPTED = "write_interrupted"
+
+
+class Resolution(models.TextChoices):
+    """How an operator closed a dead letter."""
+
+    REQUEUED = "requeued"
+    DISMISSED = "dismissed"
+    RECONCILED = "reconciled"
+
+
+class ReconciliationOutcome(models.TextChoices):
+    APPLIED = "applied"  # the write landed: running the run again would repeat it
+    NOT_APPLIED = "not_applied"  # it did not: the run may be requeued

@@ -1,0 +1,150 @@
+"""What operators do to runs — requeue, cancel, reconcile, dismiss — for the
+admin and the API alike.
+
+Each action checks what it must (the requeue verdict, the run's state), goes
+through a guarded transition, is recorded on the run's step stream (who,
+when, what, why) and in the admin log (G11). None of them edits a step.
+"""
+
+from dataclasses import dataclass
+
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.db import transaction
+from django.db.models.functions import Now
+
+from runs import transitions
+from runs.models import AgentRun, DeadLetter, WriteReconciliation
+from runs.requeue_safety import requeue_safety
+from runs.transitions import CancelOutcome
+from runs.vocabulary import ReconciliationOutcome, Resolution, RunStatus, StepKind
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    #: Machine-readable, for the API's 409 body: the verdict's code, or
+    #: ``changed`` / ``not_cancellable`` / ``nothing_to_reconcile`` / ...
+    code: str
+    detail: str
+
+
+def _step(operator, action: str, note: str, **details) -> dict:
+    return {
+        "kind": StepKind.OPERATOR,
+        "result": {"operator": operator.get_username(), "action": action, "note": note, **details},
+    }
+
+
+def _log(operator, queryset, message: str) -> None:
+    LogEntry.objects.log_actions(
+        operator.pk, queryset, CHANGE, change_message=message, single_object=True
+    )
+
+
+def _resolve_dead_letters(run_id, operator, resolution: str, note: str) -> None:
+    DeadLetter.objects.filter(run_id=run_id, resolved_at__isnull=True).update(
+        resolution=resolution, resolved_by=operator, resolved_at=Now(), resolution_note=note
+    )
+
+
+def requeue(run: AgentRun, operator, note: str = "") -> ActionResult:
+    """Requeue ``run`` if ``requeue_safety`` allows it; it is dispatched after
+    commit through the same path as a new run."""
+    from runs.runtime import dispatch_or_fail
+
+    verdict = requeue_safety(run)
+    if not verdict.allowed:
+        return ActionResult(False, verdict.code, verdict.reason)
+    with transaction.atomic():
+        step = _step(operator, "requeue", note, verdict=verdict.reason, previous=run.status)
+        if not transitions.operator_requeue(
+            run.pk, seen_status=run.status, seen_step_count=run.step_count, step=step
+        ):
+            return ActionResult(
+                False, "changed", "the run changed since it was checked (requeued already?)"
+            )
+        _resolve_dead_letters(run.pk, operator, Resolution.REQUEUED, note)
+        _log(operator, AgentRun.objects.filter(pk=run.pk), f"Requeued. {note}".strip())
+        transaction.on_commit(lambda: dispatch_or_fail(run.pk, requeue_count=0))
+    return ActionResult(True, "requeued", "requeued: it runs again from the start")
+
+
+def cancel(run: AgentRun, operator, note: str = "") -> ActionResult:
+    """Cancel through the runtime's cancel: at once if queued, at the next step
+    boundary if running."""
+    outcome = transitions.cancel(run.pk)
+    if outcome in (CancelOutcome.TERMINAL, CancelOutcome.NOT_FOUND):
+        return ActionResult(False, "not_cancellable", f"the run has already ended ({run.status})")
+    if outcome is CancelOutcome.ALREADY_REQUESTED:
+        return ActionResult(False, "already_requested", "a cancel is already pending")
+    transitions.append_operator_step(run.pk, _step(operator, "cancel", note, outcome=outcome.value))
+    _log(operator, AgentRun.objects.filter(pk=run.pk), f"Cancel ({outcome.value}). {note}".strip())
+    detail = (
+        "cancelled"
+        if outcome is CancelOutcome.CANCELLED
+        else "cancel requested: the worker stops at the next step boundary"
+    )
+    return ActionResult(True, outcome.value, detail)
+
+
+def write_in_question(run: AgentRun) -> dict:
+    """The write an operator reconciles: the fenced call, else the run's last
+    write step (an idempotent write whose audit failed leaves its fence too)."""
+    if run.pending_call:
+        return {**run.pending_call, "effect": run.pending_effect}
+    return {}
+
+
+def reconcile(run: AgentRun, operator, outcome: str, note: str) -> ActionResult:
+    """Record whether the write left in doubt landed. A note is mandatory."""
+    if outcome not in ReconciliationOutcome.values:
+        return ActionResult(
+            False, "invalid", f"outcome must be one of {ReconciliationOutcome.values}"
+        )
+    if not note.strip():
+        return ActionResult(False, "note_required", "say why: a note is required")
+    if run.status not in RunStatus.terminal() or not run.pending_effect:
+        return ActionResult(
+            False, "nothing_to_reconcile", "the run has no write in doubt (or has not ended)"
+        )
+    call = write_in_question(run)
+    with transaction.atomic():
+        _, created = WriteReconciliation.objects.get_or_create(
+            run=run,
+            defaults={
+                "outcome": outcome,
+                "note": note,
+                "tool_name": call.get("tool", ""),
+                "arguments": call.get("arguments"),
+                "idempotency_key": call.get("idempotency_key", ""),
+                "operator": operator,
+            },
+        )
+        if not created:
+            return ActionResult(False, "already_reconciled", "this write was reconciled already")
+        transitions.append_operator_step(
+            run.pk, _step(operator, "reconcile", note, outcome=outcome, write=call)
+        )
+        _resolve_dead_letters(run.pk, operator, Resolution.RECONCILED, note)
+        _log(operator, AgentRun.objects.filter(pk=run.pk), f"Reconciled {outcome}. {note}")
+    return ActionResult(True, "reconciled", f"the write was recorded as {outcome}")
+
+
+def dismiss(dead_letter: DeadLetter, operator, note: str) -> ActionResult:
+    """Close a dead letter without requeuing its run. A note is mandatory."""
+    if not note.strip():
+        return ActionResult(False, "note_required", "say why: a note is required")
+    with transaction.atomic():
+        dismissed = DeadLetter.objects.filter(pk=dead_letter.pk, resolved_at__isnull=True).update(
+            resolution=Resolution.DISMISSED,
+            resolved_by=operator,
+            resolved_at=Now(),
+            resolution_note=note,
+        )
+        if not dismissed:
+            return ActionResult(False, "already_resolved", "this dead letter is resolved already")
+        transitions.append_operator_step(
+            dead_letter.run_id, _step(operator, "dismiss", note, dead_letter=dead_letter.pk)
+        )
+        _log(operator, DeadLetter.objects.filter(pk=dead_letter.pk), f"Dismissed. {note}")
+    return ActionResult(True, "dismissed", "dismissed")
