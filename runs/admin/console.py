@@ -1,0 +1,60 @@
+"""What the operator pages show: the overview numbers and the writes in doubt."""
+
+from datetime import timedelta
+
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from runs.admin.display import shortened
+from runs.admin.filters import in_doubt
+from runs.models import AgentRun, DeadLetter
+from runs.operator_actions import write_in_question
+from tools.effects import ToolEffect
+
+
+def overview() -> dict:
+    """Runs by status and termination reason over the last 24 hours, open
+    dead letters, writes in doubt; each number links to the filtered list."""
+    since = timezone.now() - timedelta(hours=24)
+    recent = AgentRun.objects.filter(created_at__gte=since)
+    by_outcome = (
+        recent.values("status", "termination_reason")
+        .annotate(runs=Count("id"))
+        .order_by("status", "termination_reason")
+    )
+    return {
+        "since": since,
+        "by_outcome": list(by_outcome),
+        "open_dead_letters": DeadLetter.objects.filter(resolved_at__isnull=True).count(),
+        "writes_in_doubt": in_doubt(AgentRun.objects.all()).count(),
+        "running": AgentRun.objects.filter(status="running").count(),
+        "queued": AgentRun.objects.filter(status="queued").count(),
+        "since_param": since.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_audits(limit: int = 200) -> list[dict]:
+    """Runs whose write audit failed, runs dead-lettered ``write_interrupted``
+    and runs with a non-idempotent fence standing, newest first."""
+    runs = (
+        AgentRun.objects.filter(
+            Q(error_type="AuditPersistenceFailed")
+            | Q(termination_reason="write_interrupted")
+            | Q(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
+        )
+        .select_related("reconciliation", "reconciliation__operator")
+        .order_by("-created_at")[:limit]
+    )
+    rows = []
+    for run in runs:
+        call = write_in_question(run)
+        rows.append(
+            {
+                "run": run,
+                "call": call,
+                "arguments": shortened(call.get("arguments")),
+                "reconciliation": getattr(run, "reconciliation", None),
+                "reconcilable": run.is_terminal and bool(run.pending_effect),
+            }
+        )
+    return rows

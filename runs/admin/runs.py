@@ -1,0 +1,286 @@
+"""Runs in the admin: a read-only list and detail, the requeue and cancel
+actions, and the operator pages (overview, writes in doubt, reconcile)."""
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from runs import operator_actions
+from runs.admin import console
+from runs.admin.display import effect_badge, shortened
+from runs.admin.filters import OffersToolFilter, WriteInDoubtFilter
+from runs.admin.paginator import BoundedCountPaginator
+from runs.models import AgentRun
+from runs.requeue_safety import requeue_safety
+from tools.registry import effect_for
+
+STEPS_PER_PAGE = 50
+
+
+class OperatorPermissions:
+    """Each operator action is a permission of its own, checked on the server."""
+
+    def has_requeue_permission(self, request, obj=None):
+        return request.user.has_perm("runs.requeue_agentrun")
+
+    def has_cancel_permission(self, request, obj=None):
+        return request.user.has_perm("runs.cancel_agentrun")
+
+    def has_reconcile_permission(self, request, obj=None):
+        return request.user.has_perm("runs.reconcile_agentrun")
+
+
+@admin.register(AgentRun)
+class AgentRunAdmin(OperatorPermissions, admin.ModelAdmin):
+    list_display = [
+        "id",
+        "status",
+        "termination_reason",
+        "failure_class",
+        "mode",
+        "write_tools",
+        "fence",
+        "requeue_count",
+        "lease_owner",
+        "lease_expires_at",
+        "created_at",
+        "finished_at",
+    ]
+    list_filter = [
+        "status",
+        "termination_reason",
+        "failure_class",
+        "mode",
+        "pending_effect",
+        WriteInDoubtFilter,
+        OffersToolFilter,
+    ]
+    search_fields = ["=id", "prompt"]
+    ordering = ["-created_at"]
+    paginator = BoundedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+    actions = ["requeue_selected", "cancel_selected"]
+    readonly_fields = [
+        "id",
+        "status",
+        "termination_reason",
+        "failure_class",
+        "error_type",
+        "error_message",
+        "mode",
+        "prompt",
+        "output",
+        "lease_owner",
+        "lease_expires_at",
+        "lease_token",
+        "pending_effect",
+        "requeue_count",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ]
+    fieldsets = [
+        ("Request", {"fields": ["id", "mode", "prompt"]}),
+        (
+            "Outcome",
+            {
+                "fields": [
+                    "status",
+                    "termination_reason",
+                    "failure_class",
+                    "error_type",
+                    "error_message",
+                    "output",
+                ]
+            },
+        ),
+        (
+            "Lease",
+            {
+                "fields": [
+                    "lease_owner",
+                    "lease_expires_at",
+                    "lease_token",
+                    "pending_effect",
+                    "requeue_count",
+                    "created_at",
+                    "started_at",
+                    "finished_at",
+                ]
+            },
+        ),
+    ]
+
+    # --- read-only: history is never edited here ---------------------------
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    # --- columns ---------------------------------------------------------------
+
+    @admin.display(description="write tools")
+    def write_tools(self, run):
+        # From the stored request and the code's effects: no query per row.
+        writes = [name for name in run.request.get("tools", []) if effect_for(name).is_write]
+        return format_html_join(" ", "{}", ((name,) for name in writes))
+
+    @admin.display(description="fence", ordering="pending_effect")
+    def fence(self, run):
+        return effect_badge(run.pending_effect)
+
+    # --- the detail page --------------------------------------------------------
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        run = get_object_or_404(AgentRun, pk=object_id)
+        steps = Paginator(run.steps.order_by("sequence"), STEPS_PER_PAGE).get_page(
+            request.GET.get("steps_page")
+        )
+        context = {
+            "run": run,
+            "request_json": shortened(run.request),
+            "steps_page": steps,
+            "timeline": [
+                {
+                    "step": step,
+                    "badge": effect_badge(step.effect),
+                    "arguments": shortened(step.arguments),
+                    "outcome": shortened(step.error or step.result),
+                }
+                for step in steps
+            ],
+            "verdict": requeue_safety(run),
+            "reconciliation": getattr(run, "reconciliation", None),
+            "write_in_question": operator_actions.write_in_question(run),
+            "dead_letters": run.dead_letters.all(),
+            "can_requeue": self.has_requeue_permission(request),
+            "can_cancel": self.has_cancel_permission(request) and not run.is_terminal,
+            "can_reconcile": self.has_reconcile_permission(request),
+            **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, extra_context=context)
+
+    # --- actions ------------------------------------------------------------------
+
+    @admin.action(description="Requeue selected runs (safe ones only)", permissions=["requeue"])
+    def requeue_selected(self, request, queryset):
+        runs = list(queryset)
+        if request.POST.get("confirm") != "yes":
+            return TemplateResponse(
+                request,
+                "admin/runs/agentrun/requeue_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Requeue runs",
+                    "opts": self.model._meta,
+                    "verdicts": [(run, requeue_safety(run)) for run in runs],
+                    "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        note = request.POST.get("note", "")
+        for run in runs:
+            result = operator_actions.requeue(run, request.user, note)
+            level = messages.SUCCESS if result.ok else messages.WARNING
+            self.message_user(request, f"{run.pk}: {result.detail}", level)
+        return None
+
+    @admin.action(description="Cancel selected runs", permissions=["cancel"])
+    def cancel_selected(self, request, queryset):
+        for run in queryset:
+            result = operator_actions.cancel(run, request.user)
+            level = messages.SUCCESS if result.ok else messages.WARNING
+            self.message_user(request, f"{run.pk}: {result.detail}", level)
+
+    # --- operator pages -------------------------------------------------------------
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("overview/", view(self.overview_view), name="runs_overview"),
+            path("write-audits/", view(self.write_audits_view), name="runs_write_audits"),
+            path("<uuid:run_id>/requeue/", view(self.requeue_view), name="runs_requeue"),
+            path("<uuid:run_id>/cancel/", view(self.cancel_view), name="runs_cancel"),
+            path("<uuid:run_id>/reconcile/", view(self.reconcile_view), name="runs_reconcile"),
+            *super().get_urls(),
+        ]
+
+    def _context(self, request, title):
+        return {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.model._meta,
+            "queues_url": "/admin/django-rq/" if settings.REDIS_URL else "",
+        }
+
+    def overview_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return TemplateResponse(
+            request,
+            "admin/runs/overview.html",
+            {**self._context(request, "Runs overview"), **console.overview()},
+        )
+
+    def write_audits_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return TemplateResponse(
+            request,
+            "admin/runs/write_audits.html",
+            {
+                **self._context(request, "Failed write audits and writes in doubt"),
+                "rows": console.write_audits(),
+                "can_reconcile": self.has_reconcile_permission(request),
+            },
+        )
+
+    def _post_action(self, request, run_id, permitted, act):
+        if request.method != "POST":
+            return redirect(reverse("admin:runs_agentrun_change", args=[run_id]))
+        if not permitted(request):
+            raise PermissionDenied
+        run = get_object_or_404(AgentRun, pk=run_id)
+        result = act(run)
+        self.message_user(request, result.detail, messages.SUCCESS if result.ok else messages.ERROR)
+        back = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+            back = reverse("admin:runs_agentrun_change", args=[run_id])
+        return redirect(back)
+
+    def requeue_view(self, request, run_id):
+        return self._post_action(
+            request,
+            run_id,
+            self.has_requeue_permission,
+            lambda run: operator_actions.requeue(run, request.user, request.POST.get("note", "")),
+        )
+
+    def cancel_view(self, request, run_id):
+        return self._post_action(
+            request,
+            run_id,
+            self.has_cancel_permission,
+            lambda run: operator_actions.cancel(run, request.user, request.POST.get("note", "")),
+        )
+
+    def reconcile_view(self, request, run_id):
+        return self._post_action(
+            request,
+            run_id,
+            self.has_reconcile_permission,
+            lambda run: operator_actions.reconcile(
+                run, request.user, request.POST.get("outcome", ""), request.POST.get("note", "")
+            ),
+        )
