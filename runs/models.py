@@ -70,6 +70,18 @@ class AgentRun(models.Model):
         ]
         indexes = [
             models.Index(fields=["-created_at"], name="run_created_idx"),
+            # One per list filter, in the list's order: filtered pages are index scans.
+            models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
+            models.Index(
+                fields=["termination_reason", "-created_at"], name="run_reason_created_idx"
+            ),
+            models.Index(fields=["failure_class", "-created_at"], name="run_failure_created_idx"),
+            models.Index(fields=["mode", "-created_at"], name="run_mode_created_idx"),
+            models.Index(
+                fields=["pending_effect", "-created_at"],
+                condition=~models.Q(pending_effect=""),
+                name="run_fenced_idx",
+            ),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
             models.Index(fields=["status", "available_at"], name="run_status_available_idx"),
         ]

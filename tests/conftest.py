@@ -138,3 +138,72 @@ def workers(queue, worker_env):
     pool = Workers(worker_env)
     yield pool
     pool.stop_all()
+
+
+# --- the fixed cast of users -------------------------------------------------
+
+OPERATOR_PERMISSIONS = [
+    "runs.view_agentrun",
+    "runs.requeue_agentrun",
+    "runs.cancel_agentrun",
+    "runs.reconcile_agentrun",
+    "runs.view_deadletter",
+    "runs.dismiss_deadletter",
+    "tools.view_toolsetting",
+    "tools.change_toolsetting",
+]
+VIEWER_PERMISSIONS = ["runs.view_agentrun", "runs.view_deadletter", "tools.view_toolsetting"]
+
+
+def _user(username, *, staff, permissions):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create_user(username, password="pw", is_staff=staff)
+    for dotted in permissions:
+        app_label, codename = dotted.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    return user
+
+
+@pytest.fixture
+def operator(db):
+    """Olivia, staff, with every operator permission."""
+    return _user("olivia", staff=True, permissions=OPERATOR_PERMISSIONS)
+
+
+@pytest.fixture
+def viewer(db):
+    """Victor, staff, who may look but not act."""
+    return _user("victor", staff=True, permissions=VIEWER_PERMISSIONS)
+
+
+@pytest.fixture
+def outsider(db):
+    """Oscar, a user who is not staff."""
+    return _user("oscar", staff=False, permissions=[])
+
+
+def _client_for(user):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def operator_client(operator):
+    return _client_for(operator)
+
+
+@pytest.fixture
+def viewer_client(viewer):
+    return _client_for(viewer)
+
+
+@pytest.fixture
+def outsider_client(outsider):
+    return _client_for(outsider)

@@ -5,7 +5,6 @@ import threading
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
 from runs import operator_actions, transitions
@@ -19,11 +18,6 @@ from tools.models import OutboxNotification
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NOTIFY = call("send_notification", recipient="ops", message="hi")
-
-
-@pytest.fixture
-def operator():
-    return get_user_model().objects.create_user("olivia", is_staff=True)
 
 
 def completed_run():

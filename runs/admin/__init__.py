@@ -2,4 +2,4 @@
 Django admin. Thin adapters over ``runs.operator_actions`` and
 ``runs.requeue_safety``; nothing here writes a run's state itself."""
 
-from runs.admin import dead_letters, runs  # noqa: F401  (registers the ModelAdmins)
+from runs.admin import runs, dead_letters  # noqa: F401, I001  (registers the ModelAdmins)

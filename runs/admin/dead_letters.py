@@ -7,6 +7,7 @@ from django.utils.timesince import timesince
 
 from runs import operator_actions
 from runs.admin.display import shortened
+from runs.admin.runs import OperatorPermissions
 from runs.models import DeadLetter
 
 
@@ -26,7 +27,7 @@ class OpenFilter(admin.SimpleListFilter):
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(admin.ModelAdmin):
+class DeadLetterAdmin(OperatorPermissions, admin.ModelAdmin):
     list_display = [
         "run",
         "reason",
@@ -56,9 +57,6 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
-
-    def has_requeue_permission(self, request, obj=None):
-        return request.user.has_perm("runs.requeue_agentrun")
 
     def has_dismiss_permission(self, request, obj=None):
         return request.user.has_perm("runs.dismiss_deadletter")

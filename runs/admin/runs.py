@@ -26,6 +26,14 @@ STEPS_PER_PAGE = 50
 class OperatorPermissions:
     """Each operator action is a permission of its own, checked on the server."""
 
+    def changelist_view(self, request, extra_context=None):
+        # Django answers an action the user may not run with "no action
+        # selected"; a crafted POST for one deserves a plain 403.
+        action = request.POST.get("action") if request.method == "POST" else None
+        if action and action not in self.get_actions(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
     def has_requeue_permission(self, request, obj=None):
         return request.user.has_perm("runs.requeue_agentrun")
 

@@ -1,0 +1,223 @@
+"""The operator console in the admin: pages, filters, actions, permissions,
+escaping, and a runs list whose query count does not grow with its rows."""
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from runs import transitions
+from runs.faults import step_inserts_refused
+from runs.models import AgentRun, DeadLetter
+from runs.runtime import enqueue, run
+from tests.helpers import answer, call, scripted
+from tools.models import OutboxNotification, ToolSetting
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RUNS = "/admin/runs/agentrun/"
+XSS = "<script>alert('x')</script>"
+
+
+def detail(agent_run):
+    return f"{RUNS}{agent_run.pk}/change/"
+
+
+def safe_failed_run():
+    agent_run = enqueue(
+        scripted(call("search_notes", query=XSS), {"error": "auth"}, tools=["search_notes"])
+    )
+    return AgentRun.objects.get(pk=agent_run.pk)
+
+
+def audit_failed_run():
+    with step_inserts_refused("send_notification"):
+        agent_run = enqueue(
+            scripted(
+                call("send_notification", recipient="ops", message=XSS),
+                answer(),
+                tools=["send_notification"],
+            )
+        )
+    return AgentRun.objects.get(pk=agent_run.pk)
+
+
+def test_pages_need_staff_and_render_for_a_viewer(viewer_client, outsider_client):
+    agent_run = safe_failed_run()
+    for url in [
+        RUNS,
+        detail(agent_run),
+        f"{RUNS}overview/",
+        f"{RUNS}write-audits/",
+        "/admin/runs/deadletter/",
+        "/admin/tools/toolsetting/",
+    ]:
+        assert viewer_client.get(url).status_code == 200, url
+        assert outsider_client.get(url).status_code == 302, url  # to the login page
+
+
+def test_model_and_tool_text_is_escaped_everywhere(operator_client):
+    safe_failed_run()
+    audited = audit_failed_run()
+    pages = [RUNS, detail(audited), f"{RUNS}write-audits/", detail(AgentRun.objects.last())]
+    for url in pages:
+        content = operator_client.get(url).content.decode()
+        assert XSS not in content, url
+    assert "&lt;script&gt;" in operator_client.get(f"{RUNS}write-audits/").content.decode()
+
+
+def test_long_values_are_cut_with_a_way_to_see_them_whole(operator_client):
+    long_query = "x" * 500
+    agent_run = run(
+        scripted(call("search_notes", query=long_query), answer(), tools=["search_notes"])
+    )
+    content = operator_client.get(detail(agent_run)).content.decode()
+    assert "<details>" in content and long_query in content
+
+
+def test_the_detail_page_shows_the_timeline_and_the_verdict(operator_client):
+    agent_run = safe_failed_run()
+    content = operator_client.get(detail(agent_run)).content.decode()
+    assert "safe to requeue" in content and 'id="requeue-button"' in content
+    assert "Steps (3)" in content  # request, llm, tool; then the provider failed
+    unsafe = audit_failed_run()
+    content = operator_client.get(detail(unsafe)).content.decode()
+    assert "may have landed; reconcile it first" in content
+    assert 'id="requeue-button"' not in content and 'name="outcome"' in content
+
+
+def test_a_viewer_sees_no_buttons_and_gets_403_for_crafted_posts(viewer_client):
+    agent_run = safe_failed_run()
+    content = viewer_client.get(detail(agent_run)).content.decode()
+    assert 'id="requeue-button"' not in content and 'name="outcome"' not in content
+    listing = viewer_client.get(RUNS).content.decode()
+    assert "requeue_selected" not in listing and "cancel_selected" not in listing
+    for path in ["requeue", "cancel", "reconcile"]:
+        response = viewer_client.post(f"{RUNS}{agent_run.pk}/{path}/", {"note": "x"})
+        assert response.status_code == 403, path
+    for action in ["requeue_selected", "cancel_selected"]:
+        response = viewer_client.post(RUNS, {"action": action, "_selected_action": [agent_run.pk]})
+        assert response.status_code == 403, action
+    dead_letter = DeadLetter.objects.get(run=agent_run)
+    response = viewer_client.post(
+        "/admin/runs/deadletter/",
+        {
+            "action": "dismiss_selected",
+            "_selected_action": [dead_letter.pk],
+            "confirm": "yes",
+            "note": "x",
+        },
+    )
+    assert response.status_code == 403
+    assert AgentRun.objects.get(pk=agent_run.pk).status == "failed"
+    assert DeadLetter.objects.get(pk=dead_letter.pk).resolved_at is None
+
+
+def test_requeue_from_the_detail_page(operator_client):
+    agent_run = safe_failed_run()
+    response = operator_client.post(f"{RUNS}{agent_run.pk}/requeue/", {"note": "auth fixed"})
+    assert response.status_code == 302
+    operator_step = AgentRun.objects.get(pk=agent_run.pk).steps.get(kind="operator")
+    assert operator_step.result["note"] == "auth fixed"
+
+
+def test_the_requeue_action_confirms_and_leaves_unsafe_runs_out(operator_client):
+    safe, unsafe = safe_failed_run(), audit_failed_run()
+    selected = {"action": "requeue_selected", "_selected_action": [safe.pk, unsafe.pk]}
+    page = operator_client.post(RUNS, selected).content.decode()
+    assert "will be requeued" in page and "left out:" in page
+    assert "may have landed; reconcile it first" in page
+    assert "search_notes</code> (read_only)" in page
+    operator_client.post(RUNS, {**selected, "confirm": "yes", "note": "batch"})
+    assert AgentRun.objects.get(pk=safe.pk).steps.filter(kind="operator").count() == 1
+    assert AgentRun.objects.get(pk=unsafe.pk).steps.filter(kind="operator").count() == 0
+    assert AgentRun.objects.get(pk=unsafe.pk).status == "failed"
+
+
+def test_reconcile_from_the_write_audits_page_then_requeue(operator_client):
+    agent_run = audit_failed_run()
+    page = operator_client.get(f"{RUNS}write-audits/").content.decode()
+    assert "send_notification" in page and agent_run.pending_call["idempotency_key"] in page
+    response = operator_client.post(
+        f"{RUNS}{agent_run.pk}/reconcile/",
+        {"outcome": "not_applied", "note": "", "next": f"{RUNS}write-audits/"},
+    )
+    assert response.status_code == 302
+    assert not hasattr(AgentRun.objects.get(pk=agent_run.pk), "reconciliation")  # note required
+    response = operator_client.post(
+        f"{RUNS}{agent_run.pk}/reconcile/",
+        {"outcome": "not_applied", "note": "never arrived", "next": "https://evil.example/"},
+    )
+    assert response["Location"] == detail(agent_run)  # no open redirect
+    operator_client.post(f"{RUNS}{agent_run.pk}/requeue/", {"note": "resend"})
+    assert AgentRun.objects.get(pk=agent_run.pk).status == "completed"
+    assert OutboxNotification.objects.count() == 2
+
+
+def test_dismiss_needs_a_note(operator_client):
+    dead_letter = DeadLetter.objects.get(run=safe_failed_run())
+    form = {"action": "dismiss_selected", "_selected_action": [dead_letter.pk], "confirm": "yes"}
+    page = operator_client.post("/admin/runs/deadletter/", {**form, "note": ""}).content.decode()
+    assert "A note is required" in page
+    operator_client.post("/admin/runs/deadletter/", {**form, "note": "known outage"})
+    dead_letter.refresh_from_db()
+    assert (dead_letter.resolution, dead_letter.resolution_note) == ("dismissed", "known outage")
+
+
+def test_cancel_from_the_list(operator_client):
+    agent_run = transitions.create_queued_run({"prompt": "p", "tools": []}, "p")
+    operator_client.post(RUNS, {"action": "cancel_selected", "_selected_action": [agent_run.pk]})
+    assert AgentRun.objects.get(pk=agent_run.pk).status == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("status__exact=failed", {"safe", "audit"}),
+        ("write_in_doubt=yes", {"audit"}),
+        ("tool=send_notification", {"audit"}),
+        ("termination_reason__exact=completed", {"done"}),
+        ("q=hello", {"done"}),
+    ],
+)
+def test_filters(operator_client, query, expected):
+    runs = {
+        "safe": safe_failed_run(),
+        "audit": audit_failed_run(),
+        "done": run(scripted(answer(), prompt="hello there")),
+    }
+    content = operator_client.get(f"{RUNS}?{query}").content.decode()
+    shown = {name for name, agent_run in runs.items() if str(agent_run.pk) in content}
+    assert shown == expected
+
+
+def test_the_overview_links_its_numbers(operator_client):
+    safe_failed_run()
+    audit_failed_run()
+    page = operator_client.get(f"{RUNS}overview/").content.decode()
+    assert 'id="open-dead-letters">2<' in page
+    assert 'id="writes-in-doubt">1<' in page
+    assert "?write_in_doubt=yes" in page and "termination_reason__exact=not_retryable" in page
+
+
+def test_the_runs_list_query_count_does_not_grow_with_rows(operator_client):
+    def queries_for_list():
+        with CaptureQueriesContext(connection) as captured:
+            assert operator_client.get(RUNS).status_code == 200
+        return len(captured)
+
+    for _ in range(3):
+        safe_failed_run()
+    few = queries_for_list()
+    for _ in range(12):
+        audit_failed_run()
+    assert queries_for_list() == few
+
+
+def test_tools_are_switched_but_not_added_deleted_or_relabelled(operator_client):
+    page = operator_client.get("/admin/tools/toolsetting/").content.decode()
+    assert "non_idempotent_write" in page and "Add tool setting" not in page
+    assert operator_client.get("/admin/tools/toolsetting/add/").status_code == 403
+    assert operator_client.get("/admin/tools/toolsetting/read_note/delete/").status_code == 403
+    with transaction.atomic():
+        ToolSetting.objects.filter(name="read_note").update(enabled=False)
+    assert not ToolSetting.objects.get(name="read_note").enabled
