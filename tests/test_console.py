@@ -1,6 +1,9 @@
 """The operator console in the admin: pages, filters, actions, permissions,
 escaping, and a runs list whose query count does not grow with its rows."""
 
+import html
+import re
+
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -177,6 +180,9 @@ def test_cancel_from_the_list(operator_client):
         ("tool=send_notification", {"audit"}),
         ("termination_reason__exact=completed", {"done"}),
         ("q=hello", {"done"}),
+        ("requeues=0", {"safe", "audit", "done"}),
+        ("requeues=3%2B", set()),
+        ("lease=expired", set()),
     ],
 )
 def test_filters(operator_client, query, expected):
@@ -191,12 +197,15 @@ def test_filters(operator_client, query, expected):
 
 
 def test_the_overview_links_its_numbers(operator_client):
-    safe_failed_run()
-    audit_failed_run()
+    safe, audited = safe_failed_run(), audit_failed_run()
     page = operator_client.get(f"{RUNS}overview/").content.decode()
     assert 'id="open-dead-letters">2<' in page
     assert 'id="writes-in-doubt">1<' in page
-    assert "?write_in_doubt=yes" in page and "termination_reason__exact=not_retryable" in page
+    [link] = re.findall(r'href="([^"]*termination_reason__exact=not_retryable[^"]*)"', page)
+    listing = operator_client.get(html.unescape(link))
+    assert listing.status_code == 200
+    content = listing.content.decode()
+    assert str(safe.pk) in content and str(audited.pk) in content
 
 
 def test_the_runs_list_query_count_does_not_grow_with_rows(operator_client):

@@ -29,7 +29,7 @@ def overview() -> dict:
         "writes_in_doubt": in_doubt(AgentRun.objects.all()).count(),
         "running": AgentRun.objects.filter(status="running").count(),
         "queued": AgentRun.objects.filter(status="queued").count(),
-        "since_param": since.strftime("%Y-%m-%d %H:%M:%S"),
+        "since_param": since.isoformat(timespec="seconds"),
     }
 
 

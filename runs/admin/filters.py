@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 from django.db import connection
+from django.utils import timezone
 
 from runs.vocabulary import RunStatus
 from tools.effects import ToolEffect
@@ -44,3 +45,37 @@ class OffersToolFilter(admin.SimpleListFilter):
             # jsonb containment, served by the GIN index on request->'tools'.
             return queryset.filter(request__tools__contains=[name])
         return queryset.filter(request__icontains=f'"{name}"')
+
+
+class RequeueCountFilter(admin.SimpleListFilter):
+    """Fixed choices: listing the distinct values would scan the table."""
+
+    title = "requeue count"
+    parameter_name = "requeues"
+
+    def lookups(self, request, model_admin):
+        return [("0", "0"), ("1", "1"), ("2", "2"), ("3+", "3 or more")]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value == "3+":
+            return queryset.filter(requeue_count__gte=3)
+        if value in ("0", "1", "2"):
+            return queryset.filter(requeue_count=int(value))
+        return queryset
+
+
+class LeaseFilter(admin.SimpleListFilter):
+    title = "lease"
+    parameter_name = "lease"
+
+    def lookups(self, request, model_admin):
+        return [("held", "held (running, not expired)"), ("expired", "expired (reaper's)")]
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        if self.value() == "held":
+            return queryset.filter(status=RunStatus.RUNNING, lease_expires_at__gte=now)
+        if self.value() == "expired":
+            return queryset.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+        return queryset

@@ -14,7 +14,12 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from runs import operator_actions
 from runs.admin import console
 from runs.admin.display import effect_badge, shortened
-from runs.admin.filters import OffersToolFilter, WriteInDoubtFilter
+from runs.admin.filters import (
+    LeaseFilter,
+    OffersToolFilter,
+    RequeueCountFilter,
+    WriteInDoubtFilter,
+)
 from runs.admin.paginator import BoundedCountPaginator
 from runs.models import AgentRun
 from runs.requeue_safety import requeue_safety
@@ -68,8 +73,12 @@ class AgentRunAdmin(OperatorPermissions, admin.ModelAdmin):
         "pending_effect",
         WriteInDoubtFilter,
         OffersToolFilter,
+        RequeueCountFilter,
+        LeaseFilter,
+        "created_at",
+        "finished_at",
     ]
-    search_fields = ["=id", "prompt"]
+    search_fields = ["=id", "prompt", "=lease_owner"]
     ordering = ["-created_at"]
     paginator = BoundedCountPaginator
     show_full_result_count = False
@@ -112,6 +121,7 @@ class AgentRunAdmin(OperatorPermissions, admin.ModelAdmin):
         (
             "Lease",
             {
+                "classes": ["collapse"],
                 "fields": [
                     "lease_owner",
                     "lease_expires_at",
@@ -121,7 +131,7 @@ class AgentRunAdmin(OperatorPermissions, admin.ModelAdmin):
                     "created_at",
                     "started_at",
                     "finished_at",
-                ]
+                ],
             },
         ),
     ]

@@ -1,0 +1,115 @@
+"""The console in a real browser: Playwright driving Debian's chromium against
+the live test server. Saves screenshots of the main pages for the README."""
+
+import re
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from runs.faults import step_inserts_refused
+from runs.models import AgentRun
+from runs.runtime import enqueue, run
+from tests.helpers import answer, call, scripted
+from tools.models import Note
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def runs_to_operate_on():
+    Note.objects.create(slug="release", body="v1")
+    completed = run(
+        scripted(
+            call("read_note", slug="release"),
+            call("upsert_note", slug="release", body="v2"),
+            answer("Release notes updated."),
+            tools=["read_note", "upsert_note"],
+            prompt="Update the release notes",
+        )
+    )
+    safe = enqueue(
+        scripted(
+            call("search_notes", query="incident"),
+            {"error": "auth"},
+            tools=["search_notes"],
+            prompt="Summarise the incidents",
+        )
+    )
+    with step_inserts_refused("send_notification"):
+        unsafe = enqueue(
+            scripted(
+                call("send_notification", recipient="oncall", message="<b>disk full</b>"),
+                answer(),
+                tools=["send_notification"],
+                prompt="Page on-call",
+            )
+        )
+    return {"completed": completed, "safe": safe, "unsafe": unsafe}
+
+
+def test_an_operator_filters_requeues_is_refused_and_reconciles(
+    live_server, operator, runs_to_operate_on, monkeypatch
+):
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls
+    # below happen between its calls, never inside them.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    safe, unsafe = runs_to_operate_on["safe"], runs_to_operate_on["unsafe"]
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    base = live_server.url
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+
+        page.goto(f"{base}/admin/login/")
+        page.fill("#id_username", "olivia")
+        page.fill("#id_password", "pw")
+        page.click("input[type=submit]")
+        expect(page.locator("#site-name")).to_be_visible()
+
+        page.goto(f"{base}/admin/runs/agentrun/")
+        page.click("#changelist-filter >> text=failed")
+        expect(page).to_have_url(f"{base}/admin/runs/agentrun/?status__exact=failed")
+        expect(page.locator("#result_list tbody tr")).to_have_count(2)
+        page.screenshot(path=SCREENSHOTS / "runs-list.png")
+
+        page.click(f"text={unsafe.pk}")
+        expect(page.locator("#requeue-verdict")).to_contain_text("reconcile it first")
+        expect(page.locator("#requeue-button")).to_have_count(0)
+        page.screenshot(path=SCREENSHOTS / "run-detail-write-in-doubt.png", full_page=True)
+
+        page.goto(f"{base}/admin/runs/agentrun/{safe.pk}/change/")
+        expect(page.locator("#requeue-verdict")).to_contain_text("safe to requeue")
+        page.screenshot(path=SCREENSHOTS / "run-detail.png", full_page=True)
+        page.fill("#requeue-verdict input[name=note]", "auth token rotated")
+        page.click("#requeue-button")
+        expect(page.locator(".messagelist")).to_contain_text(re.compile("requeued", re.I))
+
+        page.goto(f"{base}/admin/runs/agentrun/write-audits/")
+        row = page.locator("#write-audits tbody tr", has_text=str(unsafe.pk))
+        expect(row).to_contain_text("send_notification")
+        page.screenshot(path=SCREENSHOTS / "write-audits.png", full_page=True)
+        row.locator("select[name=outcome]").select_option("not_applied")
+        row.locator("input[name=note]").fill("the pager shows no page at that time")
+        row.locator("input[type=submit]").click()
+        expect(row).to_contain_text("not_applied")
+
+        page.goto(f"{base}/admin/runs/agentrun/overview/")
+        expect(page.locator("#writes-in-doubt")).to_have_text("0")
+        page.screenshot(path=SCREENSHOTS / "overview.png", full_page=True)
+        browser.close()
+
+    assert AgentRun.objects.get(pk=safe.pk).steps.filter(kind="operator").count() == 1
+    assert AgentRun.objects.get(pk=unsafe.pk).reconciliation.outcome == "not_applied"
