@@ -1,11 +1,11 @@
-"""URL routes: the admin (the operator console) and, with Redis, django-rq's dashboard."""
+"""URL routes: the admin (the operator console) and django-rq's dashboard,
+which the console links to when Redis is configured."""
 
-from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
-urlpatterns = [path("admin/", admin.site.urls)]
-
-if settings.REDIS_URL:
-    # Without Redis (the embedded default) there is no queue to show.
-    urlpatterns.insert(0, path("admin/django-rq/", include("django_rq.urls")))
+urlpatterns = [
+    # Before admin/, which would otherwise claim the path; staff only (django-rq checks).
+    path("admin/django-rq/", include("django_rq.urls")),
+    path("admin/", admin.site.urls),
+]

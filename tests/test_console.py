@@ -230,3 +230,17 @@ def test_tools_are_switched_but_not_added_deleted_or_relabelled(operator_client)
     with transaction.atomic():
         ToolSetting.objects.filter(name="read_note").update(enabled=False)
     assert not ToolSetting.objects.get(name="read_note").enabled
+
+
+def test_search_by_run_id_and_by_prompt(operator_client):
+    wanted = run(scripted(answer(), prompt="rotate the keys"))
+    other = run(scripted(answer(), prompt="something else"))
+    for term in [str(wanted.pk), "rotate"]:
+        content = operator_client.get(f"{RUNS}?q={term}").content.decode()
+        assert str(wanted.pk) in content and str(other.pk) not in content, term
+
+
+def test_the_django_rq_dashboard_is_reachable_from_the_console(operator_client, queue, settings):
+    overview = operator_client.get(f"{RUNS}overview/").content.decode()
+    assert 'href="/admin/django-rq/"' in overview
+    assert operator_client.get("/admin/django-rq/").status_code == 200

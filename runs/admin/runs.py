@@ -1,6 +1,8 @@
 """Runs in the admin: a read-only list and detail, the requeue and cancel
 actions, and the operator pages (overview, writes in doubt, reconcile)."""
 
+import uuid
+
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -146,6 +148,15 @@ class AgentRunAdmin(OperatorPermissions, admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def get_search_results(self, request, queryset, search_term):
+        # A run id is answered by the primary key alone; OR-ing it with the
+        # prompt's icontains would scan every row.
+        try:
+            run_id = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(pk=run_id), False
 
     # --- columns ---------------------------------------------------------------
 
