@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test lint venv dev-venv clean
+.PHONY: run test lint venv dev-venv screenshots clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ test: dev-venv
 	scripts/install-system-deps
 	$(MAKE) lint
 	$(PY) -m tests.harness $(PY) -m pytest $(PYTEST_ARGS)
+
+## make screenshots: refresh docs/screenshots/ from the browser test.
+screenshots: dev-venv
+	scripts/install-system-deps
+	NRLLM_UPDATE_SCREENSHOTS=1 $(PY) -m tests.harness $(PY) -m pytest -n0 tests/test_browser.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,6 +1,7 @@
 """The console in a real browser: Playwright driving Debian's chromium against
 the live test server. Saves screenshots of the main pages for the README."""
 
+import os
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tools.models import Note
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+DOCS_SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -60,14 +61,24 @@ def runs_to_operate_on():
     return {"completed": completed, "safe": safe, "unsafe": unsafe}
 
 
+@pytest.fixture
+def screenshots(tmp_path):
+    """Where the screenshots go: the README's, with `make screenshots`
+    (NRLLM_UPDATE_SCREENSHOTS=1); otherwise a temporary folder, so a test run
+    leaves the work tree clean."""
+    if os.environ.get("NRLLM_UPDATE_SCREENSHOTS") == "1":
+        return DOCS_SCREENSHOTS
+    return tmp_path
+
+
 def test_an_operator_filters_requeues_is_refused_and_reconciles(
-    live_server, operator, runs_to_operate_on, monkeypatch
+    live_server, operator, runs_to_operate_on, monkeypatch, screenshots
 ):
     # Playwright's sync API keeps an event loop in this thread; the ORM calls
     # below happen between its calls, never inside them.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     safe, unsafe = runs_to_operate_on["safe"], runs_to_operate_on["unsafe"]
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    screenshots.mkdir(parents=True, exist_ok=True)
     base = live_server.url
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -83,16 +94,16 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
         page.click("#changelist-filter >> text=failed")
         expect(page).to_have_url(f"{base}/admin/runs/agentrun/?status__exact=failed")
         expect(page.locator("#result_list tbody tr")).to_have_count(2)
-        page.screenshot(path=SCREENSHOTS / "runs-list.png")
+        page.screenshot(path=screenshots / "runs-list.png")
 
         page.click(f"text={unsafe.pk}")
         expect(page.locator("#requeue-verdict")).to_contain_text("reconcile it first")
         expect(page.locator("#requeue-button")).to_have_count(0)
-        page.screenshot(path=SCREENSHOTS / "run-detail-write-in-doubt.png", full_page=True)
+        page.screenshot(path=screenshots / "run-detail-write-in-doubt.png", full_page=True)
 
         page.goto(f"{base}/admin/runs/agentrun/{safe.pk}/change/")
         expect(page.locator("#requeue-verdict")).to_contain_text("safe to requeue")
-        page.screenshot(path=SCREENSHOTS / "run-detail.png", full_page=True)
+        page.screenshot(path=screenshots / "run-detail.png", full_page=True)
         page.fill("#requeue-verdict input[name=note]", "auth token rotated")
         page.click("#requeue-button")
         expect(page.locator(".messagelist")).to_contain_text(re.compile("requeued", re.I))
@@ -100,7 +111,7 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
         page.goto(f"{base}/admin/runs/agentrun/write-audits/")
         row = page.locator("#write-audits tbody tr", has_text=str(unsafe.pk))
         expect(row).to_contain_text("send_notification")
-        page.screenshot(path=SCREENSHOTS / "write-audits.png", full_page=True)
+        page.screenshot(path=screenshots / "write-audits.png", full_page=True)
         row.locator("select[name=outcome]").select_option("not_applied")
         row.locator("input[name=note]").fill("the pager shows no page at that time")
         row.locator("input[type=submit]").click()
@@ -108,8 +119,13 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
 
         page.goto(f"{base}/admin/runs/agentrun/overview/")
         expect(page.locator("#writes-in-doubt")).to_have_text("0")
-        page.screenshot(path=SCREENSHOTS / "overview.png", full_page=True)
+        page.screenshot(path=screenshots / "overview.png", full_page=True)
         browser.close()
 
     assert AgentRun.objects.get(pk=safe.pk).steps.filter(kind="operator").count() == 1
     assert AgentRun.objects.get(pk=unsafe.pk).reconciliation.outcome == "not_applied"
+
+
+def test_screenshots_of_the_main_pages_are_in_the_docs():
+    names = {path.name for path in DOCS_SCREENSHOTS.glob("*.png")}
+    assert {"runs-list.png", "run-detail.png", "write-audits.png", "overview.png"} <= names

@@ -7,7 +7,7 @@ from django.utils.timesince import timesince
 
 from runs import operator_actions
 from runs.admin.display import shortened
-from runs.admin.runs import OperatorPermissions
+from runs.admin.runs import OperatorPermissions, ReadOnly
 from runs.models import DeadLetter
 
 
@@ -27,7 +27,7 @@ class OpenFilter(admin.SimpleListFilter):
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(OperatorPermissions, admin.ModelAdmin):
+class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     list_display = [
         "run",
         "reason",
@@ -48,15 +48,6 @@ class DeadLetterAdmin(OperatorPermissions, admin.ModelAdmin):
     def get_ordering(self, request):
         # The open ones first, newest first (the partial index on open ones).
         return [F("resolved_at").asc(nulls_first=True), "-created_at"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def has_dismiss_permission(self, request, obj=None):
         return request.user.has_perm("runs.dismiss_deadletter")

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -28,6 +29,19 @@ from runs.requeue_safety import requeue_safety
 from tools.registry import effect_for
 
 STEPS_PER_PAGE = 50
+
+
+class ReadOnly:
+    """History is never edited here: no add, change or delete, for anyone."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 class OperatorPermissions:
@@ -52,7 +66,7 @@ class OperatorPermissions:
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(OperatorPermissions, admin.ModelAdmin):
+class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     list_display = [
         "id",
         "status",
@@ -137,17 +151,6 @@ class AgentRunAdmin(OperatorPermissions, admin.ModelAdmin):
             },
         ),
     ]
-
-    # --- read-only: history is never edited here ---------------------------
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_search_results(self, request, queryset, search_term):
         # A run id is answered by the primary key alone; OR-ing it with the
@@ -239,9 +242,15 @@ class AgentRunAdmin(OperatorPermissions, admin.ModelAdmin):
         return [
             path("overview/", view(self.overview_view), name="runs_overview"),
             path("write-audits/", view(self.write_audits_view), name="runs_write_audits"),
-            path("<uuid:run_id>/requeue/", view(self.requeue_view), name="runs_requeue"),
-            path("<uuid:run_id>/cancel/", view(self.cancel_view), name="runs_cancel"),
-            path("<uuid:run_id>/reconcile/", view(self.reconcile_view), name="runs_reconcile"),
+            *[
+                path(
+                    f"<uuid:run_id>/{action}/",
+                    view(self.operator_action_view),
+                    {"action": action},
+                    name=f"runs_{action}",
+                )
+                for action in RUN_ACTIONS
+            ],
             *super().get_urls(),
         ]
 
@@ -275,41 +284,38 @@ class AgentRunAdmin(OperatorPermissions, admin.ModelAdmin):
             },
         )
 
-    def _post_action(self, request, run_id, permitted, act):
+    def operator_action_view(self, request, run_id, action):
+        """POST-only endpoint of the detail page's buttons and forms."""
+        if action not in RUN_ACTIONS:
+            raise Http404(f"no action {action!r}")
         if request.method != "POST":
             return redirect(reverse("admin:runs_agentrun_change", args=[run_id]))
-        if not permitted(request):
+        permission, perform = RUN_ACTIONS[action]
+        if not getattr(self, permission)(request):
             raise PermissionDenied
         run = get_object_or_404(AgentRun, pk=run_id)
-        result = act(run)
+        result = perform(run, request.user, request.POST)
         self.message_user(request, result.detail, messages.SUCCESS if result.ok else messages.ERROR)
         back = request.POST.get("next", "")
         if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
             back = reverse("admin:runs_agentrun_change", args=[run_id])
         return redirect(back)
 
-    def requeue_view(self, request, run_id):
-        return self._post_action(
-            request,
-            run_id,
-            self.has_requeue_permission,
-            lambda run: operator_actions.requeue(run, request.user, request.POST.get("note", "")),
-        )
 
-    def cancel_view(self, request, run_id):
-        return self._post_action(
-            request,
-            run_id,
-            self.has_cancel_permission,
-            lambda run: operator_actions.cancel(run, request.user, request.POST.get("note", "")),
-        )
-
-    def reconcile_view(self, request, run_id):
-        return self._post_action(
-            request,
-            run_id,
-            self.has_reconcile_permission,
-            lambda run: operator_actions.reconcile(
-                run, request.user, request.POST.get("outcome", ""), request.POST.get("note", "")
-            ),
-        )
+#: action name → (permission check, what it does with the POSTed form)
+RUN_ACTIONS = {
+    "requeue": (
+        "has_requeue_permission",
+        lambda run, user, form: operator_actions.requeue(run, user, form.get("note", "")),
+    ),
+    "cancel": (
+        "has_cancel_permission",
+        lambda run, user, form: operator_actions.cancel(run, user, form.get("note", "")),
+    ),
+    "reconcile": (
+        "has_reconcile_permission",
+        lambda run, user, form: operator_actions.reconcile(
+            run, user, form.get("outcome", ""), form.get("note", "")
+        ),
+    ),
+}
