@@ -178,3 +178,11 @@ def test_cancel_and_dismiss(operator):
     dead_letter.refresh_from_db()
     assert (dead_letter.resolution, dead_letter.resolved_by) == ("dismissed", operator)
     assert dead_letter.resolution_note == "known outage" and dead_letter.resolved_at
+
+
+def test_a_requeue_decided_on_a_stale_view_is_refused(operator):
+    seen = AgentRun.objects.get(pk=failed_not_retryable().pk)
+    # Meanwhile another operator requeued it, and it failed again: same status.
+    assert operator_actions.requeue(AgentRun.objects.get(pk=seen.pk), operator, "first").ok
+    assert AgentRun.objects.get(pk=seen.pk).status == seen.status == "failed"
+    assert operator_actions.requeue(seen, operator, "second").code == "changed"
