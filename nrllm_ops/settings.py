@@ -4,6 +4,7 @@ Every variable is listed with its default in the README. Defaults run locally
 with zero setup: a SQLite file under ``var/`` and in-process execution.
 """
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -38,8 +39,13 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_rq",
     "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "knox",
     "tools",
     "runs",
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -117,6 +123,41 @@ NRLLM_OPERATION_MARGIN_SECONDS = env_int("NRLLM_OPERATION_MARGIN_SECONDS", 30, m
 NRLLM_HTTP_ALLOWED_HOSTS = env_list("NRLLM_HTTP_ALLOWED_HOSTS")
 NRLLM_HTTP_TIMEOUT_SECONDS = env_int("NRLLM_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
 NRLLM_TOOLS = env_list("NRLLM_TOOLS")
+
+# --- The REST API ---------------------------------------------------------------
+NRLLM_API_THROTTLE_RATE = env_str("NRLLM_API_THROTTLE_RATE", "1200/minute")
+NRLLM_API_MAX_BODY_BYTES = env_int("NRLLM_API_MAX_BODY_BYTES", 1_048_576, minimum=1024)
+NRLLM_API_TOKEN_TTL_DAYS = env_int("NRLLM_API_TOKEN_TTL_DAYS", 0, minimum=0)
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # First, so an anonymous request is answered 401 with WWW-Authenticate.
+        "knox.auth.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"user": NRLLM_API_THROTTLE_RATE},
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+REST_KNOX = {
+    # Tokens are stored hashed; 0 days = no expiry (revoke by deleting).
+    "TOKEN_TTL": timedelta(days=NRLLM_API_TOKEN_TTL_DAYS) if NRLLM_API_TOKEN_TTL_DAYS else None,
+    "AUTO_REFRESH": False,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "nrllm-ops API",
+    "DESCRIPTION": "Start agent runs, follow them, and act on failures. "
+    "A tool's effect is returned, never accepted.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"ToolEffectEnum": "tools.effects.ToolEffect"},
+}
 
 LOGGING = {
     "version": 1,

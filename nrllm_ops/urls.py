@@ -8,4 +8,5 @@ urlpatterns = [
     # Before admin/, which would otherwise claim the path; staff only (django-rq checks).
     path("admin/django-rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),
+    path("api/", include("api.urls")),
 ]

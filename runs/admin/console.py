@@ -6,9 +6,9 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from runs.admin.display import shortened
-from runs.admin.filters import in_doubt
 from runs.models import AgentRun, DeadLetter
 from runs.operator_actions import write_in_question
+from runs.requeue_safety import writes_in_doubt
 from tools.effects import ToolEffect
 
 
@@ -26,7 +26,7 @@ def overview() -> dict:
         "since": since,
         "by_outcome": list(by_outcome),
         "open_dead_letters": DeadLetter.objects.filter(resolved_at__isnull=True).count(),
-        "writes_in_doubt": in_doubt(AgentRun.objects.all()).count(),
+        "writes_in_doubt": writes_in_doubt(AgentRun.objects.all()).count(),
         "running": AgentRun.objects.filter(status="running").count(),
         "queued": AgentRun.objects.filter(status="queued").count(),
         "since_param": since.isoformat(timespec="seconds"),

@@ -4,8 +4,8 @@ from django.contrib import admin
 from django.db import connection
 from django.utils import timezone
 
+from runs.requeue_safety import writes_in_doubt
 from runs.vocabulary import RunStatus
-from tools.effects import ToolEffect
 from tools.registry import get_registry
 
 
@@ -18,16 +18,8 @@ class WriteInDoubtFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value() == "yes":
-            return in_doubt(queryset)
+            return writes_in_doubt(queryset)
         return queryset
-
-
-def in_doubt(queryset):
-    return queryset.filter(
-        pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE,
-        status__in=RunStatus.terminal(),
-        reconciliation__isnull=True,
-    )
 
 
 class OffersToolFilter(admin.SimpleListFilter):

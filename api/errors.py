@@ -1,0 +1,58 @@
+"""One error shape for every 4xx: ``{"code": ..., "detail": ...}`` (plus
+``"errors"`` by field for validation failures), never a stack trace."""
+
+from rest_framework import exceptions, status
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class Conflict(exceptions.APIException):
+    """The request is valid but the run's state refuses it (409)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail=detail, code=code)
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "too_large"
+
+
+class Unprocessable(exceptions.APIException):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_code = "unprocessable"
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail=detail, code=code)
+
+
+def _first_message(errors) -> str:
+    if isinstance(errors, dict):
+        field, value = next(iter(errors.items()))
+        return f"{field}: {_first_message(value)}"
+    if isinstance(errors, list) and errors:
+        return _first_message(errors[0])
+    return str(errors)
+
+
+def exception_handler(exc, context):
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        response.data = {
+            "code": "invalid",
+            "detail": _first_message(exc.detail),
+            "errors": response.data,
+        }
+        return response
+    codes = exc.get_codes() if isinstance(exc, exceptions.APIException) else "error"
+    response.data = {
+        "code": codes if isinstance(codes, str) else "error",
+        "detail": str(response.data.get("detail", response.data))
+        if isinstance(response.data, dict)
+        else str(response.data),
+    }
+    return response

@@ -1,0 +1,144 @@
+"""What the API returns. Everything here is read-only output; input is
+checked by the runtime's own validation (``parse_run_request``) or by the
+small explicit serializers below."""
+
+from rest_framework import serializers
+
+from runs.models import AgentRun, DeadLetter, RunStep
+from runs.requeue_safety import write_in_doubt
+from runs.vocabulary import ReconciliationOutcome
+from tools.registry import get_registry
+
+
+class RunSerializer(serializers.ModelSerializer):
+    write_in_doubt = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AgentRun
+        fields = [
+            "id",
+            "status",
+            "termination_reason",
+            "failure_class",
+            "error_type",
+            "error_message",
+            "mode",
+            "request",
+            "output",
+            "lease_owner",
+            "lease_expires_at",
+            "lease_token",
+            "pending_effect",
+            "requeue_count",
+            "step_count",
+            "write_in_doubt",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_write_in_doubt(self, run) -> bool:
+        return write_in_doubt(run) and not hasattr(run, "reconciliation")
+
+
+class StepSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunStep
+        fields = [
+            "sequence",
+            "kind",
+            "tool_name",
+            "effect",
+            "arguments",
+            "result",
+            "error",
+            "idempotency_key",
+            "replay_of",
+            "lease_token",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class StepPageSerializer(serializers.Serializer):
+    results = StepSerializer(many=True)
+    next_after = serializers.IntegerField(allow_null=True, help_text="pass as ?after= for more")
+
+
+class DeadLetterSerializer(serializers.ModelSerializer):
+    resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = DeadLetter
+        fields = [
+            "id",
+            "run",
+            "reason",
+            "failure_class",
+            "error_type",
+            "error_message",
+            "created_at",
+            "resolution",
+            "resolved_by",
+            "resolved_at",
+            "resolution_note",
+        ]
+        read_only_fields = fields
+
+
+class WriteAuditSerializer(serializers.Serializer):
+    run = RunSerializer()
+    tool = serializers.CharField(allow_blank=True)
+    arguments = serializers.JSONField(allow_null=True)
+    idempotency_key = serializers.CharField(allow_blank=True)
+    effect = serializers.CharField(allow_blank=True)
+    reconciliation = serializers.DictField(allow_null=True)
+
+
+class ReconcileSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=ReconciliationOutcome.choices)
+    note = serializers.CharField(max_length=10_000, help_text="why: mandatory")
+
+
+class NoteSerializer(serializers.Serializer):
+    note = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
+
+
+class ActionResultSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    detail = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    detail = serializers.CharField()
+    errors = serializers.DictField(required=False)
+
+
+class ToolSerializer(serializers.Serializer):
+    name = serializers.CharField(read_only=True)
+    description = serializers.CharField(read_only=True)
+    effect = serializers.CharField(read_only=True, help_text="from the code; never accepted")
+    parameters = serializers.JSONField(read_only=True)
+    enabled = serializers.BooleanField()
+
+    @staticmethod
+    def describe(setting) -> dict:
+        tool = get_registry().get(setting.name)
+        return {
+            "name": setting.name,
+            "description": tool.description if tool else "",
+            "effect": tool.effect.value if tool else "",
+            "parameters": tool.parameters if tool else None,
+            "enabled": setting.enabled,
+        }
+
+
+class RunRequestSerializer(serializers.Serializer):
+    """For the schema: the body ``POST /api/runs/`` takes (``enqueue_run``'s format)."""
+
+    prompt = serializers.CharField()
+    tools = serializers.ListField(child=serializers.CharField(), required=False)
+    provider = serializers.JSONField(help_text='{"kind": "scripted", "turns": [...]}')
+    max_iterations = serializers.IntegerField(min_value=1, required=False)

@@ -1,0 +1,29 @@
+"""The REST API's routes; the paths are part of the contract."""
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from api.views import audits, runs, tools
+
+urlpatterns = [
+    path("runs/", runs.RunListCreate.as_view(), name="api-runs"),
+    path("runs/<str:pk>/", runs.RunDetail.as_view(), name="api-run"),
+    path("runs/<str:pk>/steps/", runs.RunSteps.as_view(), name="api-run-steps"),
+    path("runs/<str:pk>/cancel/", runs.RunCancel.as_view(), name="api-run-cancel"),
+    path("runs/<str:pk>/requeue/", runs.RunRequeue.as_view(), name="api-run-requeue"),
+    path("dead-letters/", audits.DeadLetterList.as_view(), name="api-dead-letters"),
+    path("write-audits/", audits.WriteAuditList.as_view(), name="api-write-audits"),
+    path(
+        "write-audits/<str:pk>/reconcile/",
+        audits.WriteAuditReconcile.as_view(),
+        name="api-write-audit-reconcile",
+    ),
+    path("tools/", tools.ToolList.as_view(), name="api-tools"),
+    path("tools/<str:name>/", tools.ToolDetail.as_view(), name="api-tool"),
+    path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="api-schema"),
+    path(
+        "docs/",
+        SpectacularSwaggerView.as_view(url_name="api-schema", permission_classes=[]),
+        name="api-docs",
+    ),
+]

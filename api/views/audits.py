@@ -1,0 +1,99 @@
+"""``/api/dead-letters/`` and ``/api/write-audits/``: failures to act on."""
+
+import django_filters
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, status
+from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
+
+from api import permissions
+from api.errors import Conflict
+from api.serializers import (
+    ActionResultSerializer,
+    DeadLetterSerializer,
+    ReconcileSerializer,
+    WriteAuditSerializer,
+)
+from api.views.base import BaseAPIView, LimitedBodyMixin, errors
+from api.views.runs import get_run
+from runs import operator_actions
+from runs.admin.console import write_audits
+from runs.models import DeadLetter
+
+
+class DeadLetterFilter(django_filters.FilterSet):
+    open = django_filters.BooleanFilter(
+        field_name="resolved_at", lookup_expr="isnull", help_text="true: not resolved yet"
+    )
+
+    class Meta:
+        model = DeadLetter
+        fields = ["reason", "failure_class"]
+
+
+class NewestDeadLettersFirst(CursorPagination):
+    ordering = "-created_at"
+    page_size = 50
+
+
+class DeadLetterList(LimitedBodyMixin, generics.ListAPIView):
+    queryset = DeadLetter.objects.select_related("resolved_by")
+    serializer_class = DeadLetterSerializer
+    permission_classes = [permissions.VIEW_DEAD_LETTERS]
+    pagination_class = NewestDeadLettersFirst
+    filterset_class = DeadLetterFilter
+
+    @extend_schema(responses={200: DeadLetterSerializer(many=True), **errors(400)})
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+
+def _audit_item(row) -> dict:
+    from api.serializers import RunSerializer
+
+    reconciliation = row["reconciliation"]
+    return {
+        "run": RunSerializer(row["run"]).data,
+        "tool": row["call"].get("tool", ""),
+        "arguments": row["call"].get("arguments"),
+        "idempotency_key": row["call"].get("idempotency_key", ""),
+        "effect": row["call"].get("effect", ""),
+        "reconciliation": None
+        if reconciliation is None
+        else {
+            "outcome": reconciliation.outcome,
+            "note": reconciliation.note,
+            "operator": reconciliation.operator.get_username(),
+            "created_at": reconciliation.created_at.isoformat(),
+        },
+    }
+
+
+class WriteAuditList(BaseAPIView):
+    permission_classes = [permissions.VIEW_RUNS]
+
+    @extend_schema(responses={200: WriteAuditSerializer(many=True), **errors()})
+    def get(self, request):
+        """Runs whose write audit failed, dead-lettered ``write_interrupted``, or
+        with a non-idempotent fence standing (newest 200)."""
+        return Response([_audit_item(row) for row in write_audits()])
+
+
+class WriteAuditReconcile(BaseAPIView):
+    permission_classes = [permissions.RECONCILE]
+
+    @extend_schema(
+        request=ReconcileSerializer,
+        responses={200: ActionResultSerializer, **errors(400, 404, 409, 413)},
+    )
+    def post(self, request, pk):
+        """Record whether the write in doubt landed (``applied``/``not_applied``)."""
+        run = get_run(pk)
+        body = ReconcileSerializer(data=request.data if isinstance(request.data, dict) else None)
+        body.is_valid(raise_exception=True)
+        result = operator_actions.reconcile(
+            run, request.user, body.validated_data["outcome"], body.validated_data["note"]
+        )
+        if not result.ok:
+            raise Conflict(result.code, result.detail)
+        return Response({"code": result.code, "detail": result.detail}, status=status.HTTP_200_OK)

@@ -1,0 +1,194 @@
+"""``/api/runs/``: start runs, follow them, cancel and requeue them."""
+
+import hashlib
+import json
+import uuid
+
+from django.db import IntegrityError, transaction
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import generics, status
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
+
+from api import permissions
+from api.errors import Conflict, Unprocessable
+from api.filters import RunFilter
+from api.models import RunCreationKey
+from api.serializers import (
+    ActionResultSerializer,
+    NoteSerializer,
+    RunRequestSerializer,
+    RunSerializer,
+    StepPageSerializer,
+    StepSerializer,
+)
+from api.views.base import BaseAPIView, LimitedBodyMixin, errors
+from runs import operator_actions
+from runs.models import AgentRun
+from runs.run_request import InvalidRunRequest
+from runs.runtime import enqueue
+
+STEPS_PAGE = 100
+
+
+class NewestFirst(CursorPagination):
+    ordering = "-created_at"
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "page_size"
+
+
+def get_run(pk) -> AgentRun:
+    """The run ``pk`` names, or a 404 that says why (malformed or unknown id)."""
+    try:
+        run_id = uuid.UUID(str(pk))
+    except ValueError:
+        raise NotFound(f"{pk!r} is not a run id (a UUID)") from None
+    run = AgentRun.objects.select_related("reconciliation").filter(pk=run_id).first()
+    if run is None:
+        raise NotFound(f"no run {run_id}")
+    return run
+
+
+def _body_digest(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
+    queryset = AgentRun.objects.select_related("reconciliation")
+    serializer_class = RunSerializer
+    pagination_class = NewestFirst
+    filterset_class = RunFilter
+
+    def get_permissions(self):
+        needed = permissions.ADD_RUNS if self.request.method == "POST" else permissions.VIEW_RUNS
+        return [needed()]
+
+    @extend_schema(responses={200: RunSerializer(many=True), **errors(400)})
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        request=RunRequestSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                location=OpenApiParameter.HEADER,
+                required=False,
+                description="the same key and body return the same run (200)",
+            )
+        ],
+        responses={
+            201: RunSerializer,
+            200: OpenApiResponse(RunSerializer, description="the run this key created before"),
+            **errors(400, 413, 422),
+        },
+    )
+    def post(self, request):
+        if not isinstance(request.data, dict):
+            raise ValidationError({"request": "the body must be a JSON object"})
+        key = request.headers.get("Idempotency-Key", "").strip()
+        if len(key) > 200:
+            raise ValidationError({"Idempotency-Key": "at most 200 characters"})
+        if not key:
+            return Response(RunSerializer(self._enqueue(request.data)).data, status=201)
+        digest = _body_digest(request.data)
+        try:
+            with transaction.atomic():
+                run = self._enqueue(request.data)
+                # The unique (user, key) makes a concurrent twin wait here, then fail.
+                RunCreationKey.objects.create(
+                    user=request.user, key=key, body_sha256=digest, run=run
+                )
+        except IntegrityError:
+            earlier = RunCreationKey.objects.select_related("run").get(user=request.user, key=key)
+            if earlier.body_sha256 != digest:
+                raise Unprocessable(
+                    "idempotency_key_reused",
+                    "this Idempotency-Key was used with a different body",
+                ) from None
+            return Response(RunSerializer(earlier.run).data, status=200)
+        return Response(RunSerializer(run).data, status=201)
+
+    @staticmethod
+    def _enqueue(data) -> AgentRun:
+        try:
+            return enqueue(data)
+        except InvalidRunRequest as error:
+            raise ValidationError({"request": str(error)}) from None
+
+
+class RunDetail(BaseAPIView):
+    permission_classes = [permissions.VIEW_RUNS]
+
+    @extend_schema(responses={200: RunSerializer, **errors(404)})
+    def get(self, request, pk):
+        return Response(RunSerializer(get_run(pk)).data)
+
+
+class RunSteps(BaseAPIView):
+    permission_classes = [permissions.VIEW_RUNS]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after", int, description="only steps with a higher sequence"),
+            OpenApiParameter("limit", int, description=f"at most this many (max {STEPS_PAGE})"),
+        ],
+        responses={200: StepPageSerializer, **errors(400, 404)},
+    )
+    def get(self, request, pk):
+        run = get_run(pk)
+        after = _int_param(request, "after", 0, minimum=0)
+        limit = _int_param(request, "limit", STEPS_PAGE, minimum=1, maximum=STEPS_PAGE)
+        steps = list(run.steps.filter(sequence__gt=after).order_by("sequence")[:limit])
+        return Response(
+            {
+                "results": StepSerializer(steps, many=True).data,
+                "next_after": steps[-1].sequence if len(steps) == limit else None,
+            }
+        )
+
+
+def _int_param(request, name, default, *, minimum, maximum=2**31 - 1) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({name: f"{raw!r} is not an integer"}) from None
+    if not minimum <= value <= maximum:
+        raise ValidationError({name: f"must be between {minimum} and {maximum}"})
+    return value
+
+
+class _RunAction(BaseAPIView):
+    """POST → 202 when done, 409 naming why when refused."""
+
+    perform_action = None
+
+    @extend_schema(
+        request=NoteSerializer,
+        responses={202: ActionResultSerializer, **errors(400, 404, 409, 413)},
+    )
+    def post(self, request, pk):
+        run = get_run(pk)
+        body = NoteSerializer(data=request.data if isinstance(request.data, dict) else None)
+        body.is_valid(raise_exception=True)
+        result = type(self).perform_action(run, request.user, body.validated_data.get("note", ""))
+        if not result.ok:
+            raise Conflict(result.code, result.detail)
+        return Response(
+            {"code": result.code, "detail": result.detail}, status=status.HTTP_202_ACCEPTED
+        )
+
+
+class RunCancel(_RunAction):
+    permission_classes = [permissions.CANCEL]
+    perform_action = staticmethod(operator_actions.cancel)
+
+
+class RunRequeue(_RunAction):
+    permission_classes = [permissions.REQUEUE]
+    perform_action = staticmethod(operator_actions.requeue)

@@ -1,0 +1,61 @@
+"""``/api/tools/``: the registry as operators see it. Only ``enabled`` can change."""
+
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.response import Response
+
+from api import permissions
+from api.serializers import ToolSerializer
+from api.views.base import BaseAPIView, errors
+from tools.models import ToolSetting
+
+READ_ONLY_FIELDS = {"name", "description", "effect", "parameters"}
+
+
+def _setting(name) -> ToolSetting:
+    setting = ToolSetting.objects.filter(name=name).first()
+    if setting is None:
+        raise NotFound(f"no tool {name!r}")
+    return setting
+
+
+class ToolList(BaseAPIView):
+    permission_classes = [permissions.VIEW_TOOLS]
+
+    @extend_schema(responses={200: ToolSerializer(many=True), **errors()})
+    def get(self, request):
+        return Response([ToolSerializer.describe(setting) for setting in ToolSetting.objects.all()])
+
+
+class ToolDetail(BaseAPIView):
+    def get_permissions(self):
+        if self.request.method == "PATCH":
+            return [permissions.CHANGE_TOOLS()]
+        return [permissions.VIEW_TOOLS()]
+
+    @extend_schema(responses={200: ToolSerializer, **errors(404)})
+    def get(self, request, name):
+        return Response(ToolSerializer.describe(_setting(name)))
+
+    @extend_schema(
+        request=ToolSerializer(partial=True),
+        responses={200: ToolSerializer, **errors(400, 404, 413)},
+    )
+    def patch(self, request, name):
+        """Switch a tool on or off. The effect comes from code: naming it (or any
+        other read-only field) is refused, and nothing changes."""
+        setting = _setting(name)
+        body = request.data
+        if not isinstance(body, dict):
+            raise ValidationError({"body": "must be a JSON object"})
+        for field in body:
+            if field in READ_ONLY_FIELDS:
+                raise ValidationError({field: f"{field} is read-only; only enabled can change"})
+            if field != "enabled":
+                raise ValidationError({field: f"unknown field {field!r}; only enabled can change"})
+        if "enabled" not in body or not isinstance(body["enabled"], bool):
+            raise ValidationError({"enabled": "must be true or false"})
+        with transaction.atomic():
+            ToolSetting.objects.filter(pk=setting.pk).update(enabled=body["enabled"])
+        return Response(ToolSerializer.describe(_setting(name)))
