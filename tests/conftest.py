@@ -207,3 +207,28 @@ def viewer_client(viewer):
 @pytest.fixture
 def outsider_client(outsider):
     return _client_for(outsider)
+
+
+@pytest.fixture
+def api_token():
+    """``api_token(user)`` → an ``Authorization`` header value for that user."""
+    from knox.models import AuthToken
+
+    def make(user):
+        _, token = AuthToken.objects.create(user=user)
+        return f"Token {token}"
+
+    return make
+
+
+@pytest.fixture
+def api(operator, api_token):
+    """An API client authenticated with a token of the operator's, who may
+    also create runs."""
+    from django.contrib.auth.models import Permission
+    from rest_framework.test import APIClient
+
+    operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=api_token(operator))
+    return client

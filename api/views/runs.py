@@ -116,7 +116,8 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         try:
             return enqueue(data)
         except InvalidRunRequest as error:
-            raise ValidationError({"request": str(error)}) from None
+            # The message already names the field (e.g. "tools: unknown tool(s) ...").
+            raise ValidationError(str(error)) from None
 
 
 class RunDetail(BaseAPIView):

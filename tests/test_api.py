@@ -1,0 +1,247 @@
+"""The REST API: the same verdicts and actions as the admin, tokens, and bad
+input answered with a 4xx that names the problem and stores nothing."""
+
+import io
+import json
+import threading
+
+import pytest
+from django.core.cache import cache
+from django.core.management import call_command
+from django.db import connection
+from knox.models import AuthToken
+from rest_framework.test import APIClient
+
+from runs.faults import step_inserts_refused
+from runs.models import AgentRun, DeadLetter
+from tests.helpers import answer, call, scripted
+from tools.models import OutboxNotification, ToolSetting
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GOOD = scripted(call("search_notes", query="x"), answer("found"), tools=["search_notes"])
+
+
+@pytest.fixture(autouse=True)
+def fresh_throttle():
+    cache.clear()
+
+
+def post_run(api, body=GOOD, **headers):
+    return api.post("/api/runs/", body, format="json", **headers)
+
+
+def test_create_a_run_and_follow_it(api):
+    response = post_run(api)
+    assert response.status_code == 201
+    run_id = response.json()["id"]
+    assert api.get(f"/api/runs/{run_id}/").json()["status"] == "completed"
+    steps = api.get(f"/api/runs/{run_id}/steps/").json()
+    assert [step["kind"] for step in steps["results"]] == ["request", "llm", "tool", "llm"]
+    later = api.get(f"/api/runs/{run_id}/steps/?after=2&limit=1").json()
+    assert [step["sequence"] for step in later["results"]] == [3] and later["next_after"] == 3
+    assert api.get(f"/api/runs/{run_id}/steps/?after=4").json() == {
+        "results": [],
+        "next_after": None,
+    }
+
+
+def test_an_idempotency_key_makes_a_retry_safe(api):
+    first = post_run(api, HTTP_IDEMPOTENCY_KEY="order-42")
+    again = post_run(api, HTTP_IDEMPOTENCY_KEY="order-42")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    other = post_run(api, {**GOOD, "prompt": "different"}, HTTP_IDEMPOTENCY_KEY="order-42")
+    assert other.status_code == 422 and other.json()["code"] == "idempotency_key_reused"
+    assert AgentRun.objects.count() == 1
+
+
+def test_a_concurrent_double_post_with_one_key_creates_one_run(operator, api_token):
+    from django.contrib.auth.models import Permission
+
+    operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+    header = api_token(operator)
+    barrier = threading.Barrier(2)
+    statuses = []
+
+    def client_retry():
+        try:
+            client = APIClient()
+            client.credentials(HTTP_AUTHORIZATION=header)
+            barrier.wait()
+            statuses.append(post_run(client, HTTP_IDEMPOTENCY_KEY="twice").status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client_retry) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(statuses) == [200, 201]
+    assert AgentRun.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "mentions"),
+    [
+        ('{"prompt": ', "application/json", 400, "JSON parse error"),
+        ("[1, 2]", "application/json", 400, "must be a JSON object"),
+        (json.dumps({**GOOD, "prompt": 5}), "application/json", 400, "prompt: 5 is not of type"),
+        (json.dumps({**GOOD, "extra": 1}), "application/json", 400, "'extra' was unexpected"),
+        (json.dumps({**GOOD, "tools": ["nope"]}), "application/json", 400, "unknown tool(s)"),
+        (
+            json.dumps({**GOOD, "prompt": "x" * 2_000_000}),
+            "application/json",
+            413,
+            "over the limit",
+        ),
+        ("prompt=x", "application/x-www-form-urlencoded", 415, "Unsupported media type"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_problem_and_stores_nothing(
+    api, body, content_type, status, mentions
+):
+    response = api.generic("POST", "/api/runs/", body, content_type=content_type)
+    assert response.status_code == status, response.content
+    assert mentions in response.json()["detail"]
+    assert AgentRun.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "mentions"),
+    [
+        ("/api/runs/not-a-uuid/", 404, "is not a run id"),
+        ("/api/runs/00000000-0000-0000-0000-000000000000/", 404, "no run"),
+        ("/api/runs/?status=bogus", 400, "status"),
+        ("/api/runs/?cursor=tampered", 404, "Invalid cursor"),
+        ("/api/runs/?created_after=yesterday", 400, "created_after"),
+        ("/api/runs/x/steps/?after=-1", 404, "is not a run id"),
+        ("/api/tools/no_such_tool/", 404, "no tool 'no_such_tool'"),
+    ],
+)
+def test_bad_urls_get_a_4xx_that_names_the_problem(api, url, status, mentions):
+    response = api.get(url)
+    assert response.status_code == status
+    assert mentions in json.dumps(response.json())
+
+
+def test_list_filters_and_cursor_pagination(api):
+    for index in range(3):
+        post_run(api, {**GOOD, "prompt": f"run {index}"})
+    post_run(api, scripted({"error": "auth"}, tools=["send_notification"]))
+    page = api.get("/api/runs/?page_size=2").json()
+    assert [run["request"]["prompt"] for run in page["results"]] == ["test prompt", "run 2"]
+    rest = api.get(page["next"]).json()
+    assert [run["request"]["prompt"] for run in rest["results"]] == ["run 1", "run 0"]
+    failed = api.get("/api/runs/?status=failed&failure_class=auth&mode=queued").json()["results"]
+    assert len(failed) == 1
+    assert len(api.get("/api/runs/?tool=send_notification").json()["results"]) == 1
+    assert len(api.get("/api/runs/?write_in_doubt=true").json()["results"]) == 0
+
+
+def test_unauthenticated_401_without_permission_403(viewer, api_token):
+    anonymous = APIClient()
+    response = anonymous.get("/api/runs/")
+    assert response.status_code == 401 and response.json()["code"] == "not_authenticated"
+    viewer_api = APIClient()
+    viewer_api.credentials(HTTP_AUTHORIZATION=api_token(viewer))
+    assert viewer_api.get("/api/runs/").status_code == 200
+    for path in ["/api/runs/", "/api/runs/00000000-0000-0000-0000-000000000000/requeue/"]:
+        response = viewer_api.post(path, GOOD, format="json")
+        assert response.status_code == 403 and "permission" in response.json()["detail"]
+    response = viewer_api.patch("/api/tools/read_note/", {"enabled": False}, format="json")
+    assert response.status_code == 403
+    assert AgentRun.objects.count() == 0
+
+
+def test_tokens_are_created_once_stored_hashed_and_revocable(operator):
+    out = io.StringIO()
+    call_command("create_api_token", "olivia", stdout=out)
+    token = out.getvalue().strip()
+    stored = AuthToken.objects.get(user=operator)
+    assert token not in (stored.digest, stored.token_key) and len(token) > 40
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    assert client.get("/api/runs/").status_code == 200
+    stored.delete()
+    assert client.get("/api/runs/").status_code == 401
+
+
+def test_throttled_per_token(api, settings):
+    settings.NRLLM_API_THROTTLE_RATE = "3/minute"
+    statuses = [api.get("/api/tools/").status_code for _ in range(4)]
+    assert statuses == [200, 200, 200, 429]
+    assert api.get("/api/tools/").json()["code"] == "throttled"
+
+
+def test_cancel_and_requeue_answer_202_or_409_with_the_verdict(api):
+    with step_inserts_refused("send_notification"):
+        unsafe = post_run(
+            api,
+            scripted(
+                call("send_notification", recipient="a", message="b"),
+                answer(),
+                tools=["send_notification"],
+            ),
+        ).json()["id"]
+    refused = api.post(f"/api/runs/{unsafe}/requeue/", {}, format="json")
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "write_in_doubt"
+    assert "reconcile it first" in refused.json()["detail"]
+    cancel = api.post(f"/api/runs/{unsafe}/cancel/", {}, format="json")
+    assert cancel.status_code == 409 and cancel.json()["code"] == "not_cancellable"
+
+    audits = api.get("/api/write-audits/").json()
+    assert [item["run"]["id"] for item in audits] == [unsafe]
+    assert audits[0]["tool"] == "send_notification"
+    bad = api.post(
+        f"/api/write-audits/{unsafe}/reconcile/", {"outcome": "not_applied"}, format="json"
+    )
+    assert bad.status_code == 400 and "note" in bad.json()["detail"]
+    done = api.post(
+        f"/api/write-audits/{unsafe}/reconcile/",
+        {"outcome": "not_applied", "note": "never arrived"},
+        format="json",
+    )
+    assert done.status_code == 200
+    requeued = api.post(f"/api/runs/{unsafe}/requeue/", {"note": "resend"}, format="json")
+    assert requeued.status_code == 202 and requeued.json()["code"] == "requeued"
+    assert AgentRun.objects.get(pk=unsafe).status == "completed"
+    assert OutboxNotification.objects.count() == 2
+
+
+def test_dead_letters_list(api):
+    post_run(api, scripted({"error": "auth"}))
+    letters = api.get("/api/dead-letters/?open=true").json()["results"]
+    assert [letter["reason"] for letter in letters] == ["not_retryable"]
+    assert api.get("/api/dead-letters/?open=false").json()["results"] == []
+    assert DeadLetter.objects.count() == 1
+
+
+def test_tools_show_their_effect_and_only_enabled_changes(api):
+    tools = {tool["name"]: tool for tool in api.get("/api/tools/").json()}
+    assert tools["post_webhook"]["effect"] == "non_idempotent_write"
+    response = api.patch("/api/tools/post_webhook/", {"effect": "read_only"}, format="json")
+    assert response.status_code == 400 and "effect is read-only" in response.json()["detail"]
+    response = api.patch(
+        "/api/tools/post_webhook/", {"enabled": False, "effect": "read_only"}, format="json"
+    )
+    assert response.status_code == 400
+    assert ToolSetting.objects.get(name="post_webhook").enabled is True
+    response = api.patch("/api/tools/post_webhook/", {"colour": "red"}, format="json")
+    assert response.status_code == 400 and "unknown field 'colour'" in response.json()["detail"]
+    response = api.patch("/api/tools/post_webhook/", {"enabled": "no"}, format="json")
+    assert response.status_code == 400
+    response = api.patch("/api/tools/post_webhook/", {"enabled": False}, format="json")
+    assert response.status_code == 200 and response.json()["enabled"] is False
+    assert response.json()["effect"] == "non_idempotent_write"
+
+
+def test_schema_and_docs(api):
+    schema = APIClient().get("/api/schema/?format=json")
+    assert schema.status_code == 200
+    paths = json.loads(schema.content)["paths"]
+    assert {"/api/runs/", "/api/runs/{id}/requeue/", "/api/tools/{name}/"} <= set(paths)
+    assert "409" in paths["/api/runs/{id}/requeue/"]["post"]["responses"]
+    assert APIClient().get("/api/docs/").status_code == 200
