@@ -1,11 +1,27 @@
 """Filters of ``GET /api/runs/``; each maps to an indexed column."""
 
+from datetime import UTC
+
 import django_filters
 from django.db import connection
+from rest_framework.exceptions import ValidationError
 
 from runs.models import AgentRun
 from runs.requeue_safety import writes_in_doubt
 from runs.vocabulary import FailureClass, RunMode, RunStatus, TerminationReason
+
+
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO 8601 date-time, compared in UTC: PostgreSQL refuses offsets past
+    ±15:59 that Python accepts (up to ±23:59)."""
+
+    def filter(self, queryset, value):
+        if value is not None:
+            try:
+                value = value.astimezone(UTC)
+            except (OverflowError, ValueError):
+                raise ValidationError({self.field_name: "date-time out of range"}) from None
+        return super().filter(queryset, value)
 
 
 class RunFilter(django_filters.FilterSet):
@@ -14,8 +30,8 @@ class RunFilter(django_filters.FilterSet):
     failure_class = django_filters.ChoiceFilter(choices=FailureClass.choices)
     mode = django_filters.ChoiceFilter(choices=RunMode.choices)
     tool = django_filters.CharFilter(method="offers_tool", help_text="runs offering this tool")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
     write_in_doubt = django_filters.BooleanFilter(
         method="filter_write_in_doubt", help_text="a non-idempotent write not reconciled"
     )

@@ -113,7 +113,7 @@ class ActionResultSerializer(serializers.Serializer):
 class ErrorSerializer(serializers.Serializer):
     code = serializers.CharField()
     detail = serializers.CharField()
-    errors = serializers.DictField(required=False)
+    errors = serializers.JSONField(required=False, help_text="by field, for validation errors")
 
 
 class ToolSerializer(serializers.Serializer):

@@ -43,7 +43,7 @@ class DeadLetterList(LimitedBodyMixin, generics.ListAPIView):
     pagination_class = NewestDeadLettersFirst
     filterset_class = DeadLetterFilter
 
-    @extend_schema(responses={200: DeadLetterSerializer(many=True), **errors(400)})
+    @extend_schema(responses={200: DeadLetterSerializer(many=True), **errors(400, 404)})
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 

@@ -65,7 +65,7 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         needed = permissions.ADD_RUNS if self.request.method == "POST" else permissions.VIEW_RUNS
         return [needed()]
 
-    @extend_schema(responses={200: RunSerializer(many=True), **errors(400)})
+    @extend_schema(responses={200: RunSerializer(many=True), **errors(400, 404)})
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
 
