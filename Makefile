@@ -27,12 +27,13 @@ run: venv
 	@echo "Serving the admin at http://127.0.0.1:8000/admin/ (user: admin)"
 	$(PY) manage.py runserver --insecure 127.0.0.1:8000
 
-## make lint: ruff and the migrations check.
+## make lint: ruff, the migrations check and the OpenAPI schema check.
 lint: dev-venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	DATABASE_URL=sqlite:///:memory: SECRET_KEY=migrations-check \
 		$(PY) manage.py makemigrations --check --dry-run
+	SECRET_KEY=schema-check $(PY) manage.py spectacular --validate --fail-on-warn > /dev/null
 
 ## make test: installs what is missing, starts a throwaway PostgreSQL and
 ## redis-server, runs the whole suite against them, stops them.

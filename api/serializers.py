@@ -96,12 +96,22 @@ class WriteAuditSerializer(serializers.Serializer):
     reconciliation = serializers.DictField(allow_null=True)
 
 
-class ReconcileSerializer(serializers.Serializer):
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, naming them, instead of ignoring them."""
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: "unknown field" for name in unknown})
+        return attrs
+
+
+class ReconcileSerializer(StrictSerializer):
     outcome = serializers.ChoiceField(choices=ReconciliationOutcome.choices)
     note = serializers.CharField(max_length=10_000, help_text="why: mandatory")
 
 
-class NoteSerializer(serializers.Serializer):
+class NoteSerializer(StrictSerializer):
     note = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
 
 

@@ -252,3 +252,9 @@ def test_schema_and_docs(api):
 def test_an_offset_postgresql_cannot_store_is_compared_in_utc(api):
     response = api.get("/api/runs/?created_after=2026-01-01T10:00:00-16:49")
     assert response.status_code == 200
+
+
+def test_action_bodies_refuse_unknown_fields(api):
+    run_id = post_run(api).json()["id"]
+    response = api.post(f"/api/runs/{run_id}/cancel/", {"reason": "x"}, format="json")
+    assert response.status_code == 400 and "reason: unknown field" in response.json()["detail"]

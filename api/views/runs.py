@@ -5,7 +5,12 @@ import json
 import uuid
 
 from django.db import IntegrityError, transaction
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+)
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
@@ -71,6 +76,33 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
 
     @extend_schema(
         request=RunRequestSerializer,
+        examples=[
+            OpenApiExample(
+                "a scripted run that reads and notifies",
+                request_only=True,
+                value={
+                    "prompt": "Tell the team the release notes changed.",
+                    "tools": ["read_note", "send_notification"],
+                    "provider": {
+                        "kind": "scripted",
+                        "turns": [
+                            {"tool_calls": [{"name": "read_note", "arguments": {"slug": "rn"}}]},
+                            {"content": "Done."},
+                        ],
+                    },
+                },
+            ),
+            OpenApiExample(
+                "refused: unknown tool",
+                response_only=True,
+                status_codes=["400"],
+                value={
+                    "code": "invalid",
+                    "detail": "tools: unknown tool(s) ['nope']; known: [...]",
+                    "errors": ["tools: unknown tool(s) ['nope']; known: [...]"],
+                },
+            ),
+        ],
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
@@ -172,6 +204,18 @@ class _RunAction(BaseAPIView):
     @extend_schema(
         request=NoteSerializer,
         responses={202: ActionResultSerializer, **errors(400, 404, 409, 413)},
+        examples=[
+            OpenApiExample(
+                "refused by the requeue verdict",
+                response_only=True,
+                status_codes=["409"],
+                value={
+                    "code": "write_in_doubt",
+                    "detail": "the non_idempotent_write 'send_notification' may have landed; "
+                    "reconcile it first",
+                },
+            )
+        ],
     )
     def post(self, request, pk):
         run = get_run(pk)
