@@ -33,7 +33,8 @@ lint: dev-venv
 	$(VENV)/bin/ruff format --check .
 	DATABASE_URL=sqlite:///:memory: SECRET_KEY=migrations-check \
 		$(PY) manage.py makemigrations --check --dry-run
-	SECRET_KEY=schema-check $(PY) manage.py spectacular --validate --fail-on-warn > /dev/null
+	DATABASE_URL=sqlite:///:memory: SECRET_KEY=schema-check \
+		$(PY) manage.py spectacular --validate --fail-on-warn > /dev/null
 
 ## make test: installs what is missing, starts a throwaway PostgreSQL and
 ## redis-server, runs the whole suite against them, stops them.
