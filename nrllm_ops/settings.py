@@ -124,6 +124,17 @@ NRLLM_HTTP_ALLOWED_HOSTS = env_list("NRLLM_HTTP_ALLOWED_HOSTS")
 NRLLM_HTTP_TIMEOUT_SECONDS = env_int("NRLLM_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
 NRLLM_TOOLS = env_list("NRLLM_TOOLS")
 
+# --- The OpenAI-compatible provider ------------------------------------------------
+# Endpoint and key come from here only: never from a request, never stored.
+NRLLM_OPENAI_BASE_URL = env_str("NRLLM_OPENAI_BASE_URL", "https://api.openai.com/v1")
+NRLLM_OPENAI_API_KEY = env_str("NRLLM_OPENAI_API_KEY")
+NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS = env_int("NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS", 5, minimum=1)
+NRLLM_OPENAI_READ_TIMEOUT_SECONDS = env_int("NRLLM_OPENAI_READ_TIMEOUT_SECONDS", 120, minimum=1)
+# The circuit breaker, per endpoint and model, shared by every worker.
+NRLLM_CIRCUIT_FAILURES = env_int("NRLLM_CIRCUIT_FAILURES", 5, minimum=1)
+NRLLM_CIRCUIT_WINDOW_SECONDS = env_int("NRLLM_CIRCUIT_WINDOW_SECONDS", 60, minimum=1)
+NRLLM_CIRCUIT_COOLDOWN_SECONDS = env_int("NRLLM_CIRCUIT_COOLDOWN_SECONDS", 30, minimum=1)
+
 # --- The REST API ---------------------------------------------------------------
 NRLLM_API_THROTTLE_RATE = env_str("NRLLM_API_THROTTLE_RATE", "1200/minute")
 NRLLM_API_MAX_BODY_BYTES = env_int("NRLLM_API_MAX_BODY_BYTES", 1_048_576, minimum=1024)

@@ -95,19 +95,42 @@ def run_agent_loop(
         turn = provider.next_turn(messages, specs)
         calls = [{"name": call.name, "arguments": call.arguments} for call in turn.tool_calls]
         observer.after_step(
-            StepEvent(kind=StepKind.LLM, result={"content": turn.content, "tool_calls": calls})
+            StepEvent(
+                kind=StepKind.LLM,
+                result={"content": turn.content, "tool_calls": calls, **turn.meta},
+            )
         )
-        messages.append({"role": "assistant", "content": turn.content, "tool_calls": calls})
+        # The conversation is kept in the chat-completions shape, which
+        # OpenAI-compatible providers take as is.
+        call_ids = [
+            call.id or f"call_{iteration}_{index}" for index, call in enumerate(turn.tool_calls)
+        ]
+        assistant = {"role": "assistant", "content": turn.content}
+        if turn.tool_calls:
+            assistant["tool_calls"] = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                }
+                for call_id, call in zip(call_ids, turn.tool_calls, strict=True)
+            ]
+        messages.append(assistant)
         if not turn.tool_calls:
             return LoopOutcome(TerminationReason.COMPLETED, turn.content, messages)
-        for index, call in enumerate(turn.tool_calls):
+        for index, (call_id, call) in enumerate(zip(call_ids, turn.tool_calls, strict=True)):
             position = f"{iteration}.{index}"
-            event = _execute_call(call.name, call.arguments, position, tools, observer)
+            if call.problem:
+                event = StepEvent(
+                    kind=StepKind.TOOL, tool_name=call.name, arguments=None, error=call.problem
+                )
+            else:
+                event = _execute_call(call.name, call.arguments, position, tools, observer)
             observer.after_step(event)
             messages.append(
                 {
                     "role": "tool",
-                    "name": call.name,
+                    "tool_call_id": call_id,
                     "content": event.error or json.dumps(event.result, sort_keys=True),
                 }
             )

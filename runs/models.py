@@ -53,6 +53,10 @@ class AgentRun(models.Model):
     #: When a ``queued`` run is due (later than now while a retry backs off);
     #: the reaper re-dispatches a run long past due whose job Redis lost.
     available_at = models.DateTimeField(null=True, blank=True)
+    #: Totals over the run's llm steps (OpenAI-compatible providers report them).
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    llm_latency_ms = models.PositiveIntegerField(default=0)
     #: Steps recorded so far; the guarded UPDATE that records a step takes the
     #: next sequence from here, so two writers cannot allocate the same one.
     step_count = models.PositiveIntegerField(default=0)
@@ -175,3 +179,41 @@ class WriteReconciliation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.outcome} for run {self.run_id}"
+
+
+class ProviderCircuit(models.Model):
+    """The circuit breaker of one provider endpoint and model, shared by all
+    workers: ``closed`` (calls go through), ``open`` (calls fail fast with
+    ``circuit_open``), ``half_open`` (one trial call decides)."""
+
+    key = models.CharField(max_length=500, unique=True)  # "<base url> <model>"
+    state = models.CharField(max_length=16, default="closed")
+    failures = models.PositiveIntegerField(default=0)
+    window_started_at = models.DateTimeField(null=True, blank=True)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    trial_started_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.state}"
+
+
+class CircuitTransition(models.Model):
+    """Each change of a circuit's state, for operators."""
+
+    circuit = models.ForeignKey(
+        ProviderCircuit, on_delete=models.CASCADE, related_name="transitions"
+    )
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    reason = models.CharField(max_length=300)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state} → {self.to_state}"

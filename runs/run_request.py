@@ -77,6 +77,9 @@ def parse_run_request(data) -> RunRequest:
     problem = _schema_problem(provider_class.spec_schema, provider, prefix="provider")
     if problem:
         raise InvalidRunRequest(problem)
+    problem = provider_class.configuration_problem()
+    if problem:
+        raise InvalidRunRequest(f"provider: {problem}")
 
     registry = get_registry()
     tools = tuple(data.get("tools", []))

@@ -171,6 +171,7 @@ def record_step(
     A database error rolls back both and returns ``FAILED`` (G2).
     """
     changes = {"step_count": F("step_count") + 1, "lease_expires_at": _expiry(lease_seconds)}
+    changes.update(_usage_totals(step))
     if clear_fence:
         changes["pending_effect"] = ""
         changes["pending_call"] = None
@@ -193,6 +194,19 @@ def record_step(
     if cancel_at is not None:
         return RecordOutcome.PERSISTED_CANCEL_REQUESTED
     return RecordOutcome.PERSISTED
+
+
+def _usage_totals(step: dict) -> dict:
+    """The run's token and latency totals grow with each llm step that reports them."""
+    result = step.get("result") if step.get("kind") == "llm" else None
+    if not isinstance(result, dict) or "usage" not in result:
+        return {}
+    usage = result.get("usage") or {}
+    return {
+        "prompt_tokens": F("prompt_tokens") + int(usage.get("prompt_tokens") or 0),
+        "completion_tokens": F("completion_tokens") + int(usage.get("completion_tokens") or 0),
+        "llm_latency_ms": F("llm_latency_ms") + int(result.get("latency_ms") or 0),
+    }
 
 
 def _append_step(run_id, lease_token: int | None, step: dict):

@@ -1,9 +1,13 @@
 """LLM providers, chosen by the ``kind`` of a run request's ``provider``."""
 
 from runs.providers.base import Provider, ProviderError, ToolCall, Turn
+from runs.providers.openai_chat import OpenAIChatProvider
 from runs.providers.scripted import ScriptedProvider
 
-PROVIDER_KINDS = {ScriptedProvider.kind: ScriptedProvider}
+PROVIDER_KINDS = {
+    ScriptedProvider.kind: ScriptedProvider,
+    OpenAIChatProvider.kind: OpenAIChatProvider,
+}
 
 __all__ = ["PROVIDER_KINDS", "Provider", "ProviderError", "ToolCall", "Turn", "build_provider"]
 

@@ -8,6 +8,11 @@ from typing import Any, Protocol
 class ToolCall:
     name: str
     arguments: Any
+    #: The protocol's id for the call, echoed with its result.
+    id: str = ""
+    #: Set when the model's call is malformed (unparsable arguments): it is
+    #: not executed, and this becomes the tool error fed back to the model.
+    problem: str = ""
 
 
 @dataclass(frozen=True)
@@ -16,6 +21,9 @@ class Turn:
 
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    #: What the llm step records about the call: model, finish reason,
+    #: token usage, latency.
+    meta: dict = field(default_factory=dict)
 
 
 class ProviderError(Exception):

@@ -66,6 +66,10 @@ class ScriptedProvider:
         "additionalProperties": False,
     }
 
+    @staticmethod
+    def configuration_problem() -> str | None:
+        return None
+
     def __init__(self, turns: list[dict], *, attempt: int):
         # Error turns limited to earlier attempts are skipped on this one.
         self._turns = [
