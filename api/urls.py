@@ -3,7 +3,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from api.views import audits, runs, tools
+from api.views import audits, providers, runs, tools
 
 urlpatterns = [
     path("runs/", runs.RunListCreate.as_view(), name="api-runs"),
@@ -18,6 +18,7 @@ urlpatterns = [
         audits.WriteAuditReconcile.as_view(),
         name="api-write-audit-reconcile",
     ),
+    path("providers/", providers.ProviderList.as_view(), name="api-providers"),
     path("tools/", tools.ToolList.as_view(), name="api-tools"),
     path("tools/<str:name>/", tools.ToolDetail.as_view(), name="api-tool"),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="api-schema"),

@@ -90,6 +90,8 @@ class Workers:
                 # Read now, so a test's own settings (http_server's host) apply.
                 "NRLLM_HTTP_ALLOWED_HOSTS": ",".join(django_settings.NRLLM_HTTP_ALLOWED_HOSTS),
                 "NRLLM_TOOLS": ",".join(django_settings.NRLLM_TOOLS),
+                "NRLLM_OPENAI_BASE_URL": django_settings.NRLLM_OPENAI_BASE_URL,
+                "NRLLM_OPENAI_API_KEY": django_settings.NRLLM_OPENAI_API_KEY,
                 **{key: str(value) for key, value in env_overrides.items()},
             },
             stdout=subprocess.PIPE,
@@ -232,3 +234,17 @@ def api(operator, api_token):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=api_token(operator))
     return client
+
+
+@pytest.fixture
+def fake_openai(settings):
+    """A local chat-completions server, configured as the openai provider's endpoint."""
+    from tests.fake_openai import start_fake_openai
+
+    fake = start_fake_openai()
+    settings.NRLLM_OPENAI_BASE_URL = fake.base_url
+    settings.NRLLM_OPENAI_API_KEY = "sk-test-not-a-real-key"
+    settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS = 5
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()

@@ -6,7 +6,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from runs.admin.display import shortened
-from runs.models import AgentRun, DeadLetter
+from runs.models import AgentRun, DeadLetter, ProviderCircuit
 from runs.operator_actions import write_in_question
 from runs.requeue_safety import writes_in_doubt
 from tools.effects import ToolEffect
@@ -30,6 +30,7 @@ def overview() -> dict:
         "running": AgentRun.objects.filter(status="running").count(),
         "queued": AgentRun.objects.filter(status="queued").count(),
         "since_param": since.isoformat(timespec="seconds"),
+        "circuits": ProviderCircuit.objects.prefetch_related("transitions"),
     }
 
 

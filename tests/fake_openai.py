@@ -1,0 +1,101 @@
+"""A local server speaking the subset of OpenAI's chat-completions protocol
+the provider uses. Tests script its answers; it records what it receives."""
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: dict | None = None
+    headers: dict = field(default_factory=dict)
+    delay_seconds: float = 0
+
+
+def completion(content="", tool_calls=(), model="fake-model", finish_reason=None):
+    """A chat.completion body; ``tool_calls`` as (id, name, arguments-string)."""
+    message = {"role": "assistant", "content": content or None}
+    if tool_calls:
+        message["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            for call_id, name, args in tool_calls
+        ]
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_reason or ("tool_calls" if tool_calls else "stop"),
+            }
+        ],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+
+
+def error(status, message="boom", headers=None):
+    return Reply(status, {"error": {"message": message, "type": "error"}}, headers or {})
+
+
+@dataclass
+class FakeOpenAI:
+    server: ThreadingHTTPServer = None  # type: ignore[assignment]
+    replies: deque = field(default_factory=deque)
+    #: Served when the script is used up.
+    default: Reply = field(default_factory=lambda: Reply(200, completion("done")))
+    requests: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def script(self, *replies: Reply) -> None:
+        self.replies.extend(replies)
+
+    def next_reply(self) -> Reply:
+        with self.lock:
+            return self.replies.popleft() if self.replies else self.default
+
+
+def _handler(fake: FakeOpenAI):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            length = int(self.headers.get("content-length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            fake.requests.append({"path": self.path, "body": body, "headers": dict(self.headers)})
+            reply = fake.next_reply() if self.path == "/v1/chat/completions" else error(404)
+            if reply.delay_seconds:
+                time.sleep(reply.delay_seconds)
+            data = json.dumps(reply.body or {}).encode()
+            try:
+                self.send_response(reply.status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client timed out first
+
+    return Handler
+
+
+def start_fake_openai() -> FakeOpenAI:
+    fake = FakeOpenAI()
+    fake.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    fake.server.daemon_threads = True
+    threading.Thread(target=fake.server.serve_forever, daemon=True).start()
+    return fake
