@@ -199,6 +199,13 @@ def test_the_breaker_is_shared_by_two_worker_processes(fake_openai, workers, set
     # At most one call per worker can be in flight when the circuit opens.
     assert 3 <= len(fake_openai.requests) <= 4
     assert classes.count("circuit_open") == 8 - len(fake_openai.requests)
+    # circuit_open is retryable: with no budget left those runs are exhausted, not refused.
+    reasons = set(
+        AgentRun.objects.filter(failure_class="circuit_open").values_list(
+            "termination_reason", flat=True
+        )
+    )
+    assert reasons == {"retries_exhausted"}
     assert circuit().state == "open"
 
     fake_openai.default = Reply(body=completion("recovered"))
@@ -220,3 +227,17 @@ def test_circuits_are_visible_to_operators(fake_openai, settings, api, operator_
     assert listed["cooldown_left_seconds"] > 0
     page = operator_client.get("/admin/runs/agentrun/overview/").content.decode()
     assert "fake-model" in page and "closed → open" in page
+
+
+def test_a_worker_without_the_key_fails_the_run_as_configuration(fake_openai, settings):
+    from django.db import transaction
+
+    with transaction.atomic():
+        agent_run = enqueue(request())  # valid while the key is set...
+        settings.NRLLM_OPENAI_API_KEY = ""  # ...but the executing process has none
+    agent_run.refresh_from_db()
+    assert (agent_run.failure_class, agent_run.termination_reason) == (
+        "configuration",
+        "not_retryable",
+    )
+    assert fake_openai.requests == []
