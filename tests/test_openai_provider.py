@@ -98,14 +98,20 @@ def test_a_run_naming_an_unconfigured_provider_is_refused_at_enqueue(settings):
     assert AgentRun.objects.count() == 0
 
 
-STATUS_ROWS = [
-    (status, cls) for _, rule, cls in FAILURE_TABLE if isinstance(rule, int) for status in [rule]
-]
-
-
 @pytest.mark.parametrize(
     ("status", "failure_class"),
-    [*STATUS_ROWS, (500, "server_error"), (503, "server_error"), (418, "unknown")],
+    [
+        (429, "rate_limit"),
+        (401, "auth"),
+        (403, "auth"),
+        (400, "client_error"),
+        (404, "client_error"),
+        (422, "client_error"),
+        (500, "server_error"),
+        (502, "server_error"),
+        (503, "server_error"),
+        (418, "unknown"),
+    ],
 )
 def test_each_http_failure_maps_to_its_class(fake_openai, status, failure_class):
     fake_openai.script(error(status))
