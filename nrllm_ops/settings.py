@@ -135,6 +135,13 @@ NRLLM_CIRCUIT_FAILURES = env_int("NRLLM_CIRCUIT_FAILURES", 5, minimum=1)
 NRLLM_CIRCUIT_WINDOW_SECONDS = env_int("NRLLM_CIRCUIT_WINDOW_SECONDS", 60, minimum=1)
 NRLLM_CIRCUIT_COOLDOWN_SECONDS = env_int("NRLLM_CIRCUIT_COOLDOWN_SECONDS", 30, minimum=1)
 
+# --- Observability -----------------------------------------------------------------
+# /metrics answers a bearer token equal to this, or a staff session.
+NRLLM_METRICS_TOKEN = env_str("NRLLM_METRICS_TOKEN")
+LOG_FORMAT = env_str("LOG_FORMAT", "plain")
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r} must be plain or json")
+
 # --- The REST API ---------------------------------------------------------------
 NRLLM_API_THROTTLE_RATE = env_str("NRLLM_API_THROTTLE_RATE", "1200/minute")
 NRLLM_API_MAX_BODY_BYTES = env_int("NRLLM_API_MAX_BODY_BYTES", 1_048_576, minimum=1024)
@@ -175,7 +182,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "nrllm_ops.logs.JsonFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }

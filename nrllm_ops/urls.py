@@ -4,7 +4,12 @@ which the console links to when Redis is configured."""
 from django.contrib import admin
 from django.urls import include, path
 
+from nrllm_ops import observability
+
 urlpatterns = [
+    path("healthz", observability.healthz),
+    path("readyz", observability.readyz),
+    path("metrics", observability.metrics),
     # Before admin/, which would otherwise claim the path; staff only (django-rq checks).
     path("admin/django-rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),

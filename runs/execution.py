@@ -10,7 +10,7 @@ import logging
 
 from django.db import DatabaseError
 
-from runs import transitions
+from runs import metrics, transitions
 from runs.errors import AuditPersistenceFailed, LeaseLost, RunCancelled
 from runs.loop import PlannedCall, RecordedOutcome, StepEvent
 from runs.models import RunStep
@@ -60,12 +60,15 @@ class LeasedExecution:
 
     def after_step(self, event: StepEvent) -> None:
         """Record the step. Fail closed for an executed write, soft otherwise."""
-        outcome = transitions.record_step(
-            self.lease,
-            self.lease_seconds,
-            _step_fields(event),
-            clear_fence=event.is_executed_write,
-        )
+        with metrics.STEP_RECORD_SECONDS.time():
+            outcome = transitions.record_step(
+                self.lease,
+                self.lease_seconds,
+                _step_fields(event),
+                clear_fence=event.is_executed_write,
+            )
+        if outcome.persisted:
+            metrics.STEPS.labels(event.kind, event.effect or "none").inc()
         if outcome is RecordOutcome.PERSISTED:
             return
         if outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED:
@@ -81,6 +84,7 @@ class LeasedExecution:
             raise LeaseLost()
         # FAILED: the database refused the step.
         if event.is_executed_write:
+            metrics.AUDIT_FAILURES.labels(event.effect).inc()
             raise AuditPersistenceFailed(
                 f"the {event.effect} tool {event.tool_name!r} executed but its step "
                 f"could not be persisted (idempotency key {event.idempotency_key})"

@@ -17,6 +17,7 @@ from django.db import transaction
 
 from runs import transitions
 from runs.dispatch import job_id_for, live_job_ids
+from runs.metrics import REAPER_DECISIONS
 from runs.models import AgentRun
 from runs.transitions import StaleLease, db_time
 from runs.vocabulary import DeadLetterReason, RunStatus, StepKind
@@ -131,6 +132,7 @@ def _reap_one(run: dict, as_of, report: ReapReport) -> None:
         logger.info("reaper: run=%s renewed or taken before the reaper acted", stale.run_id)
         return
     report.decisions[stale.run_id] = f"{decision.action}: {decision.reason}"
+    REAPER_DECISIONS.labels(decision.action).inc()
     logger.warning(
         "reaper: run=%s lease_token=%s %s (%s)",
         stale.run_id,
@@ -161,6 +163,7 @@ def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
         }
         if transitions.note_redispatch(run_id, step):
             report.decisions[str(run_id)] = f"{REDISPATCH}: no job in Redis"
+            REAPER_DECISIONS.labels(REDISPATCH).inc()
             logger.warning("reaper: run=%s redispatched (its job was lost)", run_id)
             _dispatch_after_commit(run_id, requeue_count)
 

@@ -18,6 +18,7 @@ from runs.errors import LeaseLost, RunCancelled
 from runs.execution import LeasedExecution
 from runs.failures import classify
 from runs.loop import run_agent_loop
+from runs.metrics import LEASES_LOST, TimedProvider
 from runs.models import AgentRun
 from runs.providers import build_provider
 from runs.retry import decide_retry
@@ -112,12 +113,15 @@ def _execute(lease: Lease, stored_request: dict, mode: str, *, requeue_count: in
         execution.record_request(stored_request)
         outcome = run_agent_loop(
             prompt=request.prompt,
-            provider=build_provider(request.provider, attempt=lease.token),
+            provider=TimedProvider(
+                build_provider(request.provider, attempt=lease.token), request.provider["kind"]
+            ),
             tools=_offered_tools(request.tools),
             max_iterations=request.max_iterations,
             observer=execution,
         )
     except LeaseLost:
+        LEASES_LOST.inc()
         logger.warning("run=%s lease_token=%s lost; settling nothing", lease.run_id, lease.token)
         return
     except RunCancelled:

@@ -31,6 +31,17 @@ class Lease:
     token: int
 
 
+def _log_change(action: str, run_id, **fields) -> None:
+    """Every state change is logged with the fields a JSON log line carries."""
+    logger.info(
+        "%s run=%s %s",
+        action,
+        run_id,
+        " ".join(f"{key}={value}" for key, value in fields.items()),
+        extra={"action": action, "run_id": str(run_id), **fields},
+    )
+
+
 def _owned(lease: Lease):
     # The status is part of the guard: a run settled or cancelled by anyone
     # else is no longer this lease's to touch.
@@ -113,6 +124,7 @@ def claim(run_id, owner: str, lease_seconds: float) -> Lease | None:
             return None
         # The UPDATE's row lock is held until commit, so this reads our token.
         token = AgentRun.objects.filter(pk=run_id).values_list("lease_token", flat=True).get()
+    _log_change("claim", run_id, lease_token=token)
     return Lease(str(run_id), owner, token)
 
 
@@ -180,6 +192,12 @@ def record_step(
             if not _owned(lease).update(**changes):
                 return RecordOutcome.LEASE_LOST
             cancel_at = _append_step(lease.run_id, lease.token, step)
+        logger.debug(
+            "step run=%s kind=%s",
+            lease.run_id,
+            step.get("kind"),
+            extra={"action": "record_step", "run_id": lease.run_id, "lease_token": lease.token},
+        )
     except DatabaseError as error:
         logger.error(
             "step not persisted: run=%s lease_token=%s kind=%s tool=%s: %s",
@@ -272,6 +290,8 @@ def settle(
             error_message=error_message,
         )
     )
+    if matched:
+        _log_change("settle", lease.run_id, lease_token=lease.token, status=status, reason=reason)
     if not matched:
         logger.warning(
             "settle ignored: run=%s lease_token=%s is no longer this lease's (wanted %s/%s)",
@@ -332,7 +352,7 @@ def requeue_for_retry(
     """Give a failed attempt back to the queue: ``running → queued``, budget spent +1,
     due after ``delay_seconds``. Refused while the fence stands on a
     non-idempotent write: that write may have landed (G8)."""
-    return bool(
+    requeued = bool(
         _owned(lease)
         .exclude(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
         .update(
@@ -342,6 +362,9 @@ def requeue_for_retry(
             error_message=error_message,
         )
     )
+    if requeued:
+        _log_change("requeue_for_retry", lease.run_id, lease_token=lease.token)
+    return requeued
 
 
 def fail_dispatch(run_id, error: BaseException, failure_class: str) -> bool:
@@ -390,6 +413,7 @@ def _reap(stale: StaleLease, as_of, changes: dict, step: dict, dead_letter_field
         _append_step(stale.run_id, stale.token, step)
         if dead_letter_fields is not None:
             DeadLetter.objects.create(run_id=stale.run_id, **dead_letter_fields)
+    _log_change("reap", stale.run_id, lease_token=stale.token, decision=step["result"]["decision"])
     return True
 
 
@@ -461,6 +485,7 @@ def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: di
         )
         if matched:
             _append_step(run_id, None, step)
+            _log_change("operator_requeue", run_id, status=RunStatus.QUEUED)
     return bool(matched)
 
 
@@ -485,11 +510,13 @@ def cancel(run_id) -> CancelOutcome:
     """Cancel a run: at once if queued; by fence if running (G9)."""
     queued = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED)
     if queued.update(**_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
+        _log_change("cancel", run_id, status=RunStatus.CANCELLED)
         return CancelOutcome.CANCELLED
     running = AgentRun.objects.filter(
         pk=run_id, status=RunStatus.RUNNING, cancel_requested_at__isnull=True
     )
     if running.update(cancel_requested_at=db_time()):
+        _log_change("cancel_requested", run_id)
         return CancelOutcome.REQUESTED
     status = AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
     if status is None:

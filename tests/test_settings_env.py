@@ -19,6 +19,7 @@ from tests.conftest import ROOT
         ("DEBUG", "maybe", "DEBUG='maybe' is not a boolean"),
         ("DATABASE_URL", "nosuchdb://x", "DATABASE_URL is not a usable database URL"),
         ("NRLLM_TOOLS", "no.such.Tool", "NRLLM_TOOLS: cannot import 'no.such.Tool'"),
+        ("LOG_FORMAT", "xml", "LOG_FORMAT='xml' must be plain or json"),
     ],
 )
 def test_a_malformed_variable_stops_start_up_naming_it(name, value, message):

@@ -1,0 +1,76 @@
+"""Prometheus metrics of the runtime.
+
+Event counters and histograms are updated where things happen; the state of
+the runs table (runs by status, open dead letters, writes in doubt, circuits)
+is read from the database at scrape time by ``RunStateCollector``. With
+``PROMETHEUS_MULTIPROC_DIR`` set, the counters of every worker process (RQ
+forks a work horse per job) are summed by prometheus-client's multiprocess mode.
+"""
+
+import time
+
+from django.db.models import Count
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+STEPS = Counter("nrllm_steps_total", "Steps recorded", ["kind", "effect"])
+STEP_RECORD_SECONDS = Histogram(
+    "nrllm_step_record_seconds", "Time to record a step (guarded UPDATE + INSERT)"
+)
+PROVIDER_SECONDS = Histogram(
+    "nrllm_provider_call_seconds",
+    "Provider call latency",
+    ["kind"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+LEASES_LOST = Counter("nrllm_lease_renewals_lost_total", "Workers that found their lease lost")
+REAPER_DECISIONS = Counter("nrllm_reaper_decisions_total", "Reaper decisions", ["decision"])
+AUDIT_FAILURES = Counter(
+    "nrllm_audit_persistence_failures_total", "Write steps that could not be persisted", ["effect"]
+)
+
+
+class TimedProvider:
+    """Wraps a provider to observe its call latency."""
+
+    def __init__(self, provider, kind: str):
+        self._provider = provider
+        self._kind = kind
+
+    def next_turn(self, messages, tool_specs):
+        started = time.monotonic()
+        try:
+            return self._provider.next_turn(messages, tool_specs)
+        finally:
+            PROVIDER_SECONDS.labels(self._kind).observe(time.monotonic() - started)
+
+
+class RunStateCollector:
+    """Gauges read from the database at scrape time."""
+
+    def collect(self):
+        from runs.models import AgentRun, DeadLetter, ProviderCircuit
+        from runs.requeue_safety import writes_in_doubt
+
+        runs = GaugeMetricFamily(
+            "nrllm_runs", "Runs by status and termination reason", labels=["status", "reason"]
+        )
+        for row in AgentRun.objects.values("status", "termination_reason").annotate(n=Count("pk")):
+            runs.add_metric([row["status"], row["termination_reason"]], row["n"])
+        yield runs
+        yield GaugeMetricFamily(
+            "nrllm_dead_letters_open",
+            "Dead letters not resolved",
+            value=DeadLetter.objects.filter(resolved_at__isnull=True).count(),
+        )
+        yield GaugeMetricFamily(
+            "nrllm_writes_in_doubt",
+            "Ended runs with a non-idempotent write not reconciled",
+            value=writes_in_doubt(AgentRun.objects.all()).count(),
+        )
+        circuits = GaugeMetricFamily(
+            "nrllm_circuit_open", "1 when a provider circuit is not closed", labels=["key", "state"]
+        )
+        for key, state in ProviderCircuit.objects.values_list("key", "state"):
+            circuits.add_metric([key, state], 0 if state == "closed" else 1)
+        yield circuits

@@ -1,0 +1,70 @@
+"""/healthz, /readyz, /metrics, and JSON log lines for state changes."""
+
+import json
+import logging
+
+import pytest
+from django.test import Client
+
+from nrllm_ops.logs import JsonFormatter
+from runs.runtime import run
+from tests.helpers import answer, call, scripted
+
+pytestmark = pytest.mark.django_db
+
+
+def test_healthz_needs_nothing():
+    response = Client().get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+def test_readyz_checks_the_database_and_redis(settings):
+    assert Client().get("/readyz").json() == {"ready": True, "checks": {"database": "ok"}}
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    response = Client().get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["redis"].startswith("error: ConnectionError")
+
+
+def test_metrics_are_access_controlled(settings, viewer_client, outsider_client):
+    assert Client().get("/metrics").status_code == 401
+    assert outsider_client.get("/metrics").status_code == 401
+    assert viewer_client.get("/metrics").status_code == 200  # staff
+    settings.NRLLM_METRICS_TOKEN = "scrape-me"
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me").status_code == 200
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+
+
+def test_metrics_report_runs_steps_and_doubt(settings):
+    settings.NRLLM_METRICS_TOKEN = "t"
+
+    def scrape():
+        return Client().get("/metrics", HTTP_AUTHORIZATION="Bearer t").content.decode()
+
+    def value(text, line_start):
+        matches = [line for line in text.splitlines() if line.startswith(line_start)]
+        return float(matches[0].rsplit(" ", 1)[1]) if matches else 0.0
+
+    before = scrape()
+    run(scripted(call("search_notes", query="x"), answer(), tools=["search_notes"]))
+    after = scrape()
+    tool_steps = 'nrllm_steps_total{effect="read_only",kind="tool"}'
+    assert value(after, tool_steps) == value(before, tool_steps) + 1
+    assert 'nrllm_runs{reason="completed",status="completed"} 1.0' in after
+    assert "nrllm_dead_letters_open 0.0" in after
+    assert "nrllm_writes_in_doubt 0.0" in after
+    assert 'nrllm_provider_call_seconds_count{kind="scripted"}' in after
+    assert "nrllm_step_record_seconds_bucket" in after
+
+
+def test_state_changes_log_json_lines_with_run_and_lease(caplog):
+    with caplog.at_level(logging.INFO, logger="runs.transitions"):
+        agent_run = run(scripted(answer("x")))
+    lines = [json.loads(JsonFormatter().format(record)) for record in caplog.records]
+    settle = next(line for line in lines if line.get("action") == "settle")
+    assert settle["run_id"] == str(agent_run.pk)
+    assert (settle["lease_token"], settle["status"], settle["reason"]) == (
+        1,
+        "completed",
+        "completed",
+    )
