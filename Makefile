@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test lint venv dev-venv screenshots clean
+.PHONY: run test lint venv dev-venv bench screenshots clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,12 @@ test: dev-venv
 	scripts/install-system-deps
 	$(MAKE) lint
 	$(PY) -m tests.harness $(PY) -m pytest $(PYTEST_ARGS)
+
+## make bench: the runtime's cost against baselines measured in the same run
+## (durable PostgreSQL), written to bench/results.json and bench/results.md.
+bench: dev-venv
+	scripts/install-system-deps
+	NRLLM_HARNESS_DURABLE=1 $(PY) -m tests.harness $(PY) -m bench.run
 
 ## make screenshots: refresh docs/screenshots/ from the browser test.
 screenshots: dev-venv

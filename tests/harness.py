@@ -40,8 +40,14 @@ def _postgres(workdir: Path) -> PostgreSQLExecutor:
         startparams="-w",
         dbname="nrllm",
         user="postgres",
-        # Tests start several worker processes per xdist worker.
-        postgres_options="-c max_connections=200",
+        # Tests start several worker processes per xdist worker. The bench
+        # measures durable commits: it turns fsync back on (pg_ctl's -F is off).
+        postgres_options="-c max_connections=200"
+        + (
+            " -c fsync=on -c synchronous_commit=on"
+            if os.environ.get("NRLLM_HARNESS_DURABLE")
+            else ""
+        ),
     )
 
 

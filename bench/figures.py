@@ -1,0 +1,117 @@
+"""The measurements. Each returns a dict of numbers; ``bench.run`` assembles them."""
+
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _steps_request(tool: str, iterations: int) -> dict:
+    turn = {"tool_calls": [{"name": tool, "arguments": {}}]}
+    return {
+        "prompt": "bench",
+        "tools": [tool],
+        "provider": {"kind": "scripted", "turns": [turn] * (iterations - 1) + [{"content": "ok"}]},
+        "max_iterations": iterations,
+    }
+
+
+def step_overhead(steps: int) -> dict:
+    """Steps per second of one in-process run per effect, and round trips per step."""
+    from runs.models import AgentRun
+    from runs.runtime import enqueue
+
+    figures = {}
+    for tool in ("noop_read", "noop_idempotent_write", "noop_non_idempotent_write"):
+        request = _steps_request(tool, steps // 2)
+        with CaptureQueriesContext(connection) as queries:
+            started = time.perf_counter()
+            run = enqueue(request)  # without REDIS_URL: executed here, as a worker would
+            elapsed = time.perf_counter() - started
+        run = AgentRun.objects.get(pk=run.pk)
+        assert run.status == "completed", run.error_message
+        figures[tool] = {
+            "steps": run.step_count,
+            "steps_per_second": run.step_count / elapsed,
+            "statements_per_step": len(queries) / run.step_count,
+        }
+    return figures
+
+
+def durable_baseline(steps: int) -> dict:
+    """The minimal durable work of a step in plain psycopg: insert a ~1 KB row
+    and update one lease row, in one committed transaction."""
+    db = settings.DATABASES["default"]
+    dsn = f"host={db['HOST']} port={db['PORT']} user={db['USER']} dbname={db['NAME']}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_step, bench_lease")
+        conn.execute("CREATE TABLE bench_step (id bigserial primary key, run int, body text)")
+        conn.execute("CREATE TABLE bench_lease (id int primary key, expires timestamptz)")
+        conn.execute("INSERT INTO bench_lease VALUES (1, now())")
+        body = "x" * 1024
+        started = time.perf_counter()
+        for _ in range(steps):
+            with conn.transaction():
+                conn.execute("INSERT INTO bench_step (run, body) VALUES (1, %s)", [body])
+                conn.execute(
+                    "UPDATE bench_lease SET expires = now() + interval '1 minute' WHERE id = 1"
+                )
+        elapsed = time.perf_counter() - started
+        fsync = conn.execute("SHOW fsync").fetchone()[0]
+        synchronous_commit = conn.execute("SHOW synchronous_commit").fetchone()[0]
+    return {
+        "steps_per_second": steps / elapsed,
+        "fsync": fsync,
+        "synchronous_commit": synchronous_commit,
+    }
+
+
+def _drain_with_workers(env: dict, workers: int) -> float:
+    started = time.perf_counter()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "rqworker", "--burst", settings.NRLLM_QUEUE_NAME],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(workers)
+    ]
+    for process in processes:
+        process.wait(timeout=600)
+    return time.perf_counter() - started
+
+
+def through_the_queue(runs: int, worker_env: dict) -> dict:
+    """One-step runs drained by 2 rqworkers, next to bare no-op RQ jobs."""
+    from runs.dispatch import run_queue
+    from runs.models import AgentRun
+    from runs.runtime import enqueue
+
+    queue = run_queue()
+    queue.empty()
+    request = {"prompt": "q", "provider": {"kind": "scripted", "turns": [{"content": "ok"}]}}
+    for _ in range(runs):
+        enqueue(request)
+    ours = _drain_with_workers(worker_env, 2)
+    done = AgentRun.objects.filter(prompt="q", status="completed").count()
+    for _ in range(runs):
+        queue.enqueue("bench.tools.noop_job")
+    bare = _drain_with_workers(worker_env, 2)
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {
+        "runs": runs,
+        "completed": done,
+        "runs_per_second": runs / ours,
+        "bare_rq_jobs_per_second": runs / bare,
+        "worker_peak_rss_mb": peak_kb / 1024,
+    }

@@ -1,0 +1,158 @@
+"""``make bench``: the runtime's cost, each figure next to a baseline measured
+in the same run. Writes ``bench/results.json`` and ``bench/results.md``.
+
+Run beside a PostgreSQL and Redis (``tests.harness`` starts them; with
+``NRLLM_HARNESS_DURABLE=1`` PostgreSQL keeps fsync and synchronous_commit on).
+``--smoke`` runs every figure small, to check that each is produced.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+SIZES = {
+    "full": {"steps": 200, "queue_runs": 2000, "scale_runs": 1_000_000, "steps_per_run": 10},
+    "smoke": {"steps": 40, "queue_runs": 40, "scale_runs": 2000, "steps_per_run": 10},
+}
+TARGETS = {
+    "read step / baseline": 0.5,
+    "idempotent write step / baseline": 0.33,
+    "non-idempotent write step / baseline": 0.33,
+    "queue runs / bare RQ": 0.8,
+}
+
+
+def _fresh_database(base_url: str, name: str) -> str:
+    server, _, _ = base_url.rpartition("/")
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{server}/{name}"
+
+
+def _configure(database_url: str, redis_url: str) -> dict:
+    env = {
+        "DATABASE_URL": database_url,
+        "SECRET_KEY": "bench-only",
+        "NRLLM_TOOLS": "bench.tools.NoopRead,bench.tools.NoopIdempotentWrite,"
+        "bench.tools.NoopNonIdempotentWrite",
+        "NRLLM_MAX_ITERATIONS": "1000",
+        "DJANGO_SETTINGS_MODULE": "nrllm_ops.settings",
+        "LOG_LEVEL": "WARNING",
+        "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",
+    }
+    os.environ.update(env)
+    os.environ.pop("REDIS_URL", None)  # the step figures execute in-process
+    return {**os.environ, **env, "REDIS_URL": redis_url}
+
+
+def _markdown(results: dict) -> str:
+    lines = ["| figure | value | baseline (same run) | ratio | target |", "|---|---|---|---|---|"]
+    for row in results["table"]:
+        target = f"≥ {row['target']}" if row.get("target") is not None else ""
+        ratio = f"{row['ratio']:.2f}" if row.get("ratio") is not None else ""
+        lines.append(
+            f"| {row['figure']} | {row['value']} | {row.get('baseline', '')} | {ratio} | {target} |"
+        )
+    scale = results["at_scale"]
+    lines += [
+        "",
+        f"At scale: {scale['runs']:,} runs, {scale['steps']:,} steps "
+        f"(generated in {scale['generate_seconds']:.0f} s).",
+        "",
+        "| at scale | ms | index used |",
+        "|---|---|---|",
+    ]
+    for name, ms in scale["milliseconds"].items():
+        lines.append(f"| {name} | {ms:.1f} | |")
+    for name, used in scale["index_used"].items():
+        lines.append(f"| plan: {name} | | {'yes' if used else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--output", default=str(Path(__file__).resolve().parent))
+    parser.add_argument("--database", default="nrllm_bench")
+    args = parser.parse_args(argv)
+    size = SIZES["smoke" if args.smoke else "full"]
+
+    base_url = os.environ["NRLLM_TEST_DATABASE_URL"]
+    redis_url = f"{os.environ['NRLLM_TEST_REDIS_URL']}/{15 if args.smoke else 0}"
+    worker_env = _configure(_fresh_database(base_url, args.database), redis_url)
+
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from bench import figures, scale
+
+    call_command("migrate", verbosity=0)
+    started = time.perf_counter()
+    steps = figures.step_overhead(size["steps"])
+    baseline = figures.durable_baseline(size["steps"])
+
+    from django.conf import settings
+
+    # From here on runs are dispatched to Redis, as in production: the
+    # reaper's requeues must not execute in this process.
+    settings.REDIS_URL = redis_url
+    queue = figures.through_the_queue(size["queue_runs"], worker_env)
+    at_scale = scale.at_scale(size["scale_runs"], size["steps_per_run"])
+
+    base = baseline["steps_per_second"]
+    table = [
+        {"figure": "durable step baseline (psycopg)", "value": f"{base:.0f} steps/s"},
+    ]
+    for tool, label in [
+        ("noop_read", "read step"),
+        ("noop_idempotent_write", "idempotent write step"),
+        ("noop_non_idempotent_write", "non-idempotent write step"),
+    ]:
+        rate = steps[tool]["steps_per_second"]
+        table.append(
+            {
+                "figure": f"{label} ({steps[tool]['statements_per_step']:.1f} statements/step)",
+                "value": f"{rate:.0f} steps/s",
+                "baseline": f"{base:.0f} steps/s",
+                "ratio": rate / base,
+                "target": TARGETS[f"{label} / baseline"],
+            }
+        )
+    table.append(
+        {
+            "figure": f"through the queue, 2 rqworkers, {queue['runs']} runs",
+            "value": f"{queue['runs_per_second']:.1f} runs/s",
+            "baseline": f"{queue['bare_rq_jobs_per_second']:.1f} bare RQ jobs/s",
+            "ratio": queue["runs_per_second"] / queue["bare_rq_jobs_per_second"],
+            "target": TARGETS["queue runs / bare RQ"],
+        }
+    )
+    table.append({"figure": "worker peak RSS", "value": f"{queue['worker_peak_rss_mb']:.0f} MB"})
+    table.append({"figure": "DBOS Transact peer", "value": "not measured yet (see notes)"})
+    results = {
+        "mode": "smoke" if args.smoke else "full",
+        "seconds": time.perf_counter() - started,
+        "step_overhead": steps,
+        "durable_baseline": baseline,
+        "through_the_queue": queue,
+        "at_scale": at_scale,
+        "table": table,
+    }
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    (output / "results.md").write_text(_markdown(results))
+    print(_markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Server time of the operator and API pages, the reaper and the claim on a
+large database, generated with SQL (not the ORM), and the indexes behind them."""
+
+import time
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test import Client
+from knox.models import AuthToken
+
+GENERATE_RUNS = """
+INSERT INTO runs_agentrun (id, request, prompt, status, termination_reason, failure_class,
+  error_type, error_message, output, mode, lease_owner, lease_token, pending_effect,
+  requeue_count, step_count, prompt_tokens, completion_tokens, llm_latency_ms, created_at)
+SELECT md5('run' || i)::uuid,
+  jsonb_build_object('prompt', 'p' || i, 'tools',
+    CASE WHEN i %% 3 = 0 THEN '["send_notification"]'::jsonb ELSE '["read_note"]'::jsonb END,
+    'provider', '{"kind": "scripted", "turns": [{"content": "ok"}]}'::jsonb,
+    'max_iterations', 20),
+  'prompt ' || i,
+  (ARRAY['completed','completed','completed','failed','cancelled'])[1 + i %% 5],
+  (ARRAY['completed','completed','completed','not_retryable','cancelled'])[1 + i %% 5],
+  CASE WHEN i %% 5 = 3 THEN 'auth' ELSE '' END, '', '', '',
+  CASE WHEN i %% 2 = 0 THEN 'queued' ELSE 'interactive' END, '', 1,
+  CASE WHEN i %% 1000 = 0 THEN 'non_idempotent_write' ELSE '' END, i %% 4, %(steps)s, 0, 0, 0,
+  now() - (i || ' seconds')::interval
+FROM generate_series(1, %(runs)s) AS i
+"""
+GENERATE_STEPS = """
+INSERT INTO runs_runstep (run_id, sequence, kind, tool_name, effect, error,
+  idempotency_key, lease_token, created_at)
+SELECT md5('run' || i)::uuid, s, CASE WHEN s %% 2 = 0 THEN 'tool' ELSE 'llm' END,
+  CASE WHEN s %% 2 = 0 THEN 'read_note' ELSE '' END,
+  CASE WHEN s %% 2 = 0 THEN 'read_only' ELSE '' END, '', '', 1, now()
+FROM generate_series(1, %(runs)s) AS i, generate_series(1, %(steps)s) AS s
+"""
+
+
+def _timed(call, repeat=3) -> float:
+    response = call()  # warm caches
+    status = getattr(response, "status_code", 200)
+    assert status == 200, f"{status}: {getattr(response, 'content', b'')[:200]!r}"
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+def _plan(sql: str, params=()) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def at_scale(runs: int, steps_per_run: int) -> dict:
+    from runs import transitions
+    from runs.reaper import reap_stale_runs
+
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(GENERATE_RUNS, {"runs": runs, "steps": steps_per_run})
+        cursor.execute(GENERATE_STEPS, {"runs": runs, "steps": steps_per_run})
+        cursor.execute("ANALYZE runs_agentrun")
+        cursor.execute("ANALYZE runs_runstep")
+    generated = time.perf_counter() - started
+
+    admin = get_user_model().objects.create_superuser("bench", "b@example.org", "bench")
+    client = Client()
+    client.force_login(admin)
+    api = Client(HTTP_AUTHORIZATION=f"Token {AuthToken.objects.create(user=admin)[1]}")
+    pages = {}
+    for name, query in [
+        ("default", ""),
+        ("status", "status__exact=failed"),
+        ("termination_reason", "termination_reason__exact=not_retryable"),
+        ("failure_class", "failure_class__exact=auth"),
+        ("mode", "mode__exact=queued"),
+        ("pending_effect", "pending_effect__exact=non_idempotent_write"),
+        ("write_in_doubt", "write_in_doubt=yes"),
+        ("tool", "tool=send_notification"),
+        ("requeues", "requeues=3%2B"),
+    ]:
+        pages[f"admin runs list ({name})"] = _timed(
+            lambda query=query: client.get(f"/admin/runs/agentrun/?{query}")
+        )
+    some_run = "c4ca4238-a0b9-3382-0dcc-509a6f75849b"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM runs_agentrun ORDER BY created_at DESC LIMIT 1 OFFSET 100")
+        some_run = str(cursor.fetchone()[0])
+    pages["api runs list"] = _timed(lambda: api.get("/api/runs/"))
+    pages["api runs list (status)"] = _timed(lambda: api.get("/api/runs/?status=failed"))
+    pages["api steps page"] = _timed(lambda: api.get(f"/api/runs/{some_run}/steps/?after=3"))
+    pages["reaper pass, nothing stale"] = _timed(reap_stale_runs)
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE runs_agentrun SET status = 'running', lease_expires_at = now() - "
+            "interval '1 hour', lease_owner = 'dead' WHERE id IN (SELECT id FROM runs_agentrun "
+            "WHERE status = 'completed' ORDER BY created_at LIMIT 1000)"
+        )
+    started = time.perf_counter()
+    report = reap_stale_runs()
+    pages["reaper pass, 1000 stale"] = (time.perf_counter() - started) * 1000
+    queued = min(100_000, runs // 2)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE runs_agentrun SET status = 'queued' WHERE id IN (SELECT id FROM "
+            "runs_agentrun WHERE status IN ('completed', 'failed') ORDER BY created_at DESC "
+            "LIMIT %s)",
+            [queued],
+        )
+        cursor.execute("ANALYZE runs_agentrun")
+        cursor.execute("SELECT id FROM runs_agentrun WHERE status = 'queued' LIMIT 1")
+        target = cursor.fetchone()[0]
+    started = time.perf_counter()
+    lease = transitions.claim(target, "bench-worker", 60)
+    pages[f"claim with {queued} queued"] = (time.perf_counter() - started) * 1000
+    assert lease is not None
+
+    plans = {
+        "admin list default": _plan(
+            "SELECT * FROM runs_agentrun ORDER BY created_at DESC LIMIT 51"
+        ),
+        "admin list by status": _plan(
+            "SELECT * FROM runs_agentrun WHERE status = 'failed' ORDER BY created_at DESC LIMIT 51"
+        ),
+        "reaper selection": _plan(
+            "SELECT id FROM runs_agentrun WHERE status = 'running' AND lease_expires_at < now() "
+            "ORDER BY lease_expires_at LIMIT 1000"
+        ),
+        "claim": _plan(
+            "UPDATE runs_agentrun SET status = 'running' WHERE id = %s AND status = 'queued'",
+            [target],
+        ),
+        "steps page": _plan(
+            "SELECT * FROM runs_runstep WHERE run_id = %s AND sequence > 3 ORDER BY sequence "
+            "LIMIT 100",
+            [some_run],
+        ),
+    }
+    return {
+        "runs": runs,
+        "steps": runs * steps_per_run,
+        "generate_seconds": generated,
+        "milliseconds": pages,
+        "reaped": len(report.decisions),
+        "index_used": {name: ("Index" in plan) for name, plan in plans.items()},
+        "plans": plans,
+    }

@@ -1,0 +1,47 @@
+"""`make bench` in small: every figure is produced (the numbers are not judged here)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_bench_produces_every_figure(tmp_path):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--smoke",
+            "--output",
+            str(tmp_path),
+            "--database",
+            f"bench_smoke_{worker}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for tool in ("noop_read", "noop_idempotent_write", "noop_non_idempotent_write"):
+        figure = results["step_overhead"][tool]
+        assert figure["steps_per_second"] > 0 and figure["statements_per_step"] > 0
+    assert results["durable_baseline"]["steps_per_second"] > 0
+    queue = results["through_the_queue"]
+    assert queue["completed"] == queue["runs"] and queue["bare_rq_jobs_per_second"] > 0
+    assert queue["worker_peak_rss_mb"] > 0
+    scale = results["at_scale"]
+    assert len(scale["milliseconds"]) == 15 and scale["reaped"] == 1000
+    assert all(scale["index_used"].values()), scale["plans"]
+    assert "| read step" in (tmp_path / "results.md").read_text()
