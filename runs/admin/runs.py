@@ -100,28 +100,6 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     show_full_result_count = False
     list_per_page = 50
     actions = ["requeue_selected", "cancel_selected"]
-    readonly_fields = [
-        "id",
-        "status",
-        "termination_reason",
-        "failure_class",
-        "error_type",
-        "error_message",
-        "mode",
-        "prompt",
-        "output",
-        "prompt_tokens",
-        "completion_tokens",
-        "llm_latency_ms",
-        "lease_owner",
-        "lease_expires_at",
-        "lease_token",
-        "pending_effect",
-        "requeue_count",
-        "created_at",
-        "started_at",
-        "finished_at",
-    ]
     fieldsets = [
         ("Request", {"fields": ["id", "mode", "prompt"]}),
         (
@@ -157,6 +135,9 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
             },
         ),
     ]
+
+    # Everything shown is read-only: history is never edited here.
+    readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
 
     def get_search_results(self, request, queryset, search_term):
         # A run id is answered by the primary key alone; OR-ing it with the
