@@ -16,6 +16,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F,
 from django.db.models.functions import Now
 
 from runs.models import AgentRun, DeadLetter, RunStep
+from runs.step_journal import record_step_in_one_statement
 from runs.vocabulary import RunMode, RunStatus, TerminationReason
 from tools.effects import ToolEffect
 
@@ -188,10 +189,17 @@ def record_step(
         changes["pending_effect"] = ""
         changes["pending_call"] = None
     try:
-        with transaction.atomic():
-            if not _owned(lease).update(**changes):
+        if connection.vendor == "postgresql":
+            matched, cancel_at = record_step_in_one_statement(
+                lease, lease_seconds, step, clear_fence=clear_fence, usage=_usage_values(step)
+            )
+            if not matched:
                 return RecordOutcome.LEASE_LOST
-            cancel_at = _append_step(lease.run_id, lease.token, step)
+        else:
+            with transaction.atomic():
+                if not _owned(lease).update(**changes):
+                    return RecordOutcome.LEASE_LOST
+                cancel_at = _append_step(lease.run_id, lease.token, step)
         logger.debug(
             "step run=%s kind=%s",
             lease.run_id,
@@ -214,16 +222,28 @@ def record_step(
     return RecordOutcome.PERSISTED
 
 
-def _usage_totals(step: dict) -> dict:
-    """The run's token and latency totals grow with each llm step that reports them."""
+def _usage_values(step: dict) -> dict:
+    """What an llm step adds to the run's token and latency totals ({} if nothing)."""
     result = step.get("result") if step.get("kind") == "llm" else None
     if not isinstance(result, dict) or "usage" not in result:
         return {}
     usage = result.get("usage") or {}
     return {
-        "prompt_tokens": F("prompt_tokens") + int(usage.get("prompt_tokens") or 0),
-        "completion_tokens": F("completion_tokens") + int(usage.get("completion_tokens") or 0),
-        "llm_latency_ms": F("llm_latency_ms") + int(result.get("latency_ms") or 0),
+        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+        "completion_tokens": int(usage.get("completion_tokens") or 0),
+        "latency_ms": int(result.get("latency_ms") or 0),
+    }
+
+
+def _usage_totals(step: dict) -> dict:
+    """The run's token and latency totals grow with each llm step that reports them."""
+    values = _usage_values(step)
+    if not values:
+        return {}
+    return {
+        "prompt_tokens": F("prompt_tokens") + values["prompt_tokens"],
+        "completion_tokens": F("completion_tokens") + values["completion_tokens"],
+        "llm_latency_ms": F("llm_latency_ms") + values["latency_ms"],
     }
 
 
