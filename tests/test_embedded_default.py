@@ -1,0 +1,39 @@
+"""`make run`'s embedded default: SQLite and in-process execution, no Redis,
+no PostgreSQL. The set-up commands run as `make run` runs them."""
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def manage(*args, env):
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
+def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
+    env = {
+        "PATH": os.environ["PATH"],
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        "SECRET_KEY": "embedded-test",
+        "NRLLM_ADMIN_PASSWORD": "pw",
+    }
+    for command in (["migrate", "--noinput"], ["ensure_admin"], ["seed_demo"], ["check"]):
+        result = manage(*command, env=env)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+    seeded = manage("seed_demo", env=env)
+    assert "not seeded again" in seeded.stdout
+    listing = manage(
+        "shell",
+        "-c",
+        "from runs.models import AgentRun; "
+        "print(sorted((r.status, r.termination_reason) for r in AgentRun.objects.all()))",
+        env=env,
+    )
+    assert listing.stdout.strip().splitlines()[-1] == (
+        "[('cancelled', 'cancelled'), ('completed', 'completed'), "
+        "('failed', 'not_retryable'), ('failed', 'not_retryable')]"
+    )
