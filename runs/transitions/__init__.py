@@ -1,0 +1,62 @@
+"""Every guarded state change of a run, and the only writer of its status.
+
+Each transition is one conditional UPDATE whose WHERE states what must still
+be true (status, lease owner, lease token), and each reports whether it
+matched. A worker that lost its run — reaped, re-claimed, cancelled, settled
+by someone else — matches nothing and so changes nothing (G4–G6, G9).
+
+The modules of this package are split by concern; import from the package.
+"""
+
+from runs.transitions._common import Lease, db_time
+from runs.transitions.ending import (
+    CancelOutcome,
+    cancel,
+    dead_letter,
+    fail_dispatch,
+    requeue_for_retry,
+    settle,
+)
+from runs.transitions.lease import (
+    begin_interactive,
+    cancel_requested,
+    claim,
+    create_queued_run,
+    heartbeat,
+    renew_lease,
+)
+from runs.transitions.operators import append_operator_step, operator_requeue
+from runs.transitions.reaping import (
+    StaleLease,
+    note_redispatch,
+    reap_cancelled,
+    reap_dead_letter,
+    reap_requeue,
+)
+from runs.transitions.steps import RecordOutcome, record_step
+
+__all__ = [
+    "CancelOutcome",
+    "Lease",
+    "RecordOutcome",
+    "StaleLease",
+    "append_operator_step",
+    "begin_interactive",
+    "cancel",
+    "cancel_requested",
+    "claim",
+    "create_queued_run",
+    "db_time",
+    "dead_letter",
+    "fail_dispatch",
+    "heartbeat",
+    "note_redispatch",
+    "operator_requeue",
+    "reap_cancelled",
+    "reap_dead_letter",
+    "reap_requeue",
+    "record_step",
+    "renew_lease",
+    "requeue_for_retry",
+    "settle",
+]

@@ -1,0 +1,105 @@
+"""What the transition modules share: the lease, the guards, the database
+clock, and appending a step under a guarded UPDATE."""
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
+from django.db.models.functions import Now
+
+from runs.models import AgentRun, RunStep
+from runs.vocabulary import RunStatus
+
+# One logger for every transition, whichever module it lives in.
+logger = logging.getLogger("runs.transitions")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Proof of ownership of a running run: every guarded write names it."""
+
+    run_id: str
+    owner: str
+    token: int
+
+
+def _log_change(action: str, run_id, **fields) -> None:
+    """Every state change is logged with the fields a JSON log line carries."""
+    logger.info(
+        "%s run=%s %s",
+        action,
+        run_id,
+        " ".join(f"{key}={value}" for key, value in fields.items()),
+        extra={"action": action, "run_id": str(run_id), **fields},
+    )
+
+
+def _owned(lease: Lease):
+    # The status is part of the guard: a run settled or cancelled by anyone
+    # else is no longer this lease's to touch.
+    return AgentRun.objects.filter(
+        pk=lease.run_id,
+        status=RunStatus.RUNNING,
+        lease_owner=lease.owner,
+        lease_token=lease.token,
+    )
+
+
+def db_time(after_seconds: float = 0):
+    """The database's clock, ``after_seconds`` from now, as an SQL expression.
+
+    Every lease and every staleness check uses the database's clock, so
+    workers and reapers on machines whose clocks disagree still agree on
+    which leases have expired.
+    """
+    if not after_seconds:
+        return Now()
+    return ExpressionWrapper(
+        Now() + Value(timedelta(seconds=after_seconds), output_field=DurationField()),
+        output_field=DateTimeField(),
+    )
+
+
+def _expiry(lease_seconds: float):
+    return db_time(lease_seconds)
+
+
+def _append_step(run_id, lease_token: int | None, step: dict):
+    """Insert a step numbered by the ``step_count`` the caller's guarded UPDATE
+    just incremented (its row lock is held until commit, so the number is
+    ours alone). ``lease_token`` None: the run's current one. Returns the
+    run's ``cancel_requested_at``."""
+    sequence, cancel_at, current_token = (
+        AgentRun.objects.filter(pk=run_id)
+        .values_list("step_count", "cancel_requested_at", "lease_token")
+        .get()
+    )
+    token = current_token if lease_token is None else lease_token
+    RunStep.objects.create(run_id=run_id, sequence=sequence, lease_token=token, **step)
+    return cancel_at
+
+
+def _ended(status: str, reason: str, **fields) -> dict:
+    return {
+        "status": status,
+        "termination_reason": reason,
+        "finished_at": db_time(),
+        "lease_owner": "",
+        "lease_expires_at": None,
+        **fields,
+    }
+
+
+def _back_in_queue(delay_seconds: float = 0) -> dict:
+    # The fence is cleared: whoever requeues has decided that no
+    # non-idempotent write is in doubt.
+    return {
+        "status": RunStatus.QUEUED,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "pending_effect": "",
+        "pending_call": None,
+        "requeue_count": F("requeue_count") + 1,
+        "available_at": db_time(delay_seconds),
+    }

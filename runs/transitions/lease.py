@@ -1,0 +1,97 @@
+"""Creating runs and holding their lease: claim, renew (and fence), heartbeat."""
+
+from django.db import transaction
+from django.db.models import F
+
+from runs.models import AgentRun
+from runs.transitions._common import (
+    Lease,
+    _expiry,
+    _log_change,
+    _owned,
+    db_time,
+)
+from runs.vocabulary import RunMode, RunStatus
+
+
+def create_queued_run(request: dict, prompt: str) -> AgentRun:
+    """Store a ``queued`` run; the caller dispatches its job after commit."""
+    return AgentRun.objects.create(
+        request=request,
+        prompt=prompt,
+        status=RunStatus.QUEUED,
+        mode=RunMode.QUEUED,
+        available_at=db_time(),
+    )
+
+
+def begin_interactive(request: dict, prompt: str, owner: str, lease_seconds: float) -> Lease:
+    """Store an ``interactive`` run already running under a first lease."""
+    run = AgentRun.objects.create(
+        request=request,
+        prompt=prompt,
+        status=RunStatus.RUNNING,
+        mode=RunMode.INTERACTIVE,
+        lease_owner=owner,
+        lease_token=1,
+        lease_expires_at=_expiry(lease_seconds),
+        started_at=db_time(),
+    )
+    return Lease(str(run.pk), owner, 1)
+
+
+# --- the lease -------------------------------------------------------------
+
+
+def claim(run_id, owner: str, lease_seconds: float) -> Lease | None:
+    """Take a ``queued`` run: ``queued → running`` with a new lease token.
+
+    Of any number of concurrent claims exactly one matches; a duplicate or
+    stale job gets None and must do nothing.
+    """
+    with transaction.atomic():
+        claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+            status=RunStatus.RUNNING,
+            lease_owner=owner,
+            lease_token=F("lease_token") + 1,
+            lease_expires_at=_expiry(lease_seconds),
+            pending_effect="",
+            pending_call=None,
+            started_at=db_time(),
+        )
+        if not claimed:
+            return None
+        # The UPDATE's row lock is held until commit, so this reads our token.
+        token = AgentRun.objects.filter(pk=run_id).values_list("lease_token", flat=True).get()
+    _log_change("claim", run_id, lease_token=token)
+    return Lease(str(run_id), owner, token)
+
+
+def renew_lease(
+    lease: Lease, lease_seconds: float, *, fence: str = "", call: dict | None = None
+) -> bool:
+    """Extend the lease (heartbeat); with ``fence``, also stamp the write fence.
+
+    Before a tool call (``fence`` given, possibly empty) the renewal also
+    requires that no cancel was requested, so a cancelled run starts no tool.
+    False means the lease is lost or the run must stop.
+    """
+    return bool(
+        _owned(lease)
+        .filter(cancel_requested_at__isnull=True)
+        .update(
+            lease_expires_at=_expiry(lease_seconds),
+            pending_effect=fence,
+            pending_call=call if fence else None,
+        )
+    )
+
+
+def heartbeat(lease: Lease, lease_seconds: float) -> bool:
+    """Extend the lease at a step boundary; False if the lease is lost."""
+    return bool(_owned(lease).update(lease_expires_at=_expiry(lease_seconds)))
+
+
+def cancel_requested(lease: Lease) -> bool:
+    """Whether the run is still this lease's and an operator asked to cancel."""
+    return _owned(lease).filter(cancel_requested_at__isnull=False).exists()

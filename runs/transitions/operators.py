@@ -1,0 +1,56 @@
+"""Operators' transitions (G10, G11)."""
+
+from django.db import transaction
+from django.db.models import F
+
+from runs.models import AgentRun
+from runs.transitions._common import (
+    _append_step,
+    _log_change,
+    db_time,
+)
+from runs.vocabulary import RunStatus
+
+
+def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> bool:
+    """``failed``/``cancelled`` → ``queued`` by an operator, with a fresh budget.
+
+    Guarded by the status and step count the requeue verdict was made on:
+    of two concurrent requeues of one run exactly one matches.
+    """
+    with transaction.atomic():
+        matched = AgentRun.objects.filter(
+            pk=run_id,
+            status=seen_status,
+            status__in=[RunStatus.FAILED, RunStatus.CANCELLED],
+            step_count=seen_step_count,
+        ).update(
+            status=RunStatus.QUEUED,
+            termination_reason="",
+            failure_class="",
+            error_type="",
+            error_message="",
+            output="",
+            lease_owner="",
+            lease_expires_at=None,
+            pending_effect="",
+            pending_call=None,
+            cancel_requested_at=None,
+            requeue_count=0,
+            available_at=db_time(),
+            finished_at=None,
+            step_count=F("step_count") + 1,
+        )
+        if matched:
+            _append_step(run_id, None, step)
+            _log_change("operator_requeue", run_id, status=RunStatus.QUEUED)
+    return bool(matched)
+
+
+def append_operator_step(run_id, step: dict) -> bool:
+    """Record an operator's action on the run's step stream, whatever its status."""
+    with transaction.atomic():
+        if not AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") + 1):
+            return False
+        _append_step(run_id, None, step)
+    return True

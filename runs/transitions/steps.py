@@ -1,0 +1,107 @@
+"""Recording a step under the lease (G2, G6)."""
+
+import enum
+
+from django.db import DatabaseError, connection, transaction
+from django.db.models import F
+
+from runs.step_journal import record_step_in_one_statement
+from runs.transitions._common import (
+    Lease,
+    _append_step,
+    _expiry,
+    _owned,
+    logger,
+)
+
+
+class RecordOutcome(enum.Enum):
+    PERSISTED = "persisted"
+    #: Persisted, and an operator has asked to cancel the run.
+    PERSISTED_CANCEL_REQUESTED = "persisted_cancel_requested"
+    LEASE_LOST = "lease_lost"
+    FAILED = "failed"
+
+    @property
+    def persisted(self) -> bool:
+        return self in (RecordOutcome.PERSISTED, RecordOutcome.PERSISTED_CANCEL_REQUESTED)
+
+
+def record_step(
+    lease: Lease, lease_seconds: float, step: dict, *, clear_fence: bool
+) -> RecordOutcome:
+    """Append a step under the lease, renewing it; never raises.
+
+    With ``clear_fence`` the write fence is cleared in the same transaction
+    as the insert, so the fence stands exactly until the write is audited (G6).
+    A database error rolls back both and returns ``FAILED`` (G2).
+    """
+    changes = {"step_count": F("step_count") + 1, "lease_expires_at": _expiry(lease_seconds)}
+    changes.update(_usage_totals(step))
+    if clear_fence:
+        changes["pending_effect"] = ""
+        changes["pending_call"] = None
+    try:
+        if connection.vendor == "postgresql":
+            matched, cancel_at = record_step_in_one_statement(
+                lease, lease_seconds, step, clear_fence=clear_fence, usage=_usage_values(step)
+            )
+            if not matched:
+                return RecordOutcome.LEASE_LOST
+        else:
+            with transaction.atomic():
+                if not _owned(lease).update(**changes):
+                    return RecordOutcome.LEASE_LOST
+                cancel_at = _append_step(lease.run_id, lease.token, step)
+        logger.debug(
+            "step run=%s kind=%s",
+            lease.run_id,
+            step.get("kind"),
+            extra={"action": "record_step", "run_id": lease.run_id, "lease_token": lease.token},
+        )
+    except DatabaseError as error:
+        logger.error(
+            "step not persisted: run=%s lease_token=%s kind=%s tool=%s: %s",
+            lease.run_id,
+            lease.token,
+            step.get("kind"),
+            step.get("tool_name", ""),
+            error,
+        )
+        _drop_broken_connection()
+        return RecordOutcome.FAILED
+    if cancel_at is not None:
+        return RecordOutcome.PERSISTED_CANCEL_REQUESTED
+    return RecordOutcome.PERSISTED
+
+
+def _usage_values(step: dict) -> dict:
+    """What an llm step adds to the run's token and latency totals ({} if nothing)."""
+    result = step.get("result") if step.get("kind") == "llm" else None
+    if not isinstance(result, dict) or "usage" not in result:
+        return {}
+    usage = result.get("usage") or {}
+    return {
+        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+        "completion_tokens": int(usage.get("completion_tokens") or 0),
+        "latency_ms": int(result.get("latency_ms") or 0),
+    }
+
+
+def _usage_totals(step: dict) -> dict:
+    """The run's token and latency totals grow with each llm step that reports them."""
+    values = _usage_values(step)
+    if not values:
+        return {}
+    return {
+        "prompt_tokens": F("prompt_tokens") + values["prompt_tokens"],
+        "completion_tokens": F("completion_tokens") + values["completion_tokens"],
+        "llm_latency_ms": F("llm_latency_ms") + values["latency_ms"],
+    }
+
+
+def _drop_broken_connection() -> None:
+    """After a database error, drop the connection if it is dead so the next
+    statement reconnects instead of failing on a closed socket forever."""
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()
