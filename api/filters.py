@@ -3,11 +3,10 @@
 from datetime import UTC
 
 import django_filters
-from django.db import connection
 from rest_framework.exceptions import ValidationError
 
 from runs.models import AgentRun
-from runs.requeue_safety import writes_in_doubt
+from runs.selectors import offering_tool, writes_in_doubt
 from runs.vocabulary import FailureClass, RunMode, RunStatus, TerminationReason
 
 
@@ -41,9 +40,7 @@ class RunFilter(django_filters.FilterSet):
         fields = []
 
     def offers_tool(self, queryset, name, value):
-        if connection.vendor == "postgresql":
-            return queryset.filter(request__tools__contains=[value])
-        return queryset.filter(request__icontains=f'"{value}"')
+        return offering_tool(queryset, value)
 
     def filter_write_in_doubt(self, queryset, name, value):
         doubtful = writes_in_doubt(AgentRun.objects.all()).values("pk")

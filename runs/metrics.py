@@ -50,7 +50,7 @@ class RunStateCollector:
 
     def collect(self):
         from runs.models import AgentRun, DeadLetter, ProviderCircuit
-        from runs.requeue_safety import writes_in_doubt
+        from runs.selectors import writes_in_doubt
 
         runs = GaugeMetricFamily(
             "nrllm_runs", "Runs by status and termination reason", labels=["status", "reason"]

@@ -37,15 +37,6 @@ def write_in_doubt(run: AgentRun) -> bool:
     return run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE
 
 
-def writes_in_doubt(queryset):
-    """The ended runs of ``queryset`` with a non-idempotent write nobody reconciled."""
-    return queryset.filter(
-        pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE,
-        status__in=RunStatus.terminal(),
-        reconciliation__isnull=True,
-    )
-
-
 def requeue_safety(run: AgentRun) -> RequeueVerdict:
     """May ``run`` be requeued by an operator, and if not, why not."""
     tools = [ToolPreview(name, effect_for(name).value) for name in run.request.get("tools", [])]

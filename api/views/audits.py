@@ -17,8 +17,9 @@ from api.serializers import (
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from api.views.runs import get_run
 from runs import operator_actions
-from runs.admin.console import write_audits
 from runs.models import DeadLetter
+from runs.operator_actions import write_in_question
+from runs.selectors import write_audit_runs
 
 
 class DeadLetterFilter(django_filters.FilterSet):
@@ -48,16 +49,17 @@ class DeadLetterList(LimitedBodyMixin, generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
 
-def _audit_item(row) -> dict:
+def _audit_item(run) -> dict:
     from api.serializers import RunSerializer
 
-    reconciliation = row["reconciliation"]
+    call = write_in_question(run)
+    reconciliation = getattr(run, "reconciliation", None)
     return {
-        "run": RunSerializer(row["run"]).data,
-        "tool": row["call"].get("tool", ""),
-        "arguments": row["call"].get("arguments"),
-        "idempotency_key": row["call"].get("idempotency_key", ""),
-        "effect": row["call"].get("effect", ""),
+        "run": RunSerializer(run).data,
+        "tool": call.get("tool", ""),
+        "arguments": call.get("arguments"),
+        "idempotency_key": call.get("idempotency_key", ""),
+        "effect": call.get("effect", ""),
         "reconciliation": None
         if reconciliation is None
         else {
@@ -76,7 +78,7 @@ class WriteAuditList(BaseAPIView):
     def get(self, request):
         """Runs whose write audit failed, dead-lettered ``write_interrupted``, or
         with a non-idempotent fence standing (newest 200)."""
-        return Response([_audit_item(row) for row in write_audits()])
+        return Response([_audit_item(run) for run in write_audit_runs()])
 
 
 class WriteAuditReconcile(BaseAPIView):

@@ -2,14 +2,13 @@
 
 from datetime import timedelta
 
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.utils import timezone
 
 from runs.admin.display import shortened
 from runs.models import AgentRun, DeadLetter, ProviderCircuit
 from runs.operator_actions import write_in_question
-from runs.requeue_safety import writes_in_doubt
-from tools.effects import ToolEffect
+from runs.selectors import write_audit_runs, writes_in_doubt
 
 
 def overview() -> dict:
@@ -35,17 +34,8 @@ def overview() -> dict:
 
 
 def write_audits(limit: int = 200) -> list[dict]:
-    """Runs whose write audit failed, runs dead-lettered ``write_interrupted``
-    and runs with a non-idempotent fence standing, newest first."""
-    runs = (
-        AgentRun.objects.filter(
-            Q(error_type="AuditPersistenceFailed")
-            | Q(termination_reason="write_interrupted")
-            | Q(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
-        )
-        .select_related("reconciliation", "reconciliation__operator")
-        .order_by("-created_at")[:limit]
-    )
+    """The rows of the failed-write-audits page (see ``write_audit_runs``)."""
+    runs = write_audit_runs(limit)
     rows = []
     for run in runs:
         call = write_in_question(run)

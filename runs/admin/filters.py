@@ -1,10 +1,9 @@
 """List filters for runs, each backed by an index (see the model's Meta)."""
 
 from django.contrib import admin
-from django.db import connection
 from django.utils import timezone
 
-from runs.requeue_safety import writes_in_doubt
+from runs.selectors import offering_tool, writes_in_doubt
 from runs.vocabulary import RunStatus
 from tools.registry import get_registry
 
@@ -31,12 +30,7 @@ class OffersToolFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         name = self.value()
-        if not name:
-            return queryset
-        if connection.vendor == "postgresql":
-            # jsonb containment, served by the GIN index on request->'tools'.
-            return queryset.filter(request__tools__contains=[name])
-        return queryset.filter(request__icontains=f'"{name}"')
+        return offering_tool(queryset, name) if name else queryset
 
 
 class RequeueCountFilter(admin.SimpleListFilter):
