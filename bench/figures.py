@@ -24,26 +24,50 @@ def _steps_request(tool: str, iterations: int) -> dict:
     }
 
 
-def step_overhead(steps: int) -> dict:
-    """Steps per second of one in-process run per effect, and round trips per step."""
+STEP_TOOLS = ("noop_read", "noop_idempotent_write", "noop_non_idempotent_write")
+
+
+def step_figures(steps: int, rounds: int) -> tuple[dict, dict]:
+    """The step-overhead figures and their durable baseline, each the median of
+    ``rounds`` measurements taken in turn, so drift on a shared machine hits
+    both sides of a ratio alike."""
+    samples = {tool: [] for tool in STEP_TOOLS}
+    baselines = []
+    for _ in range(rounds):
+        baselines.append(durable_baseline(steps))
+        for tool in STEP_TOOLS:
+            samples[tool].append(step_overhead(tool, steps))
+    figures = {}
+    for tool, measured in samples.items():
+        middle = _median_by(measured, "steps_per_second")
+        figures[tool] = {**middle, "rounds": [m["steps_per_second"] for m in measured]}
+    baseline = _median_by(baselines, "steps_per_second")
+    baseline["rounds"] = [b["steps_per_second"] for b in baselines]
+    return figures, baseline
+
+
+def _median_by(measurements: list[dict], key: str) -> dict:
+    ordered = sorted(measurements, key=lambda m: m[key])
+    return dict(ordered[len(ordered) // 2])
+
+
+def step_overhead(tool: str, steps: int) -> dict:
+    """Steps per second of one in-process run of ``tool`` calls, and round trips per step."""
     from runs.models import AgentRun
     from runs.runtime import enqueue
 
-    figures = {}
-    for tool in ("noop_read", "noop_idempotent_write", "noop_non_idempotent_write"):
-        request = _steps_request(tool, steps // 2)
-        with CaptureQueriesContext(connection) as queries:
-            started = time.perf_counter()
-            run = enqueue(request)  # without REDIS_URL: executed here, as a worker would
-            elapsed = time.perf_counter() - started
-        run = AgentRun.objects.get(pk=run.pk)
-        assert run.status == "completed", run.error_message
-        figures[tool] = {
-            "steps": run.step_count,
-            "steps_per_second": run.step_count / elapsed,
-            "statements_per_step": len(queries) / run.step_count,
-        }
-    return figures
+    request = _steps_request(tool, steps // 2)
+    with CaptureQueriesContext(connection) as queries:
+        started = time.perf_counter()
+        run = enqueue(request)  # without REDIS_URL: executed here, as a worker would
+        elapsed = time.perf_counter() - started
+    run = AgentRun.objects.get(pk=run.pk)
+    assert run.status == "completed", run.error_message
+    return {
+        "steps": run.step_count,
+        "steps_per_second": run.step_count / elapsed,
+        "statements_per_step": len(queries) / run.step_count,
+    }
 
 
 def durable_baseline(steps: int) -> dict:

@@ -16,8 +16,20 @@ from pathlib import Path
 import psycopg
 
 SIZES = {
-    "full": {"steps": 200, "queue_runs": 2000, "scale_runs": 1_000_000, "steps_per_run": 10},
-    "smoke": {"steps": 40, "queue_runs": 40, "scale_runs": 2000, "steps_per_run": 10},
+    "full": {
+        "steps": 200,
+        "step_rounds": 7,
+        "queue_runs": 2000,
+        "scale_runs": 1_000_000,
+        "steps_per_run": 10,
+    },
+    "smoke": {
+        "steps": 40,
+        "step_rounds": 1,
+        "queue_runs": 40,
+        "scale_runs": 2000,
+        "steps_per_run": 10,
+    },
 }
 TARGETS = {
     "read step / baseline": 0.5,
@@ -80,6 +92,11 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--output", default=str(Path(__file__).resolve().parent))
     parser.add_argument("--database", default="nrllm_bench")
+    parser.add_argument(
+        "--only",
+        choices=["steps"],
+        help="measure only these figures and print them (results files untouched)",
+    )
     args = parser.parse_args(argv)
     size = SIZES["smoke" if args.smoke else "full"]
 
@@ -96,8 +113,10 @@ def main(argv=None) -> int:
 
     call_command("migrate", verbosity=0)
     started = time.perf_counter()
-    steps = figures.step_overhead(size["steps"])
-    baseline = figures.durable_baseline(size["steps"])
+    steps, baseline = figures.step_figures(size["steps"], size["step_rounds"])
+    if args.only == "steps":
+        print(json.dumps({"steps": steps, "baseline": baseline}, indent=2, default=str))
+        return 0
 
     from django.conf import settings
 

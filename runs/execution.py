@@ -1,9 +1,13 @@
 """The runtime's watch over one attempt: lease, fence and audit (G2, G5, G6).
 
-``LeasedExecution`` is the agent loop's observer. Before a tool it renews the
-lease and, for a write, stamps the fence in the same guarded UPDATE; after
-every step it records the step (renewing the lease and clearing the fence in
-one transaction) and decides what a failed record means.
+``LeasedExecution`` is the agent loop's observer. Every tool call is preceded
+by a guarded renewal of the lease that, for a write, stamps the fence (G5,
+G6). That renewal normally *is* the record of the step before the call: the
+loop names the next call, and one statement records the step, renews the
+lease for the call and stamps its fence. When that record did not happen
+(it failed, or the call could not be named in advance) ``before_tool``
+renews on its own. After every step the observer decides what a failed
+record means (G2).
 """
 
 import logging
@@ -14,7 +18,7 @@ from runs import metrics, transitions
 from runs.errors import AuditPersistenceFailed, LeaseLost, RunCancelled
 from runs.loop import PlannedCall, RecordedOutcome, StepEvent
 from runs.models import RunStep
-from runs.transitions import Lease, RecordOutcome
+from runs.transitions import Lease, NextCall, RecordOutcome
 from runs.vocabulary import StepKind
 from tools.contract import ToolContext, idempotency_key_for
 
@@ -22,54 +26,71 @@ logger = logging.getLogger(__name__)
 
 
 class LeasedExecution:
-    def __init__(self, lease: Lease, lease_seconds: float, operation_margin: float):
+    def __init__(
+        self, lease: Lease, lease_seconds: float, operation_margin: float, *, resumed: bool
+    ):
         self.lease = lease
         self.lease_seconds = lease_seconds
         self.operation_margin = operation_margin
+        #: An earlier attempt recorded steps: a write may already be recorded.
+        self.resumed = resumed
+        #: Idempotency key of the call the last record renewed the lease for.
+        self._renewed_for: str | None = None
 
     # --- hooks the agent loop calls ----------------------------------------
 
-    def before_tool(self, call: PlannedCall) -> ToolContext:
-        """Renew the lease right before the call, stamping a write's fence.
+    def before_tool(self, call: PlannedCall) -> ToolContext | RecordedOutcome:
+        """The call's context once the lease is renewed for it (and a write's
+        fence stamped), or the outcome an earlier attempt recorded for it.
 
         Raises instead of returning when the run is lost or being cancelled:
         then the tool does not run.
         """
-        effect = call.tool.effect
         key = idempotency_key_for(self.lease.run_id, call.position, call.tool.name, call.arguments)
-        if effect.is_write:
+        if self._renewed_for == key:
+            # The step recorded just before this call renewed the lease for
+            # it and stamped its fence, in the same guarded UPDATE.
+            self._renewed_for = None
+            return self._context(call, key)
+        if call.tool.effect.is_write and self.resumed:
             recorded = _recorded_outcome(self.lease.run_id, key)
             if recorded is not None:
                 # An earlier attempt executed this very call and recorded it:
                 # re-executing from the start must not repeat the write.
                 return recorded
-        fence = effect.value if effect.is_write else ""
-        limit = call.tool.time_limit()
-        # Operation deadline: the lease must outlive the call, or a long write
-        # would be reaped mid-call.
-        lease_seconds = max(self.lease_seconds, (limit or 0) + self.operation_margin)
-        call_stamp = {"tool": call.tool.name, "arguments": call.arguments, "idempotency_key": key}
-        if not transitions.renew_lease(self.lease, lease_seconds, fence=fence, call=call_stamp):
+        renewal = self._renewal_for(call, key)
+        lease_seconds = self._lease_seconds_for(call)
+        if not transitions.renew_lease(
+            self.lease, lease_seconds, fence=renewal.fence, call=renewal.call
+        ):
             self._stop_for_lost_renewal(before=call.tool.name)
-        return ToolContext(
-            run_id=self.lease.run_id,
-            idempotency_key=key,
-            attempt=self.lease.token,
-            timeout_seconds=limit,
-        )
+        return self._context(call, key)
 
-    def after_step(self, event: StepEvent) -> None:
-        """Record the step. Fail closed for an executed write, soft otherwise."""
+    def after_step(self, event: StepEvent, next_call: PlannedCall | None = None) -> None:
+        """Record the step, renewing the lease for ``next_call`` when it can.
+        Fail closed for an executed write, soft otherwise."""
+        self._renewed_for = None
+        next_key, renewal, lease_seconds = None, None, self.lease_seconds
+        if next_call is not None and not (next_call.tool.effect.is_write and self.resumed):
+            # (A resumed run looks a write up in ``before_tool`` first: it
+            # may be a replay, which must stamp no fence.)
+            next_key = idempotency_key_for(
+                self.lease.run_id, next_call.position, next_call.tool.name, next_call.arguments
+            )
+            renewal = self._renewal_for(next_call, next_key)
+            lease_seconds = self._lease_seconds_for(next_call)
         with metrics.STEP_RECORD_SECONDS.time():
             outcome = transitions.record_step(
                 self.lease,
-                self.lease_seconds,
+                lease_seconds,
                 _step_fields(event),
                 clear_fence=event.is_executed_write,
+                next_call=renewal,
             )
         if outcome.persisted:
             metrics.STEPS.labels(event.kind, event.effect or "none").inc()
         if outcome is RecordOutcome.PERSISTED:
+            self._renewed_for = next_key
             return
         if outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED:
             raise RunCancelled()
@@ -92,6 +113,26 @@ class LeasedExecution:
         self._heartbeat_after_unrecorded_step()
 
     # --- helpers -----------------------------------------------------------
+
+    def _lease_seconds_for(self, call: PlannedCall) -> float:
+        # Operation deadline: the lease must outlive the call, or a long write
+        # would be reaped mid-call.
+        return max(self.lease_seconds, (call.tool.time_limit() or 0) + self.operation_margin)
+
+    @staticmethod
+    def _renewal_for(call: PlannedCall, key: str) -> NextCall:
+        if not call.tool.effect.is_write:
+            return NextCall(fence="", call=None)
+        stamp = {"tool": call.tool.name, "arguments": call.arguments, "idempotency_key": key}
+        return NextCall(fence=call.tool.effect.value, call=stamp)
+
+    def _context(self, call: PlannedCall, key: str) -> ToolContext:
+        return ToolContext(
+            run_id=self.lease.run_id,
+            idempotency_key=key,
+            attempt=self.lease.token,
+            timeout_seconds=call.tool.time_limit(),
+        )
 
     def record_request(self, request: dict) -> None:
         """The first step of every attempt: what it was asked to do."""

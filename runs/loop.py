@@ -2,7 +2,9 @@
 
 It knows nothing of persistence. The runtime watches it through an observer
 with two hooks — ``before_tool`` (may refuse by raising) and ``after_step`` —
-and owns the lease, the fence, the audit and the settle.
+and owns the lease, the fence, the audit and the settle. ``after_step`` is
+told which call comes next, so the observer can renew the lease for it (and
+stamp its fence) in the same write that records the step.
 """
 
 import json
@@ -72,7 +74,7 @@ class LoopOutcome:
 class LoopObserver(Protocol):
     def before_tool(self, call: PlannedCall) -> ToolContext | RecordedOutcome: ...
 
-    def after_step(self, event: StepEvent) -> None: ...
+    def after_step(self, event: StepEvent, next_call: PlannedCall | None = None) -> None: ...
 
 
 def tool_spec(tool: Tool) -> dict:
@@ -93,12 +95,17 @@ def run_agent_loop(
     specs = [tool_spec(tool) for tool in tools.values()]
     for iteration in range(1, max_iterations + 1):
         turn = provider.next_turn(messages, specs)
+        planned = [
+            call.problem or _plan_call(call.name, call.arguments, f"{iteration}.{index}", tools)
+            for index, call in enumerate(turn.tool_calls)
+        ]
         calls = [{"name": call.name, "arguments": call.arguments} for call in turn.tool_calls]
         observer.after_step(
             StepEvent(
                 kind=StepKind.LLM,
                 result={"content": turn.content, "tool_calls": calls, **turn.meta},
-            )
+            ),
+            next_call=_runnable(planned, 0),
         )
         # The conversation is kept in the chat-completions shape, which
         # OpenAI-compatible providers take as is.
@@ -118,15 +125,21 @@ def run_agent_loop(
         messages.append(assistant)
         if not turn.tool_calls:
             return LoopOutcome(TerminationReason.COMPLETED, turn.content, messages)
-        for index, (call_id, call) in enumerate(zip(call_ids, turn.tool_calls, strict=True)):
-            position = f"{iteration}.{index}"
-            if call.problem:
-                event = StepEvent(
-                    kind=StepKind.TOOL, tool_name=call.name, arguments=None, error=call.problem
-                )
+        for index, (call_id, call, plan) in enumerate(
+            zip(call_ids, turn.tool_calls, planned, strict=True)
+        ):
+            if isinstance(plan, PlannedCall):
+                event = _execute_call(plan, observer)
             else:
-                event = _execute_call(call.name, call.arguments, position, tools, observer)
-            observer.after_step(event)
+                # Never executed: the model's call was malformed, named a tool
+                # this run was not given, or its arguments were invalid.
+                event = StepEvent(
+                    kind=StepKind.TOOL,
+                    tool_name=call.name,
+                    arguments=None if call.problem else call.arguments,
+                    error=plan,
+                )
+            observer.after_step(event, next_call=_runnable(planned, index + 1))
             messages.append(
                 {
                     "role": "tool",
@@ -137,27 +150,28 @@ def run_agent_loop(
     return LoopOutcome(TerminationReason.MAX_ITERATIONS, "", messages)
 
 
-def _execute_call(
-    name: str, arguments: Any, position: str, tools: Mapping[str, Tool], observer: LoopObserver
-) -> StepEvent:
+def _plan_call(
+    name: str, arguments: Any, position: str, tools: Mapping[str, Tool]
+) -> PlannedCall | str:
+    """The call to execute, or why it must not execute."""
     tool = tools.get(name)
     if tool is None:
-        # Never executed: the model asked for something this run was not given.
-        return StepEvent(
-            kind=StepKind.TOOL,
-            tool_name=name,
-            arguments=arguments,
-            error=f"tool {name!r} is not offered to this run; offered: {sorted(tools)}",
-        )
+        return f"tool {name!r} is not offered to this run; offered: {sorted(tools)}"
     problems = argument_errors(tool.parameters, arguments)
     if problems:
-        return StepEvent(
-            kind=StepKind.TOOL,
-            tool_name=name,
-            arguments=arguments,
-            error="invalid arguments: " + "; ".join(problems),
-        )
-    context = observer.before_tool(PlannedCall(tool=tool, arguments=arguments, position=position))
+        return "invalid arguments: " + "; ".join(problems)
+    return PlannedCall(tool=tool, arguments=arguments, position=position)
+
+
+def _runnable(planned: list, index: int) -> PlannedCall | None:
+    if index < len(planned) and isinstance(planned[index], PlannedCall):
+        return planned[index]
+    return None
+
+
+def _execute_call(call: PlannedCall, observer: LoopObserver) -> StepEvent:
+    tool, name, arguments = call.tool, call.tool.name, call.arguments
+    context = observer.before_tool(call)
     if isinstance(context, RecordedOutcome):
         return StepEvent(
             kind=StepKind.TOOL,

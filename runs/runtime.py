@@ -66,12 +66,17 @@ def run_queued(run_id) -> None:
 
     A duplicate or stale job finds the run not ``queued`` and does nothing.
     """
-    lease = transitions.claim(run_id, worker_identity(), settings.NRLLM_LEASE_SECONDS)
-    if lease is None:
+    claimed = transitions.claim(run_id, worker_identity(), settings.NRLLM_LEASE_SECONDS)
+    if claimed is None:
         logger.info("run=%s not claimable (already taken or ended); job ignored", run_id)
         return
-    run = AgentRun.objects.only("request", "requeue_count").get(pk=run_id)
-    _execute(lease, run.request, RunMode.QUEUED, requeue_count=run.requeue_count)
+    _execute(
+        claimed.lease,
+        claimed.request,
+        RunMode.QUEUED,
+        requeue_count=claimed.requeue_count,
+        resumed=claimed.resumed,
+    )
 
 
 def run(request_data) -> AgentRun:
@@ -83,7 +88,7 @@ def run(request_data) -> AgentRun:
         worker_identity(),
         settings.NRLLM_LEASE_SECONDS,
     )
-    _execute(lease, run_request.as_json(), RunMode.INTERACTIVE, requeue_count=0)
+    _execute(lease, run_request.as_json(), RunMode.INTERACTIVE, requeue_count=0, resumed=False)
     return AgentRun.objects.get(pk=lease.run_id)
 
 
@@ -104,9 +109,14 @@ def _offered_tools(names) -> dict:
     return {name: registry.get(name) for name in names if name in registry and name not in disabled}
 
 
-def _execute(lease: Lease, stored_request: dict, mode: str, *, requeue_count: int) -> None:
+def _execute(
+    lease: Lease, stored_request: dict, mode: str, *, requeue_count: int, resumed: bool
+) -> None:
     execution = LeasedExecution(
-        lease, settings.NRLLM_LEASE_SECONDS, settings.NRLLM_OPERATION_MARGIN_SECONDS
+        lease,
+        settings.NRLLM_LEASE_SECONDS,
+        settings.NRLLM_OPERATION_MARGIN_SECONDS,
+        resumed=resumed,
     )
     try:
         request = _stored_request(stored_request)

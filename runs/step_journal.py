@@ -1,7 +1,8 @@
 """Recording a step on PostgreSQL in one statement.
 
-The guarded UPDATE of the run (ownership, lease renewal, fence clearing,
-totals, next sequence) and the INSERT of the step are folded into one
+The guarded UPDATE of the run (ownership, lease renewal, fence clearing or
+the next call's fence, totals, next sequence) and the INSERT of the step are
+folded into one
 data-modifying CTE: one round trip instead of five (BEGIN, UPDATE, SELECT,
 INSERT, COMMIT). A single statement is atomic on its own, so a refused
 INSERT still rolls back the renewal and the fence clearing (G2, G6).
@@ -26,14 +27,27 @@ _STEP_COLUMNS = (
 
 
 def record_step_in_one_statement(
-    lease, lease_seconds: float, step: dict, *, clear_fence: bool, usage: dict
+    lease, lease_seconds: float, step: dict, *, clear_fence: bool, next_call, usage: dict
 ) -> tuple[bool, object]:
-    """Returns (matched, cancel_requested_at). Raises DatabaseError as the ORM would."""
+    """Returns (matched, cancel_requested_at). Raises DatabaseError as the ORM would.
+
+    ``next_call`` (a ``transitions.NextCall``) stamps the next call's fence in
+    the same UPDATE; a cancel already requested stamps nothing (the old row's
+    ``cancel_requested_at`` is what SET sees), and the caller stops.
+    """
     sets = [
         "step_count = step_count + 1",
         "lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s)",
     ]
-    if clear_fence:
+    fence = {}
+    if next_call is not None and next_call.fence:
+        sets += [
+            "pending_effect = CASE WHEN cancel_requested_at IS NULL"
+            " THEN %(next_fence)s ELSE '' END",
+            "pending_call = CASE WHEN cancel_requested_at IS NULL THEN %(next_call)s::jsonb END",
+        ]
+        fence = {"next_fence": next_call.fence, "next_call": json.dumps(next_call.call)}
+    elif next_call is not None or clear_fence:
         sets += ["pending_effect = ''", "pending_call = NULL"]
     if usage:
         sets += [
@@ -68,6 +82,7 @@ def record_step_in_one_statement(
         "owner": lease.owner,
         "token": lease.token,
         "lease_seconds": lease_seconds,
+        **fence,
         **usage,
         **values,
     }

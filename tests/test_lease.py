@@ -27,7 +27,8 @@ def test_of_eight_concurrent_claims_exactly_one_wins():
     def contender(index):
         try:
             barrier.wait()
-            leases.append(transitions.claim(agent_run.pk, f"worker-{index}", 60))
+            claimed = transitions.claim(agent_run.pk, f"worker-{index}", 60)
+            leases.append(claimed and claimed.lease)
         finally:
             connection.close()
 
@@ -48,11 +49,11 @@ def test_of_eight_concurrent_claims_exactly_one_wins():
 
 def test_every_claim_grows_the_lease_token():
     agent_run = queued_run()
-    first = transitions.claim(agent_run.pk, "a", 60)
+    first = transitions.claim(agent_run.pk, "a", 60).lease
     assert transitions.requeue_for_retry(
         first, failure_class="connection", error_type="E", error_message=""
     )
-    second = transitions.claim(agent_run.pk, "b", 60)
+    second = transitions.claim(agent_run.pk, "b", 60).lease
     assert (first.token, second.token) == (1, 2)
     # The first attempt's lease matches nothing any more.
     assert not transitions.heartbeat(first, 60)
@@ -65,7 +66,7 @@ def test_a_stale_job_for_a_run_already_taken_does_nothing():
     agent_run = queued_run(
         scripted(call("send_notification", recipient="a", message="b"), answer())
     )
-    lease = transitions.claim(agent_run.pk, "someone-else", 60)
+    lease = transitions.claim(agent_run.pk, "someone-else", 60).lease
     run_queued(agent_run.pk)
     agent_run.refresh_from_db()
     assert (agent_run.lease_owner, agent_run.lease_token, agent_run.step_count) == (
@@ -78,7 +79,7 @@ def test_a_stale_job_for_a_run_already_taken_does_nothing():
 
 def test_the_lease_is_renewed_at_every_step_boundary():
     agent_run = queued_run()
-    lease = transitions.claim(agent_run.pk, "w", 1)
+    lease = transitions.claim(agent_run.pk, "w", 1).lease
     AgentRun.objects.filter(pk=agent_run.pk).update(lease_expires_at="2000-01-01T00:00:00Z")
     assert transitions.record_step(lease, 600, {"kind": "llm"}, clear_fence=False).persisted
     agent_run.refresh_from_db()
@@ -137,7 +138,7 @@ def test_a_duplicate_rq_job_executes_nothing_twice(workers, queue):
 
 def test_lease_identity_is_owner_and_token():
     agent_run = queued_run()
-    lease = transitions.claim(agent_run.pk, "w", 60)
+    lease = transitions.claim(agent_run.pk, "w", 60).lease
     assert not transitions.heartbeat(Lease(lease.run_id, "other", lease.token), 60)
     assert not transitions.heartbeat(Lease(lease.run_id, lease.owner, lease.token + 1), 60)
     assert transitions.heartbeat(lease, 60)

@@ -34,7 +34,7 @@ def stale_run(*, fence="", requeue_count=0, cancel=False):
     """A running run whose worker died: its lease is ours to back-date."""
     agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
     AgentRun.objects.filter(pk=agent_run.pk).update(requeue_count=requeue_count)
-    lease = transitions.claim(agent_run.pk, "dead-worker", 60)
+    lease = transitions.claim(agent_run.pk, "dead-worker", 60).lease
     if fence:
         assert transitions.renew_lease(lease, 60, fence=fence)
     if cancel:

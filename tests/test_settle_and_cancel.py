@@ -18,7 +18,7 @@ def lease_of(agent_run):
 
 def test_a_second_or_late_settle_changes_nothing(caplog):
     agent_run = transitions.create_queued_run(scripted(answer()), "p")
-    lease = transitions.claim(agent_run.pk, "w", 60)
+    lease = transitions.claim(agent_run.pk, "w", 60).lease
     assert transitions.settle(lease, "completed", "completed", output="first")
     before = AgentRun.objects.get(pk=agent_run.pk)
 
@@ -59,7 +59,7 @@ def test_cancelling_an_ended_run_changes_nothing():
 
 def test_a_requested_cancel_refuses_the_renewal_before_a_tool():
     agent_run = transitions.create_queued_run(scripted(answer()), "p")
-    lease = transitions.claim(agent_run.pk, "w", 60)
+    lease = transitions.claim(agent_run.pk, "w", 60).lease
     assert transitions.cancel(agent_run.pk) is CancelOutcome.REQUESTED
     assert transitions.cancel(agent_run.pk) is CancelOutcome.ALREADY_REQUESTED
     assert not transitions.renew_lease(lease, 60, fence="non_idempotent_write")

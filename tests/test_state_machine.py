@@ -61,14 +61,15 @@ class RunLifecycle(RuleBasedStateMachine):
 
     @rule(worker=WORKERS)
     def claim(self, worker):
-        lease = transitions.claim(self.run_id, f"{worker}-{next(self.claims)}", LEASE)
+        claimed = transitions.claim(self.run_id, f"{worker}-{next(self.claims)}", LEASE)
         if self.status == "queued":
-            assert lease is not None and lease.token == self.token + 1
+            assert claimed is not None and claimed.lease.token == self.token + 1
+            lease = claimed.lease
             self.leases[worker] = lease
             self.status, self.owner, self.token = "running", lease.owner, lease.token
             self.fence, self.expired = "", False
         else:
-            assert lease is None
+            assert claimed is None
 
     @rule(worker=WORKERS, fence=EFFECTS)
     def renew_before_tool(self, worker, fence):

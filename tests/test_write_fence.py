@@ -4,12 +4,14 @@ import pytest
 
 from runs import transitions
 from runs.models import AgentRun
-from runs.runtime import enqueue, run
-from runs.transitions import Lease
+from runs.run_request import parse_run_request
+from runs.runtime import enqueue, run, run_queued
+from runs.transitions import Lease, NextCall, RecordOutcome
 from tests.helpers import answer, call, scripted, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PROBES = ["tests.tools_for_tests.FenceProbe", "tests.tools_for_tests.ReadFenceProbe"]
+PROBES_NAMES = ["fence_probe_write", "fence_probe_read"]
 
 
 def test_the_fence_stands_while_a_write_runs_and_not_for_a_read(settings):
@@ -56,7 +58,7 @@ def test_a_worker_fences_a_webhook_post_until_its_step_is_recorded(workers, http
 
 def test_a_worker_that_lost_the_run_stamps_no_fence():
     agent_run = transitions.create_queued_run(scripted(answer()), "p")
-    lease = transitions.claim(agent_run.pk, "w", 60)
+    lease = transitions.claim(agent_run.pk, "w", 60).lease
     stale = Lease(lease.run_id, lease.owner, lease.token - 1)
     assert not transitions.renew_lease(stale, 60, fence="non_idempotent_write")
     assert AgentRun.objects.get(pk=agent_run.pk).pending_effect == ""
@@ -74,3 +76,54 @@ def test_the_lease_is_extended_to_cover_a_tools_own_time_limit(settings):
     remaining = agent_run.steps.get(kind="tool").result["lease_remaining_seconds"]
     assert 600 + 30 - 5 < remaining <= 600 + 30  # the tool's 600 s limit plus the margin
     assert agent_run.status == "completed"
+
+
+def test_the_step_before_a_write_stamps_its_fence_unless_a_cancel_was_requested():
+    """The renewal before a call rides on the previous step's record (G5, G6);
+    a cancel requested meanwhile stamps nothing, and the worker stops."""
+    agent_run = transitions.create_queued_run(scripted(answer()), "p")
+    lease = transitions.claim(agent_run.pk, "w", 60).lease
+    write = NextCall(fence="non_idempotent_write", call={"tool": "t", "idempotency_key": "k"})
+    outcome = transitions.record_step(
+        lease, 60, {"kind": "llm"}, clear_fence=False, next_call=write
+    )
+    assert outcome is RecordOutcome.PERSISTED
+    stamped = AgentRun.objects.get(pk=agent_run.pk)
+    assert (stamped.pending_effect, stamped.pending_call["idempotency_key"]) == (
+        "non_idempotent_write",
+        "k",
+    )
+
+    # The write's own record clears its fence; the next one is stamped after a cancel request.
+    assert transitions.cancel(agent_run.pk) is transitions.CancelOutcome.REQUESTED
+    outcome = transitions.record_step(
+        lease,
+        60,
+        {"kind": "tool", "effect": "non_idempotent_write"},
+        clear_fence=True,
+        next_call=write,
+    )
+    assert outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED
+    after = AgentRun.objects.get(pk=agent_run.pk)
+    assert (after.pending_effect, after.pending_call, after.step_count) == ("", None, 2)
+
+
+def test_a_re_executed_run_stamps_the_fence_before_a_write_it_has_not_recorded(settings):
+    """A resumed attempt looks a write up before running it, so its renewal is
+    its own UPDATE rather than the previous record's: the fence still stands."""
+    settings.NRLLM_TOOLS = PROBES
+    request = scripted(
+        {"tool_calls": [{"name": "fence_probe_write"}]}, answer(), tools=PROBES_NAMES
+    )
+    agent_run = transitions.create_queued_run(parse_run_request(request).as_json(), "p")
+    first = transitions.claim(agent_run.pk, "w", 60).lease
+    assert transitions.record_step(first, 60, {"kind": "request"}, clear_fence=False).persisted
+    assert transitions.requeue_for_retry(
+        first, failure_class="connection", error_type="E", error_message="gone"
+    )
+    run_queued(agent_run.pk)
+    agent_run.refresh_from_db()
+    assert agent_run.status == "completed"
+    probe = agent_run.steps.get(kind="tool")
+    assert probe.result == {"pending_effect": "idempotent_write", "lease_token": 2}
+    assert agent_run.pending_effect == ""

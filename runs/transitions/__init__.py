@@ -18,6 +18,7 @@ from runs.transitions.ending import (
     settle,
 )
 from runs.transitions.lease import (
+    ClaimedRun,
     begin_interactive,
     cancel_requested,
     claim,
@@ -33,11 +34,13 @@ from runs.transitions.reaping import (
     reap_dead_letter,
     reap_requeue,
 )
-from runs.transitions.steps import RecordOutcome, record_step
+from runs.transitions.steps import NextCall, RecordOutcome, record_step
 
 __all__ = [
     "CancelOutcome",
+    "ClaimedRun",
     "Lease",
+    "NextCall",
     "RecordOutcome",
     "StaleLease",
     "append_operator_step",

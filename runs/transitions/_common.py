@@ -46,6 +46,21 @@ def _owned(lease: Lease):
     )
 
 
+def _update_returning(queryset, returning: tuple[str, ...], **changes) -> list[tuple]:
+    """One guarded ``UPDATE … RETURNING``: the rows it matched, with ``returning``'s
+    columns as they are after the update.
+
+    Django's ``update()`` returns only a count; reading the row back costs a
+    second statement (and a transaction around both). ``QuerySet._update``
+    with ``returning_fields`` is the path ``Model.save()`` takes for
+    database-returned fields; PostgreSQL and SQLite both support RETURNING.
+    """
+    meta = queryset.model._meta
+    values = [(meta.get_field(name), None, value) for name, value in changes.items()]
+    fields = [meta.get_field(name) for name in returning]
+    return queryset._update(values, returning_fields=fields)
+
+
 def db_time(after_seconds: float = 0):
     """The database's clock, ``after_seconds`` from now, as an SQL expression.
 

@@ -1,6 +1,7 @@
 """Creating runs and holding their lease: claim, renew (and fence), heartbeat."""
 
-from django.db import transaction
+from dataclasses import dataclass
+
 from django.db.models import F
 
 from runs.models import AgentRun
@@ -9,6 +10,7 @@ from runs.transitions._common import (
     _expiry,
     _log_change,
     _owned,
+    _update_returning,
     db_time,
 )
 from runs.vocabulary import RunMode, RunStatus
@@ -43,28 +45,41 @@ def begin_interactive(request: dict, prompt: str, owner: str, lease_seconds: flo
 # --- the lease -------------------------------------------------------------
 
 
-def claim(run_id, owner: str, lease_seconds: float) -> Lease | None:
+@dataclass(frozen=True)
+class ClaimedRun:
+    """What a worker needs from the run it just claimed, read by the claim itself."""
+
+    lease: Lease
+    request: dict
+    requeue_count: int
+    #: Steps exist from an earlier attempt: this attempt re-executes the run
+    #: and must look for recorded writes before repeating one.
+    resumed: bool
+
+
+def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
     """Take a ``queued`` run: ``queued → running`` with a new lease token.
 
     Of any number of concurrent claims exactly one matches; a duplicate or
-    stale job gets None and must do nothing.
+    stale job gets None and must do nothing. One statement: the UPDATE
+    returns what the worker needs (token, request, budget, history).
     """
-    with transaction.atomic():
-        claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-            status=RunStatus.RUNNING,
-            lease_owner=owner,
-            lease_token=F("lease_token") + 1,
-            lease_expires_at=_expiry(lease_seconds),
-            pending_effect="",
-            pending_call=None,
-            started_at=db_time(),
-        )
-        if not claimed:
-            return None
-        # The UPDATE's row lock is held until commit, so this reads our token.
-        token = AgentRun.objects.filter(pk=run_id).values_list("lease_token", flat=True).get()
+    rows = _update_returning(
+        AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED),
+        ("lease_token", "request", "requeue_count", "step_count"),
+        status=RunStatus.RUNNING,
+        lease_owner=owner,
+        lease_token=F("lease_token") + 1,
+        lease_expires_at=_expiry(lease_seconds),
+        pending_effect="",
+        pending_call=None,
+        started_at=db_time(),
+    )
+    if not rows:
+        return None
+    token, request, requeue_count, step_count = rows[0]
     _log_change("claim", run_id, lease_token=token)
-    return Lease(str(run_id), owner, token)
+    return ClaimedRun(Lease(str(run_id), owner, token), request, requeue_count, step_count > 0)
 
 
 def renew_lease(

@@ -1,9 +1,11 @@
 """Recording a step under the lease (G2, G6)."""
 
 import enum
+from dataclasses import dataclass
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F
+from django.db.models import F, JSONField, Value
+from django.db.models.expressions import Case, When
 
 from runs.step_journal import record_step_in_one_statement
 from runs.transitions._common import (
@@ -27,24 +29,50 @@ class RecordOutcome(enum.Enum):
         return self in (RecordOutcome.PERSISTED, RecordOutcome.PERSISTED_CANCEL_REQUESTED)
 
 
+@dataclass(frozen=True)
+class NextCall:
+    """The tool call that follows the step being recorded: the record's renewal
+    is that call's renewal (G5), and a write's fence is stamped with it (G6)."""
+
+    #: The write's effect, or "" for a read (no fence).
+    fence: str
+    #: What the fence names: tool, arguments, idempotency key (None for a read).
+    call: dict | None
+
+
 def record_step(
-    lease: Lease, lease_seconds: float, step: dict, *, clear_fence: bool
+    lease: Lease,
+    lease_seconds: float,
+    step: dict,
+    *,
+    clear_fence: bool,
+    next_call: NextCall | None = None,
 ) -> RecordOutcome:
     """Append a step under the lease, renewing it; never raises.
 
     With ``clear_fence`` the write fence is cleared in the same transaction
     as the insert, so the fence stands exactly until the write is audited (G6).
-    A database error rolls back both and returns ``FAILED`` (G2).
+    With ``next_call`` the same UPDATE stamps the next call's fence instead —
+    unless a cancel was requested, which the outcome then reports and the
+    call never runs. A database error rolls back everything and returns
+    ``FAILED`` (G2).
     """
     changes = {"step_count": F("step_count") + 1, "lease_expires_at": _expiry(lease_seconds)}
     changes.update(_usage_totals(step))
-    if clear_fence:
+    if next_call is not None:
+        changes.update(_stamp_unless_cancelled(next_call))
+    elif clear_fence:
         changes["pending_effect"] = ""
         changes["pending_call"] = None
     try:
         if connection.vendor == "postgresql":
             matched, cancel_at = record_step_in_one_statement(
-                lease, lease_seconds, step, clear_fence=clear_fence, usage=_usage_values(step)
+                lease,
+                lease_seconds,
+                step,
+                clear_fence=clear_fence,
+                next_call=next_call,
+                usage=_usage_values(step),
             )
             if not matched:
                 return RecordOutcome.LEASE_LOST
@@ -73,6 +101,21 @@ def record_step(
     if cancel_at is not None:
         return RecordOutcome.PERSISTED_CANCEL_REQUESTED
     return RecordOutcome.PERSISTED
+
+
+def _stamp_unless_cancelled(next_call: NextCall) -> dict:
+    if not next_call.fence:
+        return {"pending_effect": "", "pending_call": None}
+    not_cancelled = {"cancel_requested_at__isnull": True}
+    fence = Value(next_call.fence)
+    return {
+        "pending_effect": Case(When(**not_cancelled, then=fence), default=Value("")),
+        "pending_call": Case(
+            When(**not_cancelled, then=Value(next_call.call, output_field=JSONField())),
+            default=None,
+            output_field=JSONField(),
+        ),
+    }
 
 
 def _usage_values(step: dict) -> dict:
