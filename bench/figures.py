@@ -98,7 +98,16 @@ def durable_baseline(steps: int) -> dict:
     }
 
 
-def _drain_with_workers(env: dict, workers: int) -> float:
+WORKER_CLASSES = {
+    # RQ's default: a work horse forked per job, a new database connection each.
+    "rq.worker.Worker": {},
+    # Jobs in the worker itself, on a database connection kept between jobs.
+    "rq.worker.SimpleWorker": {"DATABASE_CONN_MAX_AGE": "600"},
+}
+
+
+def _drain_with_workers(env: dict, workers: int, worker_class: str) -> float:
+    env = {**env, "NRLLM_WORKER_CLASS": worker_class, **WORKER_CLASSES[worker_class]}
     started = time.perf_counter()
     processes = [
         subprocess.Popen(
@@ -116,26 +125,30 @@ def _drain_with_workers(env: dict, workers: int) -> float:
 
 
 def through_the_queue(runs: int, worker_env: dict) -> dict:
-    """One-step runs drained by 2 rqworkers, next to bare no-op RQ jobs."""
+    """One-step runs drained by 2 rqworkers, next to bare no-op RQ jobs drained
+    by the same worker class, for each worker class."""
     from runs.dispatch import run_queue
     from runs.models import AgentRun
     from runs.runtime import enqueue
 
     queue = run_queue()
-    queue.empty()
-    request = {"prompt": "q", "provider": {"kind": "scripted", "turns": [{"content": "ok"}]}}
-    for _ in range(runs):
-        enqueue(request)
-    ours = _drain_with_workers(worker_env, 2)
-    done = AgentRun.objects.filter(prompt="q", status="completed").count()
-    for _ in range(runs):
-        queue.enqueue("bench.tools.noop_job")
-    bare = _drain_with_workers(worker_env, 2)
+    figures = {}
+    for worker_class in WORKER_CLASSES:
+        queue.empty()
+        prompt = f"through {worker_class}"
+        request = {"prompt": prompt, "provider": {"kind": "scripted", "turns": [{"content": "ok"}]}}
+        for _ in range(runs):
+            enqueue(request)
+        ours = _drain_with_workers(worker_env, 2, worker_class)
+        done = AgentRun.objects.filter(prompt=prompt, status="completed").count()
+        for _ in range(runs):
+            queue.enqueue("bench.tools.noop_job")
+        bare = _drain_with_workers(worker_env, 2, worker_class)
+        figures[worker_class] = {
+            "runs": runs,
+            "completed": done,
+            "runs_per_second": runs / ours,
+            "bare_rq_jobs_per_second": runs / bare,
+        }
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {
-        "runs": runs,
-        "completed": done,
-        "runs_per_second": runs / ours,
-        "bare_rq_jobs_per_second": runs / bare,
-        "worker_peak_rss_mb": peak_kb / 1024,
-    }
+    return {"worker_classes": figures, "worker_peak_rss_mb": peak_kb / 1024}

@@ -80,7 +80,11 @@ _default_database_url = f"sqlite:///{VAR_DIR / 'nrllm.sqlite3'}"
 try:
     DATABASES = {
         "default": dj_database_url.parse(
-            env_str("DATABASE_URL") or _default_database_url, conn_max_age=0
+            env_str("DATABASE_URL") or _default_database_url,
+            # Seconds a connection is kept between requests and jobs (Django's
+            # CONN_MAX_AGE); each reuse is health-checked first.
+            conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
+            conn_health_checks=True,
         )
     }
 except ValueError as error:
@@ -107,6 +111,12 @@ NRLLM_QUEUE_NAME = "default"
 RQ_QUEUES = {
     NRLLM_QUEUE_NAME: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0"},
 }
+# RQ's default forks a work horse per job, which must open a new database
+# connection to a cold server backend each time; ``rq.worker.SimpleWorker``
+# runs jobs in the worker itself and, with DATABASE_CONN_MAX_AGE, keeps its
+# connection warm (bench/results.md compares both). The lease and the reaper
+# cover a worker that dies either way.
+RQ = {"WORKER_CLASS": env_str("NRLLM_WORKER_CLASS", "rq.worker.Worker")}
 
 # --- The runtime -----------------------------------------------------------
 NRLLM_LEASE_SECONDS = env_int("NRLLM_LEASE_SECONDS", 900, minimum=1)

@@ -18,13 +18,13 @@ from runs.errors import LeaseLost, RunCancelled
 from runs.execution import LeasedExecution
 from runs.failures import classify
 from runs.loop import run_agent_loop
-from runs.metrics import LEASES_LOST, TimedProvider
+from runs.metrics import LEASES_LOST, STEPS, TimedProvider
 from runs.models import AgentRun
 from runs.providers import build_provider
 from runs.retry import decide_retry
 from runs.run_request import RunRequest, parse_run_request
 from runs.transitions import Lease
-from runs.vocabulary import RunMode, RunStatus, TerminationReason
+from runs.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
 from tools.enabled import disabled_tool_names
 from tools.registry import get_registry
 
@@ -70,6 +70,8 @@ def run_queued(run_id) -> None:
     if claimed is None:
         logger.info("run=%s not claimable (already taken or ended); job ignored", run_id)
         return
+    if claimed.request_recorded:
+        STEPS.labels(StepKind.REQUEST, "none").inc()
     _execute(
         claimed.lease,
         claimed.request,
@@ -104,6 +106,8 @@ def _stored_request(stored: dict) -> RunRequest:
 
 
 def _offered_tools(names) -> dict:
+    if not names:
+        return {}
     registry = get_registry()
     disabled = disabled_tool_names()
     return {name: registry.get(name) for name in names if name in registry and name not in disabled}
@@ -112,6 +116,8 @@ def _offered_tools(names) -> dict:
 def _execute(
     lease: Lease, stored_request: dict, mode: str, *, requeue_count: int, resumed: bool
 ) -> None:
+    """Drive the loop under ``lease``. A queued run's claim recorded its
+    request step; an interactive run records it here."""
     execution = LeasedExecution(
         lease,
         settings.NRLLM_LEASE_SECONDS,
@@ -120,7 +126,8 @@ def _execute(
     )
     try:
         request = _stored_request(stored_request)
-        execution.record_request(stored_request)
+        if mode == RunMode.INTERACTIVE:
+            execution.record_request(stored_request)
         outcome = run_agent_loop(
             prompt=request.prompt,
             provider=TimedProvider(

@@ -39,7 +39,9 @@ def test_the_bench_produces_every_figure(tmp_path):
         assert figure["steps_per_second"] > 0 and figure["statements_per_step"] > 0
     assert results["durable_baseline"]["steps_per_second"] > 0
     queue = results["through_the_queue"]
-    assert queue["completed"] == queue["runs"] and queue["bare_rq_jobs_per_second"] > 0
+    assert set(queue["worker_classes"]) == {"rq.worker.Worker", "rq.worker.SimpleWorker"}
+    for figure in queue["worker_classes"].values():
+        assert figure["completed"] == figure["runs"] and figure["bare_rq_jobs_per_second"] > 0
     assert queue["worker_peak_rss_mb"] > 0
     scale = results["at_scale"]
     assert len(scale["milliseconds"]) == 15 and scale["reaped"] == 1000

@@ -72,7 +72,7 @@ def test_a_stale_job_for_a_run_already_taken_does_nothing():
     assert (agent_run.lease_owner, agent_run.lease_token, agent_run.step_count) == (
         lease.owner,
         1,
-        0,
+        1,  # the first claim's request step, and nothing from the stale job
     )
     assert OutboxNotification.objects.count() == 0
 

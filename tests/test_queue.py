@@ -25,6 +25,29 @@ def test_a_queued_run_completes_on_a_real_rqworker(workers, queue):
     assert agent_run.steps.count() == 4
 
 
+@pytest.mark.worker
+@pytest.mark.parametrize(
+    ("worker_class", "forks"), [("rq.worker.Worker", True), ("rq.worker.SimpleWorker", False)]
+)
+def test_the_worker_class_and_connection_reuse_come_from_the_environment(
+    workers, queue, settings, worker_class, forks
+):
+    settings.NRLLM_TOOLS = ["tests.tools_for_tests.ProcessProbe"]
+    probe = scripted(call("process_probe"), answer(), tools=["process_probe"])
+    runs = [enqueue(probe) for _ in range(3)]
+    worker = workers.start(burst=True, NRLLM_WORKER_CLASS=worker_class, DATABASE_CONN_MAX_AGE=60)
+    worker.communicate(timeout=60)
+    seen = [AgentRun.objects.get(pk=run.pk).steps.get(kind="tool").result for run in runs]
+    pids = {result["pid"] for result in seen}
+    backends = {result["backend_pid"] for result in seen}
+    if forks:
+        # A work horse per job, each with a connection of its own.
+        assert worker.pid not in pids and len(pids) == 3 and len(backends) == 3
+    else:
+        # Every job in the worker itself, on one kept connection.
+        assert pids == {worker.pid} and len(backends) == 1
+
+
 def test_the_job_is_dispatched_only_after_commit(queue):
     with transaction.atomic():
         agent_run = enqueue(scripted(answer()))

@@ -118,7 +118,7 @@ def test_a_worker_that_renewed_after_the_reaper_looked_keeps_its_run():
     assert (agent_run.status, agent_run.lease_owner, agent_run.step_count) == (
         "running",
         "dead-worker",
-        0,
+        1,  # the claim's request step only: no reaper step
     )
 
 

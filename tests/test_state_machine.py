@@ -64,6 +64,8 @@ class RunLifecycle(RuleBasedStateMachine):
         claimed = transitions.claim(self.run_id, f"{worker}-{next(self.claims)}", LEASE)
         if self.status == "queued":
             assert claimed is not None and claimed.lease.token == self.token + 1
+            assert claimed.resumed == (self.steps > 0)
+            self.steps += 1  # the claim records the attempt's request step
             lease = claimed.lease
             self.leases[worker] = lease
             self.status, self.owner, self.token = "running", lease.owner, lease.token

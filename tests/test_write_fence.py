@@ -105,7 +105,7 @@ def test_the_step_before_a_write_stamps_its_fence_unless_a_cancel_was_requested(
     )
     assert outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED
     after = AgentRun.objects.get(pk=agent_run.pk)
-    assert (after.pending_effect, after.pending_call, after.step_count) == ("", None, 2)
+    assert (after.pending_effect, after.pending_call, after.step_count) == ("", None, 3)
 
 
 def test_a_re_executed_run_stamps_the_fence_before_a_write_it_has_not_recorded(settings):

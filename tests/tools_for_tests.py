@@ -1,5 +1,6 @@
 """Tool classes the tests register through ``NRLLM_TOOLS``."""
 
+import os
 import time
 
 from django.db import connection
@@ -29,6 +30,20 @@ class ReadFenceProbe(FenceProbe):
     name = "fence_probe_read"
     description = "read-only tool that reports the fence it runs under"
     effect = ToolEffect.READ_ONLY
+
+
+class ProcessProbe(Tool):
+    """Reports which process and which database backend executed it."""
+
+    name = "process_probe"
+    description = "read-only tool that reports its process id and database backend"
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backend = cursor.fetchone()[0]
+        return {"pid": os.getpid(), "backend_pid": backend}
 
 
 class NoEffectDeclared(Tool):

@@ -2,9 +2,10 @@
 
 from dataclasses import dataclass
 
+from django.db import DatabaseError, transaction
 from django.db.models import F
 
-from runs.models import AgentRun
+from runs.models import AgentRun, RunStep
 from runs.transitions._common import (
     Lease,
     _expiry,
@@ -12,8 +13,9 @@ from runs.transitions._common import (
     _owned,
     _update_returning,
     db_time,
+    logger,
 )
-from runs.vocabulary import RunMode, RunStatus
+from runs.vocabulary import RunMode, RunStatus, StepKind
 
 
 def create_queued_run(request: dict, prompt: str) -> AgentRun:
@@ -55,31 +57,61 @@ class ClaimedRun:
     #: Steps exist from an earlier attempt: this attempt re-executes the run
     #: and must look for recorded writes before repeating one.
     resumed: bool
+    #: The claim recorded the attempt's request step (fail-soft: it may not).
+    request_recorded: bool
 
 
 def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
-    """Take a ``queued`` run: ``queued → running`` with a new lease token.
+    """Take a ``queued`` run: ``queued → running`` with a new lease token, and
+    record the attempt's first step (its request) in the same transaction.
 
     Of any number of concurrent claims exactly one matches; a duplicate or
-    stale job gets None and must do nothing. One statement: the UPDATE
-    returns what the worker needs (token, request, budget, history).
+    stale job gets None and must do nothing. The UPDATE returns what the
+    worker needs (token, request, budget, history), so one commit starts the
+    attempt. The request step is fail-soft like every non-tool step (G2): if
+    the database refuses it, the claim stands without it.
     """
-    rows = _update_returning(
-        AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED),
-        ("lease_token", "request", "requeue_count", "step_count"),
-        status=RunStatus.RUNNING,
-        lease_owner=owner,
-        lease_token=F("lease_token") + 1,
-        lease_expires_at=_expiry(lease_seconds),
-        pending_effect="",
-        pending_call=None,
-        started_at=db_time(),
-    )
-    if not rows:
-        return None
-    token, request, requeue_count, step_count = rows[0]
+    with transaction.atomic():
+        rows = _update_returning(
+            AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED),
+            ("lease_token", "request", "requeue_count", "step_count"),
+            status=RunStatus.RUNNING,
+            lease_owner=owner,
+            lease_token=F("lease_token") + 1,
+            lease_expires_at=_expiry(lease_seconds),
+            pending_effect="",
+            pending_call=None,
+            started_at=db_time(),
+            step_count=F("step_count") + 1,
+        )
+        if not rows:
+            return None
+        token, request, requeue_count, step_count = rows[0]
+        recorded = _record_request_step(run_id, step_count, token, request)
     _log_change("claim", run_id, lease_token=token)
-    return ClaimedRun(Lease(str(run_id), owner, token), request, requeue_count, step_count > 0)
+    # Steps beyond the request step this claim numbered: an earlier attempt ran.
+    resumed = step_count > 1
+    lease = Lease(str(run_id), owner, token)
+    return ClaimedRun(lease, request, requeue_count, resumed, recorded)
+
+
+def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bool:
+    """Insert the attempt's request step in a savepoint of the claim's
+    transaction; on a refusal, undo the number it took and carry on."""
+    try:
+        with transaction.atomic():
+            RunStep.objects.create(
+                run_id=run_id,
+                sequence=sequence,
+                lease_token=token,
+                kind=StepKind.REQUEST,
+                arguments=request,
+            )
+    except DatabaseError as error:
+        logger.error("run=%s request step not persisted: %s", run_id, error)
+        AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") - 1)
+        return False
+    return True
 
 
 def renew_lease(
