@@ -2,6 +2,9 @@
 PYTHON ?= $(shell scripts/find-python)
 VENV := .venv
 PY := $(VENV)/bin/python
+# The bench's peer (DBOS Transact) lives in a virtualenv of its own.
+DBOS_VENV := .venv-dbos
+export NRLLM_BENCH_DBOS_PYTHON := $(CURDIR)/$(DBOS_VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: run test lint venv dev-venv bench screenshots clean
@@ -13,6 +16,11 @@ $(VENV)/.installed: requirements.txt
 
 $(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+$(DBOS_VENV)/.installed: bench/requirements-dbos.txt
+	test -x $(DBOS_VENV)/bin/python || $(PYTHON) -m venv $(DBOS_VENV)
+	$(DBOS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r bench/requirements-dbos.txt
 	touch $@
 
 venv: $(VENV)/.installed
@@ -38,14 +46,14 @@ lint: dev-venv
 
 ## make test: installs what is missing, starts a throwaway PostgreSQL and
 ## redis-server, runs the whole suite against them, stops them.
-test: dev-venv
+test: dev-venv $(DBOS_VENV)/.installed
 	scripts/install-system-deps
 	$(MAKE) lint
 	$(PY) -m tests.harness $(PY) -m pytest $(PYTEST_ARGS)
 
 ## make bench: the runtime's cost against baselines measured in the same run
 ## (durable PostgreSQL), written to bench/results.json and bench/results.md.
-bench: dev-venv
+bench: dev-venv $(DBOS_VENV)/.installed
 	scripts/install-system-deps
 	NRLLM_HARNESS_DURABLE=1 $(PY) -m tests.harness $(PY) -m bench.run
 
@@ -55,4 +63,4 @@ screenshots: dev-venv
 	NRLLM_UPDATE_SCREENSHOTS=1 $(PY) -m tests.harness $(PY) -m pytest -n0 tests/test_browser.py
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(DBOS_VENV) var .pytest_cache .ruff_cache

@@ -1,5 +1,6 @@
 """The measurements. Each returns a dict of numbers; ``bench.run`` assembles them."""
 
+import json
 import resource
 import subprocess
 import sys
@@ -96,6 +97,41 @@ def durable_baseline(steps: int) -> dict:
         "fsync": fsync,
         "synchronous_commit": synchronous_commit,
     }
+
+
+def ten_step_runs(runs: int) -> dict:
+    """The peer workload on our side: ``runs`` runs of ten recorded steps each
+    (request, four no-op read calls with their llm turns, the answer), each
+    created, claimed, executed and settled in-process, one after another."""
+    from runs.models import AgentRun
+    from runs.runtime import enqueue
+
+    request = _steps_request("noop_read", 5)
+    enqueue(request)  # warm-up, as the peer does
+    started = time.perf_counter()
+    ids = [enqueue(request).pk for _ in range(runs)]
+    elapsed = time.perf_counter() - started
+    steps = sum(AgentRun.objects.filter(pk__in=ids).values_list("step_count", flat=True))
+    assert steps == 10 * runs, steps
+    return {"runs": runs, "steps": steps, "steps_per_second": steps / elapsed}
+
+
+def dbos_peer(python: str, base_url: str, workflows: int, database: str) -> dict:
+    """The same workload on DBOS Transact, run by ``bench/dbos_peer.py`` in its
+    own virtualenv against a fresh database on the same server."""
+    server, _, _ = base_url.rpartition("/")
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{database}"')
+    script = ROOT / "bench" / "dbos_peer.py"
+    completed = subprocess.run(
+        [python, str(script), f"{server}/{database}", str(workflows)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 WORKER_CLASSES = {

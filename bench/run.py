@@ -19,6 +19,7 @@ SIZES = {
     "full": {
         "steps": 200,
         "step_rounds": 7,
+        "peer_workflows": 300,
         "queue_runs": 2000,
         "scale_runs": 1_000_000,
         "steps_per_run": 10,
@@ -26,6 +27,7 @@ SIZES = {
     "smoke": {
         "steps": 40,
         "step_rounds": 1,
+        "peer_workflows": 5,
         "queue_runs": 40,
         "scale_runs": 2000,
         "steps_per_run": 10,
@@ -36,6 +38,7 @@ TARGETS = {
     "idempotent write step / baseline": 0.33,
     "non-idempotent write step / baseline": 0.33,
     "queue runs / bare RQ": 0.8,
+    "ours / DBOS Transact": 4.0,
 }
 
 
@@ -87,6 +90,19 @@ def _markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _peer_figures(base_url: str, size: dict, database: str) -> dict:
+    from bench import figures
+
+    python = os.environ.get("NRLLM_BENCH_DBOS_PYTHON")
+    if not python or not Path(python).exists():
+        sys.exit(
+            "bench: NRLLM_BENCH_DBOS_PYTHON must name the DBOS virtualenv's python (make bench)"
+        )
+    ours = figures.ten_step_runs(size["peer_workflows"])
+    theirs = figures.dbos_peer(python, base_url, size["peer_workflows"], f"{database}_dbos")
+    return {"ours": ours, "dbos": theirs}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
@@ -94,7 +110,7 @@ def main(argv=None) -> int:
     parser.add_argument("--database", default="nrllm_bench")
     parser.add_argument(
         "--only",
-        choices=["steps"],
+        choices=["steps", "peer"],
         help="measure only these figures and print them (results files untouched)",
     )
     args = parser.parse_args(argv)
@@ -113,7 +129,12 @@ def main(argv=None) -> int:
 
     call_command("migrate", verbosity=0)
     started = time.perf_counter()
+    if args.only == "peer":
+        peer = _peer_figures(base_url, size, args.database)
+        print(json.dumps(peer, indent=2))
+        return 0
     steps, baseline = figures.step_figures(size["steps"], size["step_rounds"])
+    peer = _peer_figures(base_url, size, args.database)
     if args.only == "steps":
         print(json.dumps({"steps": steps, "baseline": baseline}, indent=2, default=str))
         return 0
@@ -157,12 +178,22 @@ def main(argv=None) -> int:
             }
         )
     table.append({"figure": "worker peak RSS", "value": f"{queue['worker_peak_rss_mb']:.0f} MB"})
-    table.append({"figure": "DBOS Transact peer", "value": "not measured yet (see notes)"})
+    table.append(
+        {
+            "figure": f"10-step no-op runs, {peer['ours']['runs']} in a row, "
+            f"vs DBOS Transact {peer['dbos']['dbos_version']} workflows",
+            "value": f"{peer['ours']['steps_per_second']:.0f} steps/s",
+            "baseline": f"{peer['dbos']['steps_per_second']:.0f} DBOS steps/s",
+            "ratio": peer["ours"]["steps_per_second"] / peer["dbos"]["steps_per_second"],
+            "target": TARGETS["ours / DBOS Transact"],
+        }
+    )
     results = {
         "mode": "smoke" if args.smoke else "full",
         "seconds": time.perf_counter() - started,
         "step_overhead": steps,
         "durable_baseline": baseline,
+        "peer": peer,
         "through_the_queue": queue,
         "at_scale": at_scale,
         "table": table,

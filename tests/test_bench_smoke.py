@@ -38,6 +38,9 @@ def test_the_bench_produces_every_figure(tmp_path):
         figure = results["step_overhead"][tool]
         assert figure["steps_per_second"] > 0 and figure["statements_per_step"] > 0
     assert results["durable_baseline"]["steps_per_second"] > 0
+    peer = results["peer"]
+    assert peer["ours"]["steps"] == peer["dbos"]["steps"] > 0
+    assert peer["dbos"]["dbos_version"] and peer["dbos"]["steps_per_second"] > 0
     queue = results["through_the_queue"]
     assert set(queue["worker_classes"]) == {"rq.worker.Worker", "rq.worker.SimpleWorker"}
     for figure in queue["worker_classes"].values():
