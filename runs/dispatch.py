@@ -52,6 +52,31 @@ def dispatch(run_id, *, requeue_count: int = 0, delay_seconds: float = 0) -> Non
         queue.enqueue(JOB_FUNCTION, str(run_id), **options)
 
 
+def dispatch_many(runs: list[tuple[str, int]]) -> None:
+    """Wake a worker for each ``(run_id, requeue_count)`` now, in one Redis
+    pipeline (the reaper's requeues); raises if the pipeline fails."""
+    if not runs:
+        return
+    if not settings.REDIS_URL:
+        for run_id, requeue_count in runs:
+            dispatch(run_id, requeue_count=requeue_count)
+        return
+    queue = run_queue()
+    queue.enqueue_many(
+        [
+            Queue.prepare_data(
+                JOB_FUNCTION,
+                args=(str(run_id),),
+                timeout=JOB_OPTIONS["job_timeout"],
+                result_ttl=JOB_OPTIONS["result_ttl"],
+                failure_ttl=JOB_OPTIONS["failure_ttl"],
+                job_id=job_id_for(run_id, requeue_count),
+            )
+            for run_id, requeue_count in runs
+        ]
+    )
+
+
 def live_job_ids(job_ids: list[str], *, started_within_seconds: float) -> set[str]:
     """Those of ``job_ids`` that will still wake a worker.
 

@@ -19,7 +19,7 @@ from runs import transitions
 from runs.dispatch import job_id_for, live_job_ids
 from runs.metrics import REAPER_DECISIONS
 from runs.models import AgentRun
-from runs.transitions import StaleLease, db_time
+from runs.transitions import Reaping, StaleLease, db_time
 from runs.vocabulary import DeadLetterReason, RunStatus, StepKind
 from tools.effects import ToolEffect
 
@@ -66,6 +66,11 @@ class ReapReport:
         return f"{counts}, left to a live worker {self.lost_races}"
 
 
+#: Stale runs reaped per transaction: one commit and one Redis pipeline per
+#: chunk instead of per run, while row locks are held only briefly.
+CHUNK_SIZE = 100
+
+
 def reap_stale_runs(*, as_of: datetime | None = None, batch_size: int = 1000) -> ReapReport:
     """One reaper pass. ``as_of`` replaces the database's "now" (for tests)."""
     report = ReapReport()
@@ -83,20 +88,40 @@ def reap_stale_runs(*, as_of: datetime | None = None, batch_size: int = 1000) ->
             "cancel_requested_at",
         )[:batch_size]
     )
-    for run in stale_runs:
-        _reap_one(run, as_of, report)
+    stale_runs = list(stale_runs)
+    for start in range(0, len(stale_runs), CHUNK_SIZE):
+        _reap_chunk(stale_runs[start : start + CHUNK_SIZE], as_of, report)
     _redispatch_lost_jobs(as_of, batch_size, report)
     return report
 
 
-def _reap_one(run: dict, as_of, report: ReapReport) -> None:
-    decision = decide_reap(
-        pending_effect=run["pending_effect"],
-        requeue_count=run["requeue_count"],
-        max_requeues=settings.NRLLM_MAX_REQUEUES,
-        cancel_requested=run["cancel_requested_at"] is not None,
-    )
-    stale = StaleLease(str(run["id"]), run["lease_token"])
+def _reap_chunk(runs: list[dict], as_of, report: ReapReport) -> None:
+    """Decide each run, then carry out each decision for its whole group in
+    one transition; requeued runs are dispatched in one pipeline after commit."""
+    groups: dict[ReapDecision, list[Reaping]] = {}
+    for run in runs:
+        decision = decide_reap(
+            pending_effect=run["pending_effect"],
+            requeue_count=run["requeue_count"],
+            max_requeues=settings.NRLLM_MAX_REQUEUES,
+            cancel_requested=run["cancel_requested_at"] is not None,
+        )
+        groups.setdefault(decision, []).append(_reaping(run, decision))
+    requeue_counts = {str(run["id"]): run["requeue_count"] for run in runs}
+    with transaction.atomic():
+        for decision, reapings in groups.items():
+            if decision.action == REQUEUE:
+                reaped = transitions.reap_requeue(reapings, as_of)
+                requeued = [(run_id, requeue_counts[run_id] + 1) for run_id in reaped]
+                transaction.on_commit(functools.partial(_dispatch_many, requeued))
+            elif decision.action == CANCEL:
+                reaped = transitions.reap_cancelled(reapings, as_of)
+            else:
+                reaped = transitions.reap_dead_letter(reapings, as_of, reason=decision.reason)
+            _report(decision, reapings, reaped, report)
+
+
+def _reaping(run: dict, decision: ReapDecision) -> Reaping:
     step = {
         "kind": StepKind.REAPER,
         "result": {
@@ -109,37 +134,32 @@ def _reap_one(run: dict, as_of, report: ReapReport) -> None:
             "requeue_count": run["requeue_count"],
         },
     }
-    if decision.action == REQUEUE:
-        done = transitions.reap_requeue(stale, as_of, step)
-        if done:
-            count = run["requeue_count"] + 1
-            _dispatch_after_commit(stale.run_id, count)
-    elif decision.action == CANCEL:
-        done = transitions.reap_cancelled(stale, as_of, step)
-    else:
-        done = transitions.reap_dead_letter(
-            stale,
-            as_of,
-            step,
-            reason=decision.reason,
-            error=(
-                f"lease of {run['lease_owner']} (token {run['lease_token']}) expired at "
-                f"{run['lease_expires_at'].isoformat()} with fence {run['pending_effect']!r}"
-            ),
+    error = ""
+    if decision.action == DEAD_LETTER:
+        error = (
+            f"lease of {run['lease_owner']} (token {run['lease_token']}) expired at "
+            f"{run['lease_expires_at'].isoformat()} with fence {run['pending_effect']!r}"
         )
-    if not done:
-        report.lost_races += 1
-        logger.info("reaper: run=%s renewed or taken before the reaper acted", stale.run_id)
-        return
-    report.decisions[stale.run_id] = f"{decision.action}: {decision.reason}"
-    REAPER_DECISIONS.labels(decision.action).inc()
-    logger.warning(
-        "reaper: run=%s lease_token=%s %s (%s)",
-        stale.run_id,
-        stale.token,
-        decision.action,
-        decision.reason,
-    )
+    return Reaping(StaleLease(str(run["id"]), run["lease_token"]), step, error)
+
+
+def _report(decision: ReapDecision, reapings: list[Reaping], reaped: list[str], report) -> None:
+    done = set(reaped)
+    for reaping in reapings:
+        run_id = reaping.stale.run_id
+        if run_id not in done:
+            report.lost_races += 1
+            logger.info("reaper: run=%s renewed or taken before the reaper acted", run_id)
+            continue
+        report.decisions[run_id] = f"{decision.action}: {decision.reason}"
+        REAPER_DECISIONS.labels(decision.action).inc()
+        logger.warning(
+            "reaper: run=%s lease_token=%s %s (%s)",
+            run_id,
+            reaping.stale.token,
+            decision.action,
+            decision.reason,
+        )
 
 
 def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
@@ -166,6 +186,12 @@ def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
             REAPER_DECISIONS.labels(REDISPATCH).inc()
             logger.warning("reaper: run=%s redispatched (its job was lost)", run_id)
             _dispatch_after_commit(run_id, requeue_count)
+
+
+def _dispatch_many(runs: list[tuple[str, int]]) -> None:
+    from runs.runtime import dispatch_many_or_fail
+
+    dispatch_many_or_fail(runs)
 
 
 def _dispatch_after_commit(run_id, requeue_count: int) -> None:

@@ -61,6 +61,17 @@ def dispatch_or_fail(run_id, *, requeue_count: int, delay_seconds: float = 0) ->
             logger.exception("run=%s could not be marked dispatch_failed", run_id)
 
 
+def dispatch_many_or_fail(runs: list[tuple[str, int]]) -> None:
+    """Dispatch many runs at once; if that fails, dispatch each on its own
+    (failing those that still cannot be dispatched)."""
+    try:
+        dispatch.dispatch_many(runs)
+    except Exception:
+        logger.exception("dispatch of %d runs in one pipeline failed; one by one", len(runs))
+        for run_id, requeue_count in runs:
+            dispatch_or_fail(run_id, requeue_count=requeue_count)
+
+
 def run_queued(run_id) -> None:
     """Claim and execute a queued run. Never raises for a run's outcome.
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 
 from runs import transitions
@@ -15,7 +16,7 @@ from runs.models import AgentRun, DeadLetter, RunStep
 from runs.reaper import reap_stale_runs
 from runs.run_request import parse_run_request
 from runs.runtime import enqueue
-from runs.transitions import StaleLease
+from runs.transitions import Reaping, StaleLease
 from tests.helpers import answer, scripted
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -110,10 +111,10 @@ def test_a_worker_that_renewed_after_the_reaper_looked_keeps_its_run():
     as_of = later(120)  # the reaper saw the lease (60s) as expired...
     lease = transitions.Lease(str(agent_run.pk), "dead-worker", agent_run.lease_token)
     assert transitions.heartbeat(lease, 600)  # ...and the slow worker renewed in between.
-    step = {"kind": "reaper", "result": {}}
-    assert not transitions.reap_requeue(seen, as_of, step)
-    assert not transitions.reap_dead_letter(seen, as_of, step, reason="write_interrupted", error="")
-    assert not transitions.reap_cancelled(seen, as_of, step)
+    reaping = [Reaping(seen, {"kind": "reaper", "result": {"decision": "x"}})]
+    assert transitions.reap_requeue(reaping, as_of) == []
+    assert transitions.reap_dead_letter(reaping, as_of, reason="write_interrupted") == []
+    assert transitions.reap_cancelled(reaping, as_of) == []
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.lease_owner, agent_run.step_count) == (
         "running",
@@ -206,3 +207,23 @@ def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_dispatched_again(que
     report = reap_stale_runs(as_of=later(120))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
     assert job_id in queue.get_job_ids()
+
+
+def test_a_group_reap_checks_each_runs_own_token():
+    """Runs with the same decision are reaped in one UPDATE, still guarded run by
+    run: one re-claimed meanwhile (a new token, its lease as expired) is left alone."""
+    reclaimed, stale = stale_run(), stale_run()
+    seen = [
+        Reaping(
+            StaleLease(str(run.pk), run.lease_token),
+            {"kind": "reaper", "result": {"decision": "requeued", "n": i}},
+        )
+        for i, run in enumerate((reclaimed, stale))
+    ]
+    AgentRun.objects.filter(pk=reclaimed.pk).update(lease_token=F("lease_token") + 1)
+    assert transitions.reap_requeue(seen, later(120)) == [str(stale.pk)]
+    reclaimed.refresh_from_db()
+    stale.refresh_from_db()
+    assert (reclaimed.status, stale.status) == ("running", "queued")
+    assert stale.steps.get(kind="reaper").result["n"] == 1
+    assert not reclaimed.steps.filter(kind="reaper").exists()

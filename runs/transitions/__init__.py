@@ -28,6 +28,7 @@ from runs.transitions.lease import (
 )
 from runs.transitions.operators import append_operator_step, operator_requeue
 from runs.transitions.reaping import (
+    Reaping,
     StaleLease,
     note_redispatch,
     reap_cancelled,
@@ -42,6 +43,7 @@ __all__ = [
     "Lease",
     "NextCall",
     "RecordOutcome",
+    "Reaping",
     "StaleLease",
     "append_operator_step",
     "begin_interactive",
