@@ -89,6 +89,9 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
     with connection.cursor() as cursor:
         cursor.execute("SELECT id FROM runs_agentrun ORDER BY created_at DESC LIMIT 1 OFFSET 100")
         some_run = str(cursor.fetchone()[0])
+    pages["admin runs search (prompt)"] = _timed(
+        lambda: client.get("/admin/runs/agentrun/?q=prompt+123456")
+    )
     pages["api runs list"] = _timed(lambda: api.get("/api/runs/"))
     pages["api runs list (status)"] = _timed(lambda: api.get("/api/runs/?status=failed"))
     pages["api steps page"] = _timed(lambda: api.get(f"/api/runs/{some_run}/steps/?after=3"))
@@ -125,6 +128,12 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
         ),
         "admin list by status": _plan(
             "SELECT * FROM runs_agentrun WHERE status = 'failed' ORDER BY created_at DESC LIMIT 51"
+        ),
+        "admin prompt search": _plan(
+            "SELECT id FROM runs_agentrun WHERE UPPER(prompt) LIKE UPPER(%s) "
+            "OR UPPER(lease_owner) = UPPER(%s) "
+            "ORDER BY created_at + interval '0 seconds' DESC, id DESC LIMIT 51",
+            ["%prompt 123456%", "prompt 123456"],
         ),
         "reaper selection": _plan(
             "SELECT id FROM runs_agentrun WHERE status = 'running' AND lease_expires_at < now() "

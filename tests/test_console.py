@@ -244,3 +244,20 @@ def test_the_django_rq_dashboard_is_reachable_from_the_console(operator_client, 
     overview = operator_client.get(f"{RUNS}overview/").content.decode()
     assert 'href="/admin/django-rq/"' in overview
     assert operator_client.get("/admin/django-rq/").status_code == 200
+
+
+def test_the_admin_prompt_search_uses_its_indexes(operator_client):
+    """icontains on the prompt (a leading wildcard) OR-ed with the lease owner,
+    newest first: with sequential scans priced out, the page's query must ask
+    both indexes rather than walk created_at past non-matching rows."""
+    with CaptureQueriesContext(connection) as queries:
+        response = operator_client.get(RUNS, {"q": "deploy"})
+    assert response.status_code == 200
+    [search] = [
+        q["sql"] for q in queries.captured_queries if "LIKE" in q["sql"] and "LIMIT" in q["sql"]
+    ]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + search)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "runs_agentrun_prompt_trgm" in plan and "runs_agentrun_lease_owner" in plan, plan

@@ -2,11 +2,13 @@
 actions, and the operator pages (overview, writes in doubt, reconcile)."""
 
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import DateTimeField, ExpressionWrapper, F, OrderBy, Value
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -29,6 +31,22 @@ from runs.requeue_safety import requeue_safety
 from tools.registry import effect_for
 
 STEPS_PER_PAGE = 50
+
+
+_CREATED_AT_UNINDEXED = ExpressionWrapper(
+    F("created_at") + Value(timedelta(0)), output_field=DateTimeField()
+)
+
+
+def _is_text_search(request) -> bool:
+    term = request.GET.get("q", "").strip()
+    if not term:
+        return False
+    try:
+        uuid.UUID(term)
+    except ValueError:
+        return True
+    return False
 
 
 class ReadOnly:
@@ -140,13 +158,27 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
 
     def get_search_results(self, request, queryset, search_term):
-        # A run id is answered by the primary key alone; OR-ing it with the
-        # prompt's icontains would scan every row.
+        # A run id is answered by the primary key alone; anything else by the
+        # prompt and the lease owner, each behind an index (migration 0009).
+        # OR-ing an id clause into the text search would scan every row.
         try:
             run_id = uuid.UUID(search_term.strip())
         except ValueError:
             return super().get_search_results(request, queryset, search_term)
         return queryset.filter(pk=run_id), False
+
+    def get_search_fields(self, request):
+        return [field for field in self.search_fields if field != "=id"]
+
+    def get_ordering(self, request):
+        if _is_text_search(request):
+            # Newest first by an expression no index provides: otherwise
+            # PostgreSQL, guessing a text match is common, walks the
+            # created_at index past every non-matching row to fill a page
+            # (0.6 s at 1M runs for a term nothing matches) instead of asking
+            # the trigram index (milliseconds).
+            return [OrderBy(_CREATED_AT_UNINDEXED, descending=True), "-pk"]
+        return super().get_ordering(request)
 
     # --- columns ---------------------------------------------------------------
 
