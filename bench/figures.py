@@ -11,6 +11,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from rq.job import Job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,9 +143,14 @@ WORKER_CLASSES = {
 }
 
 
-def _drain_with_workers(env: dict, workers: int, worker_class: str) -> float:
+def _drain_with_workers(env: dict, workers: int, worker_class: str, job_ids: list) -> float:
+    """Seconds from the first of ``job_ids`` starting to the last one ending:
+    the workers' own start-up (importing Django) is left out, for ours and
+    bare RQ alike."""
+    from runs.dispatch import run_queue
+
     env = {**env, "NRLLM_WORKER_CLASS": worker_class, **WORKER_CLASSES[worker_class]}
-    started = time.perf_counter()
+    queue = run_queue()
     processes = [
         subprocess.Popen(
             [sys.executable, "manage.py", "rqworker", "--burst", settings.NRLLM_QUEUE_NAME],
@@ -157,13 +163,17 @@ def _drain_with_workers(env: dict, workers: int, worker_class: str) -> float:
     ]
     for process in processes:
         process.wait(timeout=600)
-    return time.perf_counter() - started
+    jobs = Job.fetch_many(job_ids, connection=queue.connection)
+    assert all(job is not None and job.ended_at for job in jobs), "a job did not finish"
+    first = min(job.started_at for job in jobs)
+    last = max(job.ended_at for job in jobs)
+    return (last - first).total_seconds()
 
 
 def through_the_queue(runs: int, worker_env: dict) -> dict:
     """One-step runs drained by 2 rqworkers, next to bare no-op RQ jobs drained
     by the same worker class, for each worker class."""
-    from runs.dispatch import run_queue
+    from runs.dispatch import job_id_for, run_queue
     from runs.models import AgentRun
     from runs.runtime import enqueue
 
@@ -173,13 +183,11 @@ def through_the_queue(runs: int, worker_env: dict) -> dict:
         queue.empty()
         prompt = f"through {worker_class}"
         request = {"prompt": prompt, "provider": {"kind": "scripted", "turns": [{"content": "ok"}]}}
-        for _ in range(runs):
-            enqueue(request)
-        ours = _drain_with_workers(worker_env, 2, worker_class)
+        ours_jobs = [job_id_for(enqueue(request).pk, 0) for _ in range(runs)]
+        ours = _drain_with_workers(worker_env, 2, worker_class, ours_jobs)
         done = AgentRun.objects.filter(prompt=prompt, status="completed").count()
-        for _ in range(runs):
-            queue.enqueue("bench.tools.noop_job")
-        bare = _drain_with_workers(worker_env, 2, worker_class)
+        bare_jobs = [queue.enqueue("bench.tools.noop_job").id for _ in range(runs)]
+        bare = _drain_with_workers(worker_env, 2, worker_class, bare_jobs)
         figures[worker_class] = {
             "runs": runs,
             "completed": done,

@@ -18,7 +18,7 @@ from runs import metrics, transitions
 from runs.errors import AuditPersistenceFailed, LeaseLost, RunCancelled
 from runs.loop import PlannedCall, RecordedOutcome, StepEvent
 from runs.models import RunStep
-from runs.transitions import Lease, NextCall, RecordOutcome
+from runs.transitions import FinishOutcome, Lease, NextCall, RecordOutcome
 from runs.vocabulary import StepKind
 from tools.contract import ToolContext, idempotency_key_for
 
@@ -36,6 +36,8 @@ class LeasedExecution:
         self.resumed = resumed
         #: Idempotency key of the call the last record renewed the lease for.
         self._renewed_for: str | None = None
+        #: The final answer's record settled the run (``finish``).
+        self.settled = False
 
     # --- hooks the agent loop calls ----------------------------------------
 
@@ -111,6 +113,23 @@ class LeasedExecution:
                 f"could not be persisted (idempotency key {event.idempotency_key})"
             )
         self._heartbeat_after_unrecorded_step()
+
+    def finish(self, event: StepEvent, output: str) -> None:
+        """Record the final answer and settle the run with it, in one write.
+
+        ``settled`` tells the runtime whether that happened (``completed``, or
+        ``cancelled`` when a cancel won). If the database refused the step,
+        nothing is settled: the run goes on to an ordinary settle without it.
+        """
+        with metrics.STEP_RECORD_SECONDS.time():
+            outcome = transitions.finish(self.lease, _step_fields(event), output=output)
+        if outcome is FinishOutcome.LEASE_LOST:
+            raise LeaseLost()
+        if outcome is FinishOutcome.FAILED:
+            self._heartbeat_after_unrecorded_step()
+            return
+        metrics.STEPS.labels(event.kind, "none").inc()
+        self.settled = True
 
     # --- helpers -----------------------------------------------------------
 

@@ -76,6 +76,8 @@ class LoopObserver(Protocol):
 
     def after_step(self, event: StepEvent, next_call: PlannedCall | None = None) -> None: ...
 
+    def finish(self, event: StepEvent, output: str) -> None: ...
+
 
 def tool_spec(tool: Tool) -> dict:
     return {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
@@ -100,31 +102,34 @@ def run_agent_loop(
             for index, call in enumerate(turn.tool_calls)
         ]
         calls = [{"name": call.name, "arguments": call.arguments} for call in turn.tool_calls]
-        observer.after_step(
-            StepEvent(
-                kind=StepKind.LLM,
-                result={"content": turn.content, "tool_calls": calls, **turn.meta},
-            ),
-            next_call=_runnable(planned, 0),
+        event = StepEvent(
+            kind=StepKind.LLM,
+            result={"content": turn.content, "tool_calls": calls, **turn.meta},
         )
+        if not turn.tool_calls:
+            # The final answer: its step is recorded with the run's settle.
+            observer.finish(event, turn.content)
+            messages.append({"role": "assistant", "content": turn.content})
+            return LoopOutcome(TerminationReason.COMPLETED, turn.content, messages)
+        observer.after_step(event, next_call=_runnable(planned, 0))
         # The conversation is kept in the chat-completions shape, which
         # OpenAI-compatible providers take as is.
         call_ids = [
             call.id or f"call_{iteration}_{index}" for index, call in enumerate(turn.tool_calls)
         ]
-        assistant = {"role": "assistant", "content": turn.content}
-        if turn.tool_calls:
-            assistant["tool_calls"] = [
+        assistant = {
+            "role": "assistant",
+            "content": turn.content,
+            "tool_calls": [
                 {
                     "id": call_id,
                     "type": "function",
                     "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
                 }
                 for call_id, call in zip(call_ids, turn.tool_calls, strict=True)
-            ]
+            ],
+        }
         messages.append(assistant)
-        if not turn.tool_calls:
-            return LoopOutcome(TerminationReason.COMPLETED, turn.content, messages)
         for index, (call_id, call, plan) in enumerate(
             zip(call_ids, turn.tool_calls, planned, strict=True)
         ):

@@ -158,6 +158,8 @@ def _execute(
     except Exception as error:
         _settle_failure(lease, error, mode, requeue_count=requeue_count)
         return
+    if execution.settled:
+        return  # the final answer's record settled the run
     if outcome.reason == TerminationReason.COMPLETED:
         transitions.settle(lease, RunStatus.COMPLETED, outcome.reason, output=outcome.output)
     else:

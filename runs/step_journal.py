@@ -1,11 +1,18 @@
-"""Recording a step on PostgreSQL in one statement.
+"""The PostgreSQL statements that change a run and append one of its steps at
+once, each a single data-modifying CTE.
 
-The guarded UPDATE of the run (ownership, lease renewal, fence clearing or
-the next call's fence, totals, next sequence) and the INSERT of the step are
-folded into one
-data-modifying CTE: one round trip instead of five (BEGIN, UPDATE, SELECT,
-INSERT, COMMIT). A single statement is atomic on its own, so a refused
-INSERT still rolls back the renewal and the fence clearing (G2, G6).
+One round trip instead of five (BEGIN, UPDATE, SELECT, INSERT, COMMIT), and
+a single statement is atomic on its own: a refused INSERT rolls back the
+run's change with it (G2, G6). Three run changes ride with a step:
+
+- recording a step under the lease (renewal, fence clearing or the next
+  call's fence, totals, next sequence);
+- the claim, with the attempt's request step;
+- the final answer, with the settle (``completed``, or ``cancelled`` when a
+  cancel was requested: a cancel wins over a final answer, G9).
+
+The transitions package calls these on PostgreSQL and does the same with
+the ORM elsewhere; only it decides when.
 """
 
 import json
@@ -24,6 +31,24 @@ _STEP_COLUMNS = (
     "idempotency_key",
     "replay_of",
 )
+_INSERT_STEP = f"""
+    INSERT INTO {RunStep._meta.db_table}
+        (run_id, sequence, lease_token, created_at, {", ".join(_STEP_COLUMNS)})
+    SELECT id, step_count, lease_token, statement_timestamp(),
+        %(kind)s, %(tool_name)s, %(effect)s, %(arguments)s::jsonb, %(result)s::jsonb,
+        %(error)s, %(idempotency_key)s, %(replay_of)s
+    FROM run
+"""
+_OWNED = """
+    WHERE id = %(run_id)s AND status = 'running'
+      AND lease_owner = %(owner)s AND lease_token = %(token)s
+"""
+_RENEWED = "lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s)"
+_USAGE = [
+    "prompt_tokens = prompt_tokens + %(prompt_tokens)s",
+    "completion_tokens = completion_tokens + %(completion_tokens)s",
+    "llm_latency_ms = llm_latency_ms + %(latency_ms)s",
+]
 
 
 def record_step_in_one_statement(
@@ -35,10 +60,7 @@ def record_step_in_one_statement(
     the same UPDATE; a cancel already requested stamps nothing (the old row's
     ``cancel_requested_at`` is what SET sees), and the caller stops.
     """
-    sets = [
-        "step_count = step_count + 1",
-        "lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s)",
-    ]
+    sets = ["step_count = step_count + 1", _RENEWED]
     fence = {}
     if next_call is not None and next_call.fence:
         sets += [
@@ -49,54 +71,96 @@ def record_step_in_one_statement(
         fence = {"next_fence": next_call.fence, "next_call": json.dumps(next_call.call)}
     elif next_call is not None or clear_fence:
         sets += ["pending_effect = ''", "pending_call = NULL"]
+    row = _owned_run_then_step(
+        sets, step, usage, {**_lease_params(lease), "lease_seconds": lease_seconds, **fence}
+    )
+    if row is None:
+        return False, None
+    return True, row[3]
+
+
+def finish_in_one_statement(lease, step: dict, *, output: str, usage: dict):
+    """Record the final answer's step and settle the run. Returns None if the
+    lease is lost, else the run's ``cancel_requested_at`` (None: ``completed``)."""
+    completed = "cancel_requested_at IS NULL"
+    sets = [
+        "step_count = step_count + 1",
+        f"status = CASE WHEN {completed} THEN 'completed' ELSE 'cancelled' END",
+        f"termination_reason = CASE WHEN {completed} THEN 'completed' ELSE 'cancelled' END",
+        f"output = CASE WHEN {completed} THEN %(output)s ELSE '' END",
+        # As every settle does: an earlier attempt's failure no longer describes the run.
+        "failure_class = ''",
+        "error_type = ''",
+        "error_message = ''",
+        "finished_at = statement_timestamp()",
+        "lease_owner = ''",
+        "lease_expires_at = NULL",
+    ]
+    row = _owned_run_then_step(sets, step, usage, {**_lease_params(lease), "output": output})
+    return None if row is None else (row[3],)
+
+
+def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
+    """The claim with its request step. Returns (token, request, requeue_count,
+    step_count) or None when the run was not ``queued``."""
+    sql = f"""
+        UPDATE {AgentRun._meta.db_table} SET status = 'running', lease_owner = %(owner)s,
+            lease_token = lease_token + 1, {_RENEWED}, pending_effect = '',
+            pending_call = NULL, started_at = statement_timestamp(),
+            step_count = step_count + 1
+        WHERE id = %(run_id)s AND status = 'queued'
+        RETURNING id, step_count, lease_token, request, requeue_count
+    """
+    row = _run_then_step(
+        sql,
+        {"kind": "request"},
+        {"run_id": run_id, "owner": owner, "lease_seconds": lease_seconds},
+        arguments_from_request=True,
+    )
+    if row is None:
+        return None
+    _, step_count, token, request, requeue_count = row
+    if isinstance(request, str):  # Django loads jsonb as text; the model decodes it
+        request = json.loads(request)
+    return token, request, requeue_count, step_count
+
+
+def _owned_run_then_step(sets: list[str], step: dict, usage: dict, params: dict):
+    """The lease-guarded UPDATE of ``sets`` (plus an llm step's usage totals)
+    with ``step``; the row (id, step_count, lease_token, cancel_requested_at)
+    or None when the lease no longer matches."""
     if usage:
-        sets += [
-            "prompt_tokens = prompt_tokens + %(prompt_tokens)s",
-            "completion_tokens = completion_tokens + %(completion_tokens)s",
-            "llm_latency_ms = llm_latency_ms + %(latency_ms)s",
-        ]
+        sets = [*sets, *_USAGE]
+    return _run_then_step(
+        f"UPDATE {AgentRun._meta.db_table} SET {', '.join(sets)} {_OWNED}"
+        " RETURNING id, step_count, lease_token, cancel_requested_at",
+        step,
+        {**params, **usage},
+    )
+
+
+def _lease_params(lease) -> dict:
+    return {"run_id": lease.run_id, "owner": lease.owner, "token": lease.token}
+
+
+def _run_then_step(update_sql: str, step: dict, params: dict, *, arguments_from_request=False):
     values = {column: step.get(column) for column in _STEP_COLUMNS}
     for column in ("tool_name", "effect", "error", "idempotency_key"):
         values[column] = values[column] or ""
+    insert = _INSERT_STEP
+    if arguments_from_request:
+        # The request step's arguments are the stored request the UPDATE returned.
+        insert = insert.replace("%(arguments)s::jsonb", "request")
     for column in ("arguments", "result"):
         values[column] = None if values[column] is None else json.dumps(values[column])
-    sql = f"""
-        WITH run AS (
-            UPDATE {AgentRun._meta.db_table} SET {", ".join(sets)}
-            WHERE id = %(run_id)s AND status = 'running'
-              AND lease_owner = %(owner)s AND lease_token = %(token)s
-            RETURNING step_count, cancel_requested_at
-        ), step AS (
-            INSERT INTO {RunStep._meta.db_table}
-                (run_id, sequence, lease_token, created_at, {", ".join(_STEP_COLUMNS)})
-            SELECT %(run_id)s, step_count, %(token)s, statement_timestamp(),
-                %(kind)s, %(tool_name)s, %(effect)s, %(arguments)s::jsonb, %(result)s::jsonb,
-                %(error)s, %(idempotency_key)s, %(replay_of)s
-            FROM run
-            RETURNING 1
-        )
-        SELECT step_count, cancel_requested_at FROM run
-    """
-    params = {
-        "run_id": lease.run_id,
-        "owner": lease.owner,
-        "token": lease.token,
-        "lease_seconds": lease_seconds,
-        **fence,
-        **usage,
-        **values,
-    }
+    sql = f"WITH run AS ({update_sql}), step AS ({insert} RETURNING 1) SELECT * FROM run"
     # Inside a caller's transaction the statement needs a savepoint of its
     # own, so a refused INSERT does not abort the caller; in autocommit it
     # is atomic alone.
     if connection.in_atomic_block:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-    else:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-    if row is None:
-        return False, None
-    return True, row[1]
+            cursor.execute(sql, {**params, **values})
+            return cursor.fetchone()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**params, **values})
+        return cursor.fetchone()

@@ -5,7 +5,7 @@ import pytest
 from runs import transitions
 from runs.models import AgentRun, DeadLetter
 from runs.runtime import enqueue, run, run_queued
-from runs.transitions import CancelOutcome, Lease
+from runs.transitions import CancelOutcome, FinishOutcome, Lease
 from tests.helpers import answer, call, scripted, wait_until
 from tools.models import OutboxNotification
 
@@ -103,3 +103,27 @@ def test_a_cancel_noticed_at_the_step_boundary_wins_over_a_final_answer(workers)
         "cancelled",
         "",
     )
+
+
+def test_the_final_answer_is_recorded_with_the_settle_and_a_cancel_still_wins():
+    answered = transitions.create_queued_run(scripted(answer()), "p")
+    lease = transitions.claim(answered.pk, "w", 60).lease
+    final = {"kind": "llm", "result": {"content": "done", "tool_calls": []}}
+    assert transitions.finish(lease, final, output="done") is FinishOutcome.COMPLETED
+    answered.refresh_from_db()
+    assert (answered.status, answered.output, answered.lease_owner) == ("completed", "done", "")
+    assert list(answered.steps.values_list("kind", flat=True)) == ["request", "llm"]
+    # A late finish (or settle) changes nothing.
+    assert transitions.finish(lease, final, output="again") is FinishOutcome.LEASE_LOST
+
+    cancelled = transitions.create_queued_run(scripted(answer()), "p")
+    lease = transitions.claim(cancelled.pk, "w", 60).lease
+    assert transitions.cancel(cancelled.pk) is CancelOutcome.REQUESTED
+    assert transitions.finish(lease, final, output="done") is FinishOutcome.CANCELLED
+    cancelled.refresh_from_db()
+    assert (cancelled.status, cancelled.termination_reason, cancelled.output) == (
+        "cancelled",
+        "cancelled",
+        "",
+    )
+    assert cancelled.steps.filter(kind="llm").exists()  # what the model said is kept

@@ -11,9 +11,11 @@ The modules of this package are split by concern; import from the package.
 from runs.transitions._common import Lease, db_time
 from runs.transitions.ending import (
     CancelOutcome,
+    FinishOutcome,
     cancel,
     dead_letter,
     fail_dispatch,
+    finish,
     requeue_for_retry,
     settle,
 )
@@ -40,6 +42,7 @@ from runs.transitions.steps import NextCall, RecordOutcome, record_step
 __all__ = [
     "CancelOutcome",
     "ClaimedRun",
+    "FinishOutcome",
     "Lease",
     "NextCall",
     "RecordOutcome",
@@ -54,6 +57,7 @@ __all__ = [
     "db_time",
     "dead_letter",
     "fail_dispatch",
+    "finish",
     "heartbeat",
     "note_redispatch",
     "operator_requeue",

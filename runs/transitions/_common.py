@@ -5,6 +5,7 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.db import connection
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Now
 
@@ -118,3 +119,10 @@ def _back_in_queue(delay_seconds: float = 0) -> dict:
         "requeue_count": F("requeue_count") + 1,
         "available_at": db_time(delay_seconds),
     }
+
+
+def _drop_broken_connection() -> None:
+    """After a database error, drop the connection if it is dead so the next
+    statement reconnects instead of failing on a closed socket forever."""
+    if not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()

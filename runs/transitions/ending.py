@@ -2,18 +2,23 @@
 
 import enum
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
+from django.db.models import Case, F, Q, Value, When
 
 from runs.models import AgentRun, DeadLetter
+from runs.step_journal import finish_in_one_statement
 from runs.transitions._common import (
     Lease,
+    _append_step,
     _back_in_queue,
+    _drop_broken_connection,
     _ended,
     _log_change,
     _owned,
     db_time,
     logger,
 )
+from runs.transitions.steps import _usage_totals, _usage_values
 from runs.vocabulary import RunStatus, TerminationReason
 from tools.effects import ToolEffect
 
@@ -56,6 +61,66 @@ def settle(
             reason,
         )
     return bool(matched)
+
+
+class FinishOutcome(enum.Enum):
+    COMPLETED = "completed"
+    #: A cancel had been requested: it won over the final answer (G9).
+    CANCELLED = "cancelled"
+    LEASE_LOST = "lease_lost"
+    #: The database refused the step; nothing changed.
+    FAILED = "failed"
+
+
+def finish(lease: Lease, step: dict, *, output: str) -> FinishOutcome:
+    """Record the final answer's step and settle the run in one write:
+    ``completed`` with ``output`` — or ``cancelled`` if a cancel was requested.
+    Never raises. ``FAILED`` leaves the run as it was, for the caller to settle
+    without the step (a non-tool step is fail-soft, G2).
+    """
+    try:
+        if connection.vendor == "postgresql":
+            finished = finish_in_one_statement(
+                lease, step, output=output, usage=_usage_values(step)
+            )
+            if finished is None:
+                return FinishOutcome.LEASE_LOST
+            cancel_at = finished[0]
+        else:
+            cancelled = Q(cancel_requested_at__isnull=False)
+            with transaction.atomic():
+                matched = _owned(lease).update(
+                    step_count=F("step_count") + 1,
+                    **_ended(
+                        Case(
+                            When(cancelled, then=Value(RunStatus.CANCELLED)),
+                            default=Value(RunStatus.COMPLETED),
+                        ),
+                        Case(
+                            When(cancelled, then=Value(TerminationReason.CANCELLED)),
+                            default=Value(TerminationReason.COMPLETED),
+                        ),
+                        output=Case(When(cancelled, then=Value("")), default=Value(output)),
+                        failure_class="",
+                        error_type="",
+                        error_message="",
+                    ),
+                    **_usage_totals(step),
+                )
+                if not matched:
+                    return FinishOutcome.LEASE_LOST
+                cancel_at = _append_step(lease.run_id, lease.token, step)
+    except DatabaseError as error:
+        logger.error(
+            "final step not persisted: run=%s lease_token=%s: %s", lease.run_id, lease.token, error
+        )
+        _drop_broken_connection()
+        return FinishOutcome.FAILED
+    outcome = FinishOutcome.COMPLETED if cancel_at is None else FinishOutcome.CANCELLED
+    _log_change(
+        "settle", lease.run_id, lease_token=lease.token, status=outcome.value, reason=outcome.value
+    )
+    return outcome
 
 
 def dead_letter(

@@ -2,12 +2,14 @@
 
 from dataclasses import dataclass
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 
 from runs.models import AgentRun, RunStep
+from runs.step_journal import claim_in_one_statement
 from runs.transitions._common import (
     Lease,
+    _drop_broken_connection,
     _expiry,
     _log_change,
     _owned,
@@ -71,23 +73,37 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
     attempt. The request step is fail-soft like every non-tool step (G2): if
     the database refuses it, the claim stands without it.
     """
-    with transaction.atomic():
-        rows = _update_returning(
-            AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED),
-            ("lease_token", "request", "requeue_count", "step_count"),
-            status=RunStatus.RUNNING,
-            lease_owner=owner,
-            lease_token=F("lease_token") + 1,
-            lease_expires_at=_expiry(lease_seconds),
-            pending_effect="",
-            pending_call=None,
-            started_at=db_time(),
-            step_count=F("step_count") + 1,
-        )
-        if not rows:
-            return None
-        token, request, requeue_count, step_count = rows[0]
-        recorded = _record_request_step(run_id, step_count, token, request)
+    claimed = None
+    if connection.vendor == "postgresql":
+        try:
+            claimed = claim_in_one_statement(run_id, owner, lease_seconds)
+        except DatabaseError as error:
+            # Most likely the request step was refused: claim without it.
+            logger.error("run=%s claim with its request step failed: %s", run_id, error)
+            _drop_broken_connection()
+        else:
+            if claimed is None:
+                return None
+            recorded = True
+    if claimed is None:
+        with transaction.atomic():
+            rows = _update_returning(
+                AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED),
+                ("lease_token", "request", "requeue_count", "step_count"),
+                status=RunStatus.RUNNING,
+                lease_owner=owner,
+                lease_token=F("lease_token") + 1,
+                lease_expires_at=_expiry(lease_seconds),
+                pending_effect="",
+                pending_call=None,
+                started_at=db_time(),
+                step_count=F("step_count") + 1,
+            )
+            if not rows:
+                return None
+            claimed = rows[0]
+            recorded = _record_request_step(run_id, claimed[3], claimed[0], claimed[1])
+    token, request, requeue_count, step_count = claimed
     _log_change("claim", run_id, lease_token=token)
     # Steps beyond the request step this claim numbered: an earlier attempt ran.
     resumed = step_count > 1

@@ -11,6 +11,7 @@ from runs.step_journal import record_step_in_one_statement
 from runs.transitions._common import (
     Lease,
     _append_step,
+    _drop_broken_connection,
     _expiry,
     _owned,
     logger,
@@ -141,10 +142,3 @@ def _usage_totals(step: dict) -> dict:
         "completion_tokens": F("completion_tokens") + values["completion_tokens"],
         "llm_latency_ms": F("llm_latency_ms") + values["latency_ms"],
     }
-
-
-def _drop_broken_connection() -> None:
-    """After a database error, drop the connection if it is dead so the next
-    statement reconnects instead of failing on a closed socket forever."""
-    if not connection.in_atomic_block:
-        connection.close_if_unusable_or_obsolete()
