@@ -5,7 +5,7 @@ small explicit serializers below."""
 from rest_framework import serializers
 
 from runs.models import AgentRun, DeadLetter, RunStep
-from runs.requeue_safety import write_in_doubt
+from runs.selectors import is_write_in_doubt
 from runs.vocabulary import ReconciliationOutcome
 from tools.registry import get_registry
 
@@ -42,7 +42,7 @@ class RunSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_write_in_doubt(self, run) -> bool:
-        return write_in_doubt(run) and not hasattr(run, "reconciliation")
+        return is_write_in_doubt(run)
 
 
 class StepSerializer(serializers.ModelSerializer):

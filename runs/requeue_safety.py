@@ -32,11 +32,6 @@ class RequeueVerdict:
     tools: list[ToolPreview] = field(default_factory=list)
 
 
-def write_in_doubt(run: AgentRun) -> bool:
-    """A non-idempotent write may or may not have landed: its fence still stands."""
-    return run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE
-
-
 def requeue_safety(run: AgentRun) -> RequeueVerdict:
     """May ``run`` be requeued by an operator, and if not, why not."""
     tools = [ToolPreview(name, effect_for(name).value) for name in run.request.get("tools", [])]
@@ -46,7 +41,9 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
             "status",
             f"only failed or cancelled runs can be requeued; this run is {run.status}",
         )
-    if write_in_doubt(run):
+    if run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
+        # The run ended (status checked above) with its fence on a
+        # non-idempotent write: it may or may not have landed.
         call = run.pending_call or {}
         tool = call.get("tool", "a non-idempotent write")
         reconciliation = WriteReconciliation.objects.filter(run=run).first()

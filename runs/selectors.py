@@ -8,13 +8,29 @@ from runs.models import AgentRun
 from runs.vocabulary import RunStatus
 from tools.effects import ToolEffect
 
+# A *write in doubt*: a run that ended with its fence standing on a
+# non-idempotent write (it may or may not have landed) that nobody has
+# reconciled yet. The same predicate for a queryset and for one row; a test
+# pins that they agree. A running run's fence is a write in progress, not
+# in doubt.
+
 
 def writes_in_doubt(queryset):
-    """The ended runs of ``queryset`` with a non-idempotent write nobody reconciled."""
+    """The runs of ``queryset`` with a write in doubt."""
     return queryset.filter(
         pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE,
         status__in=RunStatus.terminal(),
         reconciliation__isnull=True,
+    )
+
+
+def is_write_in_doubt(run: AgentRun) -> bool:
+    """Whether ``run`` has a write in doubt (one query for the reconciliation,
+    unless ``select_related("reconciliation")`` fetched it)."""
+    return (
+        run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE
+        and run.status in RunStatus.terminal()
+        and not hasattr(run, "reconciliation")
     )
 
 
