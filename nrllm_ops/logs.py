@@ -4,7 +4,7 @@
 import json
 import logging
 
-FIELDS = ("run_id", "lease_token", "sequence", "action", "status", "reason", "decision")
+FIELDS = ("run_id", "lease_token", "sequence", "kind", "action", "status", "reason", "decision")
 
 
 class JsonFormatter(logging.Formatter):

@@ -54,7 +54,8 @@ _USAGE = [
 def record_step_in_one_statement(
     lease, lease_seconds: float, step: dict, *, clear_fence: bool, next_call, usage: dict
 ) -> tuple[bool, object]:
-    """Returns (matched, cancel_requested_at). Raises DatabaseError as the ORM would.
+    """Returns (matched, cancel_requested_at, the step's sequence). Raises
+    DatabaseError as the ORM would.
 
     ``next_call`` (a ``transitions.NextCall``) stamps the next call's fence in
     the same UPDATE; a cancel already requested stamps nothing (the old row's
@@ -75,13 +76,14 @@ def record_step_in_one_statement(
         sets, step, usage, {**_lease_params(lease), "lease_seconds": lease_seconds, **fence}
     )
     if row is None:
-        return False, None
-    return True, row[3]
+        return False, None, None
+    return True, row[3], row[1]
 
 
 def finish_in_one_statement(lease, step: dict, *, output: str, usage: dict):
     """Record the final answer's step and settle the run. Returns None if the
-    lease is lost, else the run's ``cancel_requested_at`` (None: ``completed``)."""
+    lease is lost, else (the run's ``cancel_requested_at`` — None: ``completed``
+    —, the step's sequence)."""
     completed = "cancel_requested_at IS NULL"
     sets = [
         "step_count = step_count + 1",
@@ -97,7 +99,7 @@ def finish_in_one_statement(lease, step: dict, *, output: str, usage: dict):
         "lease_expires_at = NULL",
     ]
     row = _owned_run_then_step(sets, step, usage, {**_lease_params(lease), "output": output})
-    return None if row is None else (row[3],)
+    return None if row is None else (row[3], row[1])
 
 
 def claim_in_one_statement(run_id, owner: str, lease_seconds: float):

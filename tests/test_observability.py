@@ -57,14 +57,22 @@ def test_metrics_report_runs_steps_and_doubt(settings):
     assert "nrllm_step_record_seconds_bucket" in after
 
 
-def test_state_changes_log_json_lines_with_run_and_lease(caplog):
+def test_state_changes_log_json_lines_with_run_lease_and_step_sequence(caplog):
     with caplog.at_level(logging.INFO, logger="runs.transitions"):
-        agent_run = run(scripted(answer("x")))
+        agent_run = run(
+            scripted(call("search_notes", query="q"), answer("x"), tools=["search_notes"])
+        )
     lines = [json.loads(JsonFormatter().format(record)) for record in caplog.records]
+    assert {line["run_id"] for line in lines} == {str(agent_run.pk)}
+    recorded = [
+        (line["sequence"], line["kind"]) for line in lines if line.get("action") == "record_step"
+    ]
+    assert recorded == [(1, "request"), (2, "llm"), (3, "tool")]
     settle = next(line for line in lines if line.get("action") == "settle")
-    assert settle["run_id"] == str(agent_run.pk)
-    assert (settle["lease_token"], settle["status"], settle["reason"]) == (
+    assert (settle["lease_token"], settle["sequence"], settle["status"], settle["reason"]) == (
         1,
+        4,  # the final answer, recorded with the settle
         "completed",
         "completed",
     )
+    assert agent_run.steps.count() == 4

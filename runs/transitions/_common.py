@@ -27,6 +27,8 @@ class Lease:
 
 def _log_change(action: str, run_id, **fields) -> None:
     """Every state change is logged with the fields a JSON log line carries."""
+    if not logger.isEnabledFor(logging.INFO):
+        return  # one per step: skip building the line when nobody reads it
     logger.info(
         "%s run=%s %s",
         action,
@@ -85,7 +87,7 @@ def _append_step(run_id, lease_token: int | None, step: dict):
     """Insert a step numbered by the ``step_count`` the caller's guarded UPDATE
     just incremented (its row lock is held until commit, so the number is
     ours alone). ``lease_token`` None: the run's current one. Returns the
-    run's ``cancel_requested_at``."""
+    step's sequence and the run's ``cancel_requested_at``."""
     sequence, cancel_at, current_token = (
         AgentRun.objects.filter(pk=run_id)
         .values_list("step_count", "cancel_requested_at", "lease_token")
@@ -93,7 +95,7 @@ def _append_step(run_id, lease_token: int | None, step: dict):
     )
     token = current_token if lease_token is None else lease_token
     RunStep.objects.create(run_id=run_id, sequence=sequence, lease_token=token, **step)
-    return cancel_at
+    return sequence, cancel_at
 
 
 def _ended(status: str, reason: str, **fields) -> dict:

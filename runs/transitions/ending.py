@@ -85,7 +85,7 @@ def finish(lease: Lease, step: dict, *, output: str) -> FinishOutcome:
             )
             if finished is None:
                 return FinishOutcome.LEASE_LOST
-            cancel_at = finished[0]
+            cancel_at, sequence = finished
         else:
             cancelled = Q(cancel_requested_at__isnull=False)
             with transaction.atomic():
@@ -109,7 +109,7 @@ def finish(lease: Lease, step: dict, *, output: str) -> FinishOutcome:
                 )
                 if not matched:
                     return FinishOutcome.LEASE_LOST
-                cancel_at = _append_step(lease.run_id, lease.token, step)
+                sequence, cancel_at = _append_step(lease.run_id, lease.token, step)
     except DatabaseError as error:
         logger.error(
             "final step not persisted: run=%s lease_token=%s: %s", lease.run_id, lease.token, error
@@ -118,7 +118,12 @@ def finish(lease: Lease, step: dict, *, output: str) -> FinishOutcome:
         return FinishOutcome.FAILED
     outcome = FinishOutcome.COMPLETED if cancel_at is None else FinishOutcome.CANCELLED
     _log_change(
-        "settle", lease.run_id, lease_token=lease.token, status=outcome.value, reason=outcome.value
+        "settle",
+        lease.run_id,
+        lease_token=lease.token,
+        sequence=sequence,
+        status=outcome.value,
+        reason=outcome.value,
     )
     return outcome
 

@@ -104,7 +104,8 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
             claimed = rows[0]
             recorded = _record_request_step(run_id, claimed[3], claimed[0], claimed[1])
     token, request, requeue_count, step_count = claimed
-    _log_change("claim", run_id, lease_token=token)
+    sequence = step_count if recorded else None
+    _log_change("claim", run_id, lease_token=token, sequence=sequence)
     # Steps beyond the request step this claim numbered: an earlier attempt ran.
     resumed = step_count > 1
     lease = Lease(str(run_id), owner, token)

@@ -42,8 +42,8 @@ def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: di
             step_count=F("step_count") + 1,
         )
         if matched:
-            _append_step(run_id, None, step)
-            _log_change("operator_requeue", run_id, status=RunStatus.QUEUED)
+            sequence, _ = _append_step(run_id, None, step)
+            _log_change("operator_requeue", run_id, sequence=sequence, status=RunStatus.QUEUED)
     return bool(matched)
 
 
@@ -52,5 +52,6 @@ def append_operator_step(run_id, step: dict) -> bool:
     with transaction.atomic():
         if not AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") + 1):
             return False
-        _append_step(run_id, None, step)
+        sequence, _ = _append_step(run_id, None, step)
+    _log_change("operator_step", run_id, sequence=sequence, kind=step.get("kind"))
     return True

@@ -81,10 +81,12 @@ def _reap(reapings: list[Reaping], as_of, changes: dict, dead_letter: dict | Non
                 DeadLetter(run_id=run_id, error_message=by_run[run_id].error, **dead_letter)
                 for run_id, _ in reaped
             )
-    for run_id, _ in reaped:
+    for run_id, sequence in reaped:
         reaping = by_run[run_id]
         decision = reaping.step["result"]["decision"]
-        _log_change("reap", run_id, lease_token=reaping.stale.token, decision=decision)
+        _log_change(
+            "reap", run_id, lease_token=reaping.stale.token, sequence=sequence, decision=decision
+        )
     return [run_id for run_id, _ in reaped]
 
 
@@ -124,5 +126,6 @@ def note_redispatch(run_id, step: dict) -> bool:
         )
         if matched:
             token = AgentRun.objects.filter(pk=run_id).values_list("lease_token", flat=True).get()
-            _append_step(run_id, token, step)
+            sequence, _ = _append_step(run_id, token, step)
+            _log_change("redispatch", run_id, lease_token=token, sequence=sequence)
     return bool(matched)

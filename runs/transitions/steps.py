@@ -13,6 +13,7 @@ from runs.transitions._common import (
     _append_step,
     _drop_broken_connection,
     _expiry,
+    _log_change,
     _owned,
     logger,
 )
@@ -67,7 +68,7 @@ def record_step(
         changes["pending_call"] = None
     try:
         if connection.vendor == "postgresql":
-            matched, cancel_at = record_step_in_one_statement(
+            matched, cancel_at, sequence = record_step_in_one_statement(
                 lease,
                 lease_seconds,
                 step,
@@ -81,12 +82,13 @@ def record_step(
             with transaction.atomic():
                 if not _owned(lease).update(**changes):
                     return RecordOutcome.LEASE_LOST
-                cancel_at = _append_step(lease.run_id, lease.token, step)
-        logger.debug(
-            "step run=%s kind=%s",
+                sequence, cancel_at = _append_step(lease.run_id, lease.token, step)
+        _log_change(
+            "record_step",
             lease.run_id,
-            step.get("kind"),
-            extra={"action": "record_step", "run_id": lease.run_id, "lease_token": lease.token},
+            lease_token=lease.token,
+            sequence=sequence,
+            kind=step.get("kind"),
         )
     except DatabaseError as error:
         logger.error(
