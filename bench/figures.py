@@ -41,14 +41,14 @@ def step_figures(steps: int, rounds: int) -> tuple[dict, dict]:
             samples[tool].append(step_overhead(tool, steps))
     figures = {}
     for tool, measured in samples.items():
-        middle = _median_by(measured, "steps_per_second")
+        middle = median_by(measured, "steps_per_second")
         figures[tool] = {**middle, "rounds": [m["steps_per_second"] for m in measured]}
-    baseline = _median_by(baselines, "steps_per_second")
+    baseline = median_by(baselines, "steps_per_second")
     baseline["rounds"] = [b["steps_per_second"] for b in baselines]
     return figures, baseline
 
 
-def _median_by(measurements: list[dict], key: str) -> dict:
+def median_by(measurements: list[dict], key: str) -> dict:
     ordered = sorted(measurements, key=lambda m: m[key])
     return dict(ordered[len(ordered) // 2])
 

@@ -20,6 +20,7 @@ SIZES = {
         "steps": 200,
         "step_rounds": 7,
         "peer_workflows": 300,
+        "peer_rounds": 3,
         "queue_runs": 2000,
         "scale_runs": 1_000_000,
         "steps_per_run": 10,
@@ -28,6 +29,7 @@ SIZES = {
         "steps": 40,
         "step_rounds": 1,
         "peer_workflows": 5,
+        "peer_rounds": 1,
         "queue_runs": 40,
         "scale_runs": 2000,
         "steps_per_run": 10,
@@ -98,9 +100,21 @@ def _peer_figures(base_url: str, size: dict, database: str) -> dict:
         sys.exit(
             "bench: NRLLM_BENCH_DBOS_PYTHON must name the DBOS virtualenv's python (make bench)"
         )
-    ours = figures.ten_step_runs(size["peer_workflows"])
-    theirs = figures.dbos_peer(python, base_url, size["peer_workflows"], f"{database}_dbos")
-    return {"ours": ours, "dbos": theirs}
+    # Taken in turn and reported as medians, like the step figures: drift on
+    # a shared machine hits both sides alike.
+    ours, theirs = [], []
+    for _ in range(size["peer_rounds"]):
+        ours.append(figures.ten_step_runs(size["peer_workflows"]))
+        theirs.append(
+            figures.dbos_peer(python, base_url, size["peer_workflows"], f"{database}_dbos")
+        )
+    return {
+        side: {
+            **figures.median_by(measured, "steps_per_second"),
+            "rounds": [m["steps_per_second"] for m in measured],
+        }
+        for side, measured in (("ours", ours), ("dbos", theirs))
+    }
 
 
 def main(argv=None) -> int:
