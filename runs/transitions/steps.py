@@ -59,13 +59,6 @@ def record_step(
     call never runs. A database error rolls back everything and returns
     ``FAILED`` (G2).
     """
-    changes = {"step_count": F("step_count") + 1, "lease_expires_at": _expiry(lease_seconds)}
-    changes.update(_usage_totals(step))
-    if next_call is not None:
-        changes.update(_stamp_unless_cancelled(next_call))
-    elif clear_fence:
-        changes["pending_effect"] = ""
-        changes["pending_call"] = None
     try:
         if connection.vendor == "postgresql":
             matched, cancel_at, sequence = record_step_in_one_statement(
@@ -79,6 +72,7 @@ def record_step(
             if not matched:
                 return RecordOutcome.LEASE_LOST
         else:
+            changes = _record_changes(lease_seconds, step, clear_fence, next_call)
             with transaction.atomic():
                 if not _owned(lease).update(**changes):
                     return RecordOutcome.LEASE_LOST
@@ -104,6 +98,19 @@ def record_step(
     if cancel_at is not None:
         return RecordOutcome.PERSISTED_CANCEL_REQUESTED
     return RecordOutcome.PERSISTED
+
+
+def _record_changes(lease_seconds: float, step: dict, clear_fence: bool, next_call) -> dict:
+    """The ORM's version of what ``step_journal`` writes on PostgreSQL (built
+    only when needed: the expressions cost more than the statement's Python)."""
+    changes = {"step_count": F("step_count") + 1, "lease_expires_at": _expiry(lease_seconds)}
+    changes.update(_usage_totals(step))
+    if next_call is not None:
+        changes.update(_stamp_unless_cancelled(next_call))
+    elif clear_fence:
+        changes["pending_effect"] = ""
+        changes["pending_call"] = None
+    return changes
 
 
 def _stamp_unless_cancelled(next_call: NextCall) -> dict:
