@@ -2,6 +2,8 @@
 
 import io
 import json
+import subprocess
+import sys
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -9,6 +11,7 @@ from django.core.management import CommandError, call_command
 from runs.models import AgentRun, RunStep
 from runs.run_request import InvalidRunRequest
 from runs.runtime import enqueue, run
+from tests.conftest import ROOT
 from tests.helpers import answer, scripted
 from tools.models import ToolSetting
 
@@ -78,13 +81,21 @@ def test_enqueue_run_command_prints_the_run_id(tmp_path, django_capture_on_commi
     assert agent_run.status == "completed"
 
 
-def test_run_agent_command_reads_stdin_and_prints_the_outcome(monkeypatch):
-    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(GOOD)))
-    out = io.StringIO()
-    call_command("run_agent", "-", stdout=out)
-    outcome = json.loads(out.getvalue())
+@pytest.mark.django_db(transaction=True)
+def test_run_agent_command_reads_stdin_and_prints_the_outcome(worker_env):
+    completed = subprocess.run(
+        [sys.executable, "manage.py", "run_agent", "-"],
+        cwd=ROOT,
+        env=worker_env,
+        input=json.dumps(GOOD),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    outcome = json.loads(completed.stdout)
     assert outcome["status"] == "completed" and outcome["output"] == "hi"
-    assert AgentRun.objects.get().mode == "interactive"
+    assert AgentRun.objects.get(pk=outcome["id"]).mode == "interactive"
 
 
 @pytest.mark.parametrize(
