@@ -34,8 +34,8 @@ class LeasedExecution:
         self.operation_margin = operation_margin
         #: An earlier attempt recorded steps: a write may already be recorded.
         self.resumed = resumed
-        #: Idempotency key of the call the last record renewed the lease for.
-        self._renewed_for: str | None = None
+        #: The call the last record renewed the lease for, and its idempotency key.
+        self._renewed_for: tuple[PlannedCall, str] | None = None
         #: The final answer's record settled the run (``finish``).
         self.settled = False
 
@@ -48,12 +48,12 @@ class LeasedExecution:
         Raises instead of returning when the run is lost or being cancelled:
         then the tool does not run.
         """
-        key = idempotency_key_for(self.lease.run_id, call.position, call.tool.name, call.arguments)
-        if self._renewed_for == key:
+        renewed, self._renewed_for = self._renewed_for, None
+        if renewed is not None and renewed[0] is call:
             # The step recorded just before this call renewed the lease for
             # it and stamped its fence, in the same guarded UPDATE.
-            self._renewed_for = None
-            return self._context(call, key)
+            return self._context(call, renewed[1])
+        key = idempotency_key_for(self.lease.run_id, call.position, call.tool.name, call.arguments)
         if call.tool.effect.is_write and self.resumed:
             recorded = _recorded_outcome(self.lease.run_id, key)
             if recorded is not None:
@@ -92,7 +92,8 @@ class LeasedExecution:
         if outcome.persisted:
             metrics.STEPS.labels(event.kind, event.effect or "none").inc()
         if outcome is RecordOutcome.PERSISTED:
-            self._renewed_for = next_key
+            if next_key is not None:
+                self._renewed_for = (next_call, next_key)
             return
         if outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED:
             raise RunCancelled()

@@ -35,7 +35,7 @@ _INSERT_STEP = f"""
     INSERT INTO {RunStep._meta.db_table}
         (run_id, sequence, lease_token, created_at, {", ".join(_STEP_COLUMNS)})
     SELECT id, step_count, lease_token, statement_timestamp(),
-        %(kind)s, %(tool_name)s, %(effect)s, %(arguments)s::jsonb, %(result)s::jsonb,
+        %(kind)s, %(tool_name)s, %(effect)s, {{arguments}}, %(result)s::jsonb,
         %(error)s, %(idempotency_key)s, %(replay_of)s
     FROM run
 """
@@ -149,10 +149,10 @@ def _run_then_step(update_sql: str, step: dict, params: dict, *, arguments_from_
     values = {column: step.get(column) for column in _STEP_COLUMNS}
     for column in ("tool_name", "effect", "error", "idempotency_key"):
         values[column] = values[column] or ""
-    insert = _INSERT_STEP
-    if arguments_from_request:
-        # The request step's arguments are the stored request the UPDATE returned.
-        insert = insert.replace("%(arguments)s::jsonb", "request")
+    # The request step's arguments are the stored request the UPDATE returned.
+    insert = _INSERT_STEP.format(
+        arguments="request" if arguments_from_request else "%(arguments)s::jsonb"
+    )
     for column in ("arguments", "result"):
         values[column] = None if values[column] is None else json.dumps(values[column])
     sql = f"WITH run AS ({update_sql}), step AS ({insert} RETURNING 1) SELECT * FROM run"

@@ -38,15 +38,17 @@ _CREATED_AT_UNINDEXED = ExpressionWrapper(
 )
 
 
+def _run_id_in(term: str) -> uuid.UUID | None:
+    """The run id a search term names, if it is one."""
+    try:
+        return uuid.UUID(term.strip())
+    except ValueError:
+        return None
+
+
 def _is_text_search(request) -> bool:
     term = request.GET.get("q", "").strip()
-    if not term:
-        return False
-    try:
-        uuid.UUID(term)
-    except ValueError:
-        return True
-    return False
+    return bool(term) and _run_id_in(term) is None
 
 
 class ReadOnly:
@@ -161,9 +163,8 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
         # A run id is answered by the primary key alone; anything else by the
         # prompt and the lease owner, each behind an index (migration 0009).
         # OR-ing an id clause into the text search would scan every row.
-        try:
-            run_id = uuid.UUID(search_term.strip())
-        except ValueError:
+        run_id = _run_id_in(search_term)
+        if run_id is None:
             return super().get_search_results(request, queryset, search_term)
         return queryset.filter(pk=run_id), False
 
