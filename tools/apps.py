@@ -1,14 +1,22 @@
 from django.apps import AppConfig
+from django.apps import apps as global_apps
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models.signals import post_migrate
 
 
-def _sync_tool_settings(**kwargs) -> None:
+def _sync_tool_settings(using=DEFAULT_DB_ALIAS, apps=global_apps, **kwargs) -> None:
     """Give every registered tool a settings row, so operators see each one."""
-    from tools.models import ToolSetting
     from tools.registry import get_registry
 
-    existing = set(ToolSetting.objects.values_list("name", flat=True))
-    ToolSetting.objects.bulk_create(
+    try:
+        # The migrated state, not the current model: `migrate <other app>` on
+        # a fresh database runs this before the tools table exists.
+        ToolSetting = apps.get_model("tools", "ToolSetting")
+    except LookupError:
+        return
+    settings = ToolSetting.objects.using(using)
+    existing = set(settings.values_list("name", flat=True))
+    settings.bulk_create(
         [ToolSetting(name=name) for name in get_registry().names() if name not in existing]
     )
 
