@@ -7,10 +7,10 @@ with zero setup: a SQLite file under ``var/`` and in-process execution.
 from datetime import timedelta
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
+from nrllm_ops.database import database_from_url
 from nrllm_ops.env import env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -77,22 +77,13 @@ TEMPLATES = [
 ]
 
 _default_database_url = f"sqlite:///{VAR_DIR / 'nrllm.sqlite3'}"
-try:
-    DATABASES = {
-        "default": dj_database_url.parse(
-            env_str("DATABASE_URL") or _default_database_url,
-            # Seconds a connection is kept between requests and jobs (Django's
-            # CONN_MAX_AGE); each reuse is health-checked first.
-            conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
-            conn_health_checks=True,
-        )
-    }
-except ValueError as error:
-    raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {error}") from None
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Runs execute in-process beside the web server; wait for the writer
-    # instead of failing with "database is locked".
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+DATABASES = {
+    "default": database_from_url(
+        env_str("DATABASE_URL") or _default_database_url,
+        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
+        prepared_statements=env_bool("DATABASE_PREPARED_STATEMENTS", True),
+    )
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = []

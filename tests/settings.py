@@ -3,9 +3,9 @@ throwaway PostgreSQL and Redis that ``tests.harness`` started."""
 
 import os
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from nrllm_ops.database import database_from_url
 from nrllm_ops.settings import *  # noqa: F403
 
 try:
@@ -17,7 +17,7 @@ except KeyError as missing:
         "PostgreSQL and Redis for them"
     ) from None
 
-DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=0)}
+DATABASES = {"default": database_from_url(_database_url, conn_max_age=0, prepared_statements=True)}
 
 # Each xdist worker gets a Redis database of its own.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")

@@ -53,3 +53,29 @@ def test_the_defaults(settings):
     assert app_settings.NRLLM_MAX_ITERATIONS == 20
     assert app_settings.NRLLM_HTTP_ALLOWED_HOSTS == []
     assert app_settings.NRLLM_TOOLS == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("value", "prepared"), [(None, True), ("false", False)])
+def test_prepared_statements_are_on_unless_switched_off(worker_env, value, prepared):
+    # A pooler in transaction mode cannot keep a session's prepared statements.
+    env = {k: v for k, v in worker_env.items() if k != "DATABASE_PREPARED_STATEMENTS"}
+    if value is not None:
+        env["DATABASE_PREPARED_STATEMENTS"] = value
+    script = (
+        "from django.db import connection\n"
+        "with connection.cursor() as cursor:\n"
+        "    for _ in range(6):\n"
+        "        cursor.execute('SELECT count(*) FROM runs_agentrun WHERE status = %s', ['x'])\n"
+        "    cursor.execute('SELECT count(*) FROM pg_prepared_statements')\n"
+        "    print(cursor.fetchone()[0])"
+    )
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (int(result.stdout.split()[-1]) > 0) is prepared

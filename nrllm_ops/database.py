@@ -1,0 +1,37 @@
+"""The ``DATABASES["default"]`` entry, built from a database URL.
+
+The app's settings and the test settings both build theirs here, so the
+suite runs on the connection options production uses.
+"""
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+
+def database_from_url(url: str, *, conn_max_age: int, prepared_statements: bool) -> dict:
+    """Raises ``ImproperlyConfigured`` naming DATABASE_URL if ``url`` is not usable."""
+    try:
+        database = dj_database_url.parse(
+            url,
+            # Seconds a connection is kept between requests and jobs (Django's
+            # CONN_MAX_AGE); each reuse is health-checked first.
+            conn_max_age=conn_max_age,
+            conn_health_checks=True,
+        )
+    except ValueError as error:
+        raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {error}") from None
+    options = database.setdefault("OPTIONS", {})
+    if database["ENGINE"] == "django.db.backends.postgresql" and prepared_statements:
+        # Server-side binding lets psycopg prepare a statement the fifth time
+        # a connection runs it (psycopg's default threshold): the server then
+        # skips parsing and planning the runtime's hot statements, about a
+        # third of a one-step run's cost (bench/results.md). Django leaves it
+        # off for connection poolers that cannot keep prepared statements
+        # (PgBouncer's transaction mode before 1.21); so does
+        # DATABASE_PREPARED_STATEMENTS=false.
+        options.update(server_side_binding=True, prepare_threshold=5)
+    if database["ENGINE"] == "django.db.backends.sqlite3":
+        # Runs execute in-process beside the web server; wait for the writer
+        # instead of failing with "database is locked".
+        options["timeout"] = 20
+    return database
