@@ -86,7 +86,12 @@ class AgentRun(models.Model):
                 condition=~models.Q(pending_effect=""),
                 name="run_fenced_idx",
             ),
-            models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
+            # No index holds lease_expires_at or step_count: a step's renewal
+            # then changes no indexed column, and PostgreSQL writes it as a
+            # heap-only (HOT) update instead of a new entry in every index
+            # above. The reaper finds expired leases among the running runs
+            # through run_status_created_idx; running runs are few (one per
+            # busy worker), however many runs the table holds.
             models.Index(fields=["status", "available_at"], name="run_status_available_idx"),
         ]
 
@@ -101,7 +106,11 @@ class AgentRun(models.Model):
 class RunStep(models.Model):
     """One thing that happened in a run. Inserted once, never updated (G11)."""
 
-    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: step_sequence_unique's (run, sequence) index serves
+    # every lookup by run, and each step is one index entry fewer to write.
+    run = models.ForeignKey(
+        AgentRun, on_delete=models.CASCADE, related_name="steps", db_index=False
+    )
     sequence = models.PositiveIntegerField()
     kind = models.CharField(max_length=16, choices=StepKind.choices)
     tool_name = models.CharField(max_length=100, blank=True)

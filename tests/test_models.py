@@ -1,7 +1,7 @@
 """The stored vocabulary matches the Python enums; steps are append-only in the database."""
 
 import pytest
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 
 from runs.models import AgentRun, DeadLetter, RunStep
 from runs.runtime import run
@@ -62,3 +62,54 @@ def test_the_database_refuses_to_update_a_step():
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
         RunStep.objects.filter(pk=step.pk).update(error="rewritten")
     assert RunStep.objects.get(pk=step.pk).error == ""
+
+
+# What recording a read step changes on the run (runs/step_journal.py).
+RENEWAL_COLUMNS = (
+    "step_count",
+    "lease_expires_at",
+    "prompt_tokens",
+    "completion_tokens",
+    "llm_latency_ms",
+    "pending_call",
+)
+
+
+@pytest.mark.django_db
+def test_no_index_holds_a_column_that_a_step_renewal_changes():
+    # Then PostgreSQL can write the renewal as a heap-only (HOT) update,
+    # without a new entry in each of the run table's indexes.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s",
+            [AgentRun._meta.db_table],
+        )
+        indexes = cursor.fetchall()
+    assert len(indexes) > 5
+    for name, definition in indexes:
+        assert not [column for column in RENEWAL_COLUMNS if column in definition], name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recording_read_steps_leaves_the_run_indexes_alone():
+    # Each run's steps go on its row by heap-only updates: the status index
+    # gains entries for the claim and the settle only, not for each step.
+    from runs.runtime import enqueue
+    from tests.helpers import call
+
+    def index_tuples():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+            cursor.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s",
+                [AgentRun._meta.db_table],
+            )
+            return cursor.fetchone()
+
+    before = index_tuples()
+    enqueue(scripted(*[call("read_note", slug="x")] * 10, answer(), tools=["read_note"]))
+    (updates_after, hot_after), (updates_before, hot_before) = index_tuples(), before
+    # The claim, 10 llm turns and 10 tool steps, the finish: 22 updates, of
+    # which the 20 step records can be heap-only (most, if a page fills up).
+    assert updates_after - updates_before == 22
+    assert hot_after - hot_before >= 10

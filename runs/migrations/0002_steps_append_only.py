@@ -2,34 +2,7 @@
 
 from django.db import migrations
 
-FUNCTION = "nrllm_steps_append_only"
-
-
-def create_guard(apps, schema_editor):
-    table = apps.get_model("runs", "RunStep")._meta.db_table
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(
-            f"CREATE FUNCTION {FUNCTION}() RETURNS trigger AS $$ BEGIN "
-            f"RAISE EXCEPTION 'run steps are append-only; UPDATE refused'; END $$ LANGUAGE plpgsql"
-        )
-        schema_editor.execute(
-            f"CREATE TRIGGER {FUNCTION} BEFORE UPDATE ON {table} "
-            f"FOR EACH ROW EXECUTE FUNCTION {FUNCTION}()"
-        )
-    elif schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(
-            f"CREATE TRIGGER {FUNCTION} BEFORE UPDATE ON {table} "
-            f"BEGIN SELECT RAISE(ABORT, 'run steps are append-only; UPDATE refused'); END"
-        )
-
-
-def drop_guard(apps, schema_editor):
-    table = apps.get_model("runs", "RunStep")._meta.db_table
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {FUNCTION} ON {table}")
-        schema_editor.execute(f"DROP FUNCTION IF EXISTS {FUNCTION}()")
-    elif schema_editor.connection.vendor == "sqlite":
-        schema_editor.execute(f"DROP TRIGGER IF EXISTS {FUNCTION}")
+from runs.migrations._append_only import create_guard, drop_guard
 
 
 class Migration(migrations.Migration):
