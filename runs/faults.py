@@ -49,14 +49,15 @@ def _refusing_trigger(name: str, event: str, table: str, condition: str, message
                 cursor.execute(f"DROP FUNCTION IF EXISTS {name}()")
 
 
-def step_inserts_refused(tool_name: str | None = None):
-    """The database refuses to insert steps (of ``tool_name`` only, if given)."""
-    condition = f"NEW.tool_name = {_literal(tool_name)}" if tool_name else "1 = 1"
+def step_inserts_refused(tool_name: str | None = None, *, kind: str | None = None):
+    """The database refuses to insert steps (of ``tool_name``, of ``kind``, if given)."""
+    conditions = [f"NEW.tool_name = {_literal(tool_name)}"] if tool_name else []
+    conditions += [f"NEW.kind = {_literal(kind)}"] if kind else []
     return _refusing_trigger(
         "nrllm_refuse_step_insert",
         "INSERT",
         RunStep._meta.db_table,
-        condition,
+        " AND ".join(conditions) or "1 = 1",
         "step insert refused (injected fault)",
     )
 

@@ -25,7 +25,6 @@ from runs.retry import decide_retry
 from runs.run_request import RunRequest, parse_run_request
 from runs.transitions import Lease
 from runs.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
-from tools.enabled import disabled_tool_names
 from tools.registry import get_registry
 
 logger = logging.getLogger(__name__)
@@ -43,9 +42,10 @@ def enqueue(request_data) -> AgentRun:
     Raises ``InvalidRunRequest`` and stores nothing when the request is bad.
     """
     run_request = parse_run_request(request_data)
-    with transaction.atomic():
-        run = transitions.create_queued_run(run_request.as_json(), run_request.prompt)
-        transaction.on_commit(lambda: dispatch_or_fail(run.pk, requeue_count=0))
+    # One INSERT, atomic on its own. Inside a caller's transaction the job
+    # waits for the caller's commit; outside one, Django runs it at once.
+    run = transitions.create_queued_run(run_request.as_json(), run_request.prompt)
+    transaction.on_commit(lambda: dispatch_or_fail(run.pk, requeue_count=0))
     return run
 
 
@@ -89,6 +89,7 @@ def run_queued(run_id) -> None:
         RunMode.QUEUED,
         requeue_count=claimed.requeue_count,
         resumed=claimed.resumed,
+        disabled_tools=claimed.disabled_tools,
     )
 
 
@@ -101,7 +102,15 @@ def run(request_data) -> AgentRun:
         worker_identity(),
         settings.NRLLM_LEASE_SECONDS,
     )
-    _execute(lease, run_request.as_json(), RunMode.INTERACTIVE, requeue_count=0, resumed=False)
+    # parse_run_request has just refused any disabled tool.
+    _execute(
+        lease,
+        run_request.as_json(),
+        RunMode.INTERACTIVE,
+        requeue_count=0,
+        resumed=False,
+        disabled_tools=frozenset(),
+    )
     return AgentRun.objects.get(pk=lease.run_id)
 
 
@@ -116,16 +125,19 @@ def _stored_request(stored: dict) -> RunRequest:
     )
 
 
-def _offered_tools(names) -> dict:
-    if not names:
-        return {}
+def _offered_tools(names, disabled: frozenset[str]) -> dict:
     registry = get_registry()
-    disabled = disabled_tool_names()
     return {name: registry.get(name) for name in names if name in registry and name not in disabled}
 
 
 def _execute(
-    lease: Lease, stored_request: dict, mode: str, *, requeue_count: int, resumed: bool
+    lease: Lease,
+    stored_request: dict,
+    mode: str,
+    *,
+    requeue_count: int,
+    resumed: bool,
+    disabled_tools: frozenset[str],
 ) -> None:
     """Drive the loop under ``lease``. A queued run's claim recorded its
     request step; an interactive run records it here."""
@@ -144,7 +156,7 @@ def _execute(
             provider=TimedProvider(
                 build_provider(request.provider, attempt=lease.token), request.provider["kind"]
             ),
-            tools=_offered_tools(request.tools),
+            tools=_offered_tools(request.tools, disabled_tools),
             max_iterations=request.max_iterations,
             observer=execution,
         )

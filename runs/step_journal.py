@@ -20,6 +20,7 @@ import json
 from django.db import connection, transaction
 
 from runs.models import AgentRun, RunStep
+from tools.models import ToolSetting
 
 _STEP_COLUMNS = (
     "kind",
@@ -104,7 +105,8 @@ def finish_in_one_statement(lease, step: dict, *, output: str, usage: dict):
 
 def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
     """The claim with its request step. Returns (token, request, requeue_count,
-    step_count) or None when the run was not ``queued``."""
+    step_count, the requested tools an operator has disabled) or None when the
+    run was not ``queued``."""
     sql = f"""
         UPDATE {AgentRun._meta.db_table} SET status = 'running', lease_owner = %(owner)s,
             lease_token = lease_token + 1, {_RENEWED}, pending_effect = '',
@@ -118,13 +120,23 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
         {"kind": "request"},
         {"run_id": run_id, "owner": owner, "lease_seconds": lease_seconds},
         arguments_from_request=True,
+        also_select=_DISABLED_REQUESTED_TOOLS,
     )
     if row is None:
         return None
-    _, step_count, token, request, requeue_count = row
+    _, step_count, token, request, requeue_count, disabled = row
     if isinstance(request, str):  # Django loads jsonb as text; the model decodes it
         request = json.loads(request)
-    return token, request, requeue_count, step_count
+    return token, request, requeue_count, step_count, frozenset(disabled)
+
+
+# The tools the run asks for that an operator has switched off since it was
+# enqueued: the worker does not offer them. Read by the claim itself rather
+# than by a query of its own.
+_DISABLED_REQUESTED_TOOLS = f"""
+    ARRAY(SELECT name FROM {ToolSetting._meta.db_table} WHERE NOT enabled
+          AND name IN (SELECT jsonb_array_elements_text(run.request -> 'tools')))
+"""
 
 
 def _owned_run_then_step(sets: list[str], step: dict, usage: dict, params: dict):
@@ -145,7 +157,9 @@ def _lease_params(lease) -> dict:
     return {"run_id": lease.run_id, "owner": lease.owner, "token": lease.token}
 
 
-def _run_then_step(update_sql: str, step: dict, params: dict, *, arguments_from_request=False):
+def _run_then_step(
+    update_sql: str, step: dict, params: dict, *, arguments_from_request=False, also_select=""
+):
     values = {column: step.get(column) for column in _STEP_COLUMNS}
     for column in ("tool_name", "effect", "error", "idempotency_key"):
         values[column] = values[column] or ""
@@ -155,7 +169,8 @@ def _run_then_step(update_sql: str, step: dict, params: dict, *, arguments_from_
     )
     for column in ("arguments", "result"):
         values[column] = None if values[column] is None else json.dumps(values[column])
-    sql = f"WITH run AS ({update_sql}), step AS ({insert} RETURNING 1) SELECT * FROM run"
+    columns = f"run.*, {also_select}" if also_select else "run.*"
+    sql = f"WITH run AS ({update_sql}), step AS ({insert} RETURNING 1) SELECT {columns} FROM run"
     # Inside a caller's transaction the statement needs a savepoint of its
     # own, so a refused INSERT does not abort the caller; in autocommit it
     # is atomic alone.

@@ -111,8 +111,10 @@ def test_an_interactive_provider_failure_settles_failed():
     assert AgentRun.objects.get().mode == "interactive"
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_tool_disabled_after_enqueue_is_not_offered_and_not_executed():
+def _enqueue_a_notification_then_disable_the_tool():
+    """Enqueue a run that calls send_notification; an operator switches the
+    tool off before any worker picks the run up (both in one transaction,
+    so the run executes only once the switch is committed)."""
     from django.db import transaction
 
     from runs.runtime import enqueue
@@ -126,9 +128,28 @@ def test_a_tool_disabled_after_enqueue_is_not_offered_and_not_executed():
                 tools=["send_notification"],
             )
         )
-        # Switched off by an operator before any worker picked the run up.
         ToolSetting.objects.filter(name="send_notification").update(enabled=False)
     agent_run.refresh_from_db()
+    return agent_run
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_disabled_after_enqueue_is_not_offered_and_not_executed():
+    agent_run = _enqueue_a_notification_then_disable_the_tool()
     assert agent_run.status == "completed"
+    assert "is not offered to this run" in agent_run.steps.get(kind="tool").error
+    assert OutboxNotification.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_disabled_after_enqueue_is_not_offered_when_the_claim_falls_back_to_the_orm():
+    from runs.faults import step_inserts_refused
+
+    # The request step refused: the one-statement claim fails with it, and
+    # the claim is made again without it, through the ORM.
+    with step_inserts_refused(kind="request"):
+        agent_run = _enqueue_a_notification_then_disable_the_tool()
+    assert agent_run.status == "completed"
+    assert list(agent_run.steps.values_list("kind", flat=True)) == ["llm", "tool", "llm"]
     assert "is not offered to this run" in agent_run.steps.get(kind="tool").error
     assert OutboxNotification.objects.count() == 0

@@ -18,6 +18,7 @@ from runs.transitions._common import (
     logger,
 )
 from runs.vocabulary import RunMode, RunStatus, StepKind
+from tools.enabled import disabled_tool_names
 
 
 def create_queued_run(request: dict, prompt: str) -> AgentRun:
@@ -61,6 +62,8 @@ class ClaimedRun:
     resumed: bool
     #: The claim recorded the attempt's request step (fail-soft: it may not).
     request_recorded: bool
+    #: Tools the request names that an operator has disabled since: not offered.
+    disabled_tools: frozenset[str] = frozenset()
 
 
 def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
@@ -84,6 +87,7 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
         else:
             if claimed is None:
                 return None
+            *claimed, disabled = claimed
             recorded = True
     if claimed is None:
         with transaction.atomic():
@@ -103,13 +107,15 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
                 return None
             claimed = rows[0]
             recorded = _record_request_step(run_id, claimed[3], claimed[0], claimed[1])
+        requested = set(claimed[1].get("tools", []))
+        disabled = frozenset(disabled_tool_names() & requested) if requested else frozenset()
     token, request, requeue_count, step_count = claimed
     sequence = step_count if recorded else None
     _log_change("claim", run_id, lease_token=token, sequence=sequence)
     # Steps beyond the request step this claim numbered: an earlier attempt ran.
     resumed = step_count > 1
     lease = Lease(str(run_id), owner, token)
-    return ClaimedRun(lease, request, requeue_count, resumed, recorded)
+    return ClaimedRun(lease, request, requeue_count, resumed, recorded, disabled)
 
 
 def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bool:
