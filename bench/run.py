@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--database", default="nrllm_bench")
     parser.add_argument(
         "--only",
-        choices=["steps", "peer"],
+        choices=["steps", "peer", "queue"],
         help="measure only these figures and print them (results files untouched)",
     )
     args = parser.parse_args(argv)
@@ -143,6 +143,13 @@ def main(argv=None) -> int:
 
     call_command("migrate", verbosity=0)
     started = time.perf_counter()
+    if args.only == "queue":
+        from django.conf import settings
+
+        settings.REDIS_URL = redis_url
+        queue = figures.through_the_queue(size["queue_runs"], worker_env)
+        print(json.dumps(queue, indent=2))
+        return 0
     if args.only == "peer":
         peer = _peer_figures(base_url, size, args.database)
         print(json.dumps(peer, indent=2))
