@@ -170,29 +170,44 @@ def _drain_with_workers(env: dict, workers: int, worker_class: str, job_ids: lis
     return (last - first).total_seconds()
 
 
-def through_the_queue(runs: int, worker_env: dict) -> dict:
+def through_the_queue(runs: int, rounds: int, worker_env: dict) -> dict:
     """One-step runs drained by 2 rqworkers, next to bare no-op RQ jobs drained
-    by the same worker class, for each worker class."""
+    by the same worker class right after, for each worker class; ``rounds``
+    such pairs, taken in turn. Reported: the round with the median ratio, so
+    drift on a shared machine hits both sides of the ratio alike."""
+    samples = {worker_class: [] for worker_class in WORKER_CLASSES}
+    for _ in range(rounds):
+        for worker_class in WORKER_CLASSES:
+            samples[worker_class].append(_queue_round(runs, worker_class, worker_env))
+    figures = {}
+    for worker_class, measured in samples.items():
+        figures[worker_class] = {
+            **median_by(measured, "ratio"),
+            "rounds": [round(m["ratio"], 3) for m in measured],
+        }
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"worker_classes": figures, "worker_peak_rss_mb": peak_kb / 1024}
+
+
+def _queue_round(runs: int, worker_class: str, worker_env: dict) -> dict:
     from runs.dispatch import job_id_for, run_queue
     from runs.models import AgentRun
     from runs.runtime import enqueue
 
     queue = run_queue()
-    figures = {}
-    for worker_class in WORKER_CLASSES:
-        queue.empty()
-        prompt = f"through {worker_class}"
-        request = {"prompt": prompt, "provider": {"kind": "scripted", "turns": [{"content": "ok"}]}}
-        ours_jobs = [job_id_for(enqueue(request).pk, 0) for _ in range(runs)]
-        ours = _drain_with_workers(worker_env, 2, worker_class, ours_jobs)
-        done = AgentRun.objects.filter(prompt=prompt, status="completed").count()
-        bare_jobs = [queue.enqueue("bench.tools.noop_job").id for _ in range(runs)]
-        bare = _drain_with_workers(worker_env, 2, worker_class, bare_jobs)
-        figures[worker_class] = {
-            "runs": runs,
-            "completed": done,
-            "runs_per_second": runs / ours,
-            "bare_rq_jobs_per_second": runs / bare,
-        }
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"worker_classes": figures, "worker_peak_rss_mb": peak_kb / 1024}
+    queue.empty()
+    prompt = f"through {worker_class}"
+    request = {"prompt": prompt, "provider": {"kind": "scripted", "turns": [{"content": "ok"}]}}
+    done_before = AgentRun.objects.filter(prompt=prompt, status="completed").count()
+    ours_jobs = [job_id_for(enqueue(request).pk, 0) for _ in range(runs)]
+    ours = _drain_with_workers(worker_env, 2, worker_class, ours_jobs)
+    done = AgentRun.objects.filter(prompt=prompt, status="completed").count() - done_before
+    bare_jobs = [queue.enqueue("bench.tools.noop_job").id for _ in range(runs)]
+    bare = _drain_with_workers(worker_env, 2, worker_class, bare_jobs)
+    return {
+        "runs": runs,
+        "completed": done,
+        "runs_per_second": runs / ours,
+        "bare_rq_jobs_per_second": runs / bare,
+        "ratio": bare / ours,
+    }
