@@ -136,8 +136,9 @@ def dbos_peer(python: str, base_url: str, workflows: int, database: str) -> dict
 
 
 WORKER_CLASSES = {
-    # RQ's default: a work horse forked per job, a new database connection each.
-    "rq.worker.Worker": {},
+    # The default: RQ's worker, forking a work horse per job (a new database
+    # connection each); without PROMETHEUS_MULTIPROC_DIR it is RQ's own.
+    "runs.worker.Worker": {},
     # Jobs in the worker itself, on a database connection kept between jobs.
     "rq.worker.SimpleWorker": {"DATABASE_CONN_MAX_AGE": "600"},
 }

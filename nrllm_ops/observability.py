@@ -1,7 +1,6 @@
 """Endpoints for orchestrators and monitoring: ``/healthz``, ``/readyz``, ``/metrics``."""
 
 import hmac
-import os
 
 from django.conf import settings
 from django.db import connection
@@ -9,6 +8,7 @@ from django.http import HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client import REGISTRY as PROCESS_REGISTRY
 
+from nrllm_ops import metrics_files
 from runs.metrics import RunStateCollector
 
 
@@ -52,10 +52,11 @@ def metrics(request):
     if not _allowed(request):
         return HttpResponse("metrics need a bearer token or a staff login\n", status=401)
     registry = CollectorRegistry()
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    multiprocess_dir = metrics_files.directory()
+    if multiprocess_dir is not None:
         from prometheus_client import multiprocess
 
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry, path=str(multiprocess_dir))
     else:
         for collector in list(PROCESS_REGISTRY._collector_to_names):
             registry.register(collector)
@@ -64,4 +65,10 @@ def metrics(request):
         from django_rq.contrib.prometheus import RQCollector
 
         registry.register(RQCollector())
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    if multiprocess_dir is None:
+        exposition = generate_latest(registry)
+    else:
+        # Workers fold their exited work horses' files meanwhile.
+        with metrics_files.reading_lock(multiprocess_dir):
+            exposition = generate_latest(registry)
+    return HttpResponse(exposition, content_type=CONTENT_TYPE_LATEST)

@@ -102,12 +102,13 @@ NRLLM_QUEUE_NAME = "default"
 RQ_QUEUES = {
     NRLLM_QUEUE_NAME: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0"},
 }
-# RQ's default forks a work horse per job, which must open a new database
-# connection to a cold server backend each time; ``rq.worker.SimpleWorker``
-# runs jobs in the worker itself and, with DATABASE_CONN_MAX_AGE, keeps its
-# connection warm (bench/results.md compares both). The lease and the reaper
-# cover a worker that dies either way.
-RQ = {"WORKER_CLASS": env_str("NRLLM_WORKER_CLASS", "rq.worker.Worker")}
+# The default, runs.worker.Worker, is RQ's forking worker (a work horse per
+# job) that also folds each horse's Prometheus files (nrllm_ops/metrics_files.py).
+# Each horse opens a new database connection to a cold server backend;
+# ``rq.worker.SimpleWorker`` runs jobs in the worker itself and, with
+# DATABASE_CONN_MAX_AGE, keeps its connection warm (bench/results.md compares
+# both). The lease and the reaper cover a worker that dies either way.
+RQ = {"WORKER_CLASS": env_str("NRLLM_WORKER_CLASS", "runs.worker.Worker")}
 
 # --- The runtime -----------------------------------------------------------
 NRLLM_LEASE_SECONDS = env_int("NRLLM_LEASE_SECONDS", 900, minimum=1)

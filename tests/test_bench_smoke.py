@@ -42,7 +42,7 @@ def test_the_bench_produces_every_figure(tmp_path):
     assert peer["ours"]["steps"] == peer["dbos"]["steps"] > 0
     assert peer["dbos"]["dbos_version"] and peer["dbos"]["steps_per_second"] > 0
     queue = results["through_the_queue"]
-    assert set(queue["worker_classes"]) == {"rq.worker.Worker", "rq.worker.SimpleWorker"}
+    assert set(queue["worker_classes"]) == {"runs.worker.Worker", "rq.worker.SimpleWorker"}
     for figure in queue["worker_classes"].values():
         assert figure["completed"] == figure["runs"] and figure["bare_rq_jobs_per_second"] > 0
     assert queue["worker_peak_rss_mb"] > 0

@@ -27,7 +27,8 @@ def test_a_queued_run_completes_on_a_real_rqworker(workers, queue):
 
 @pytest.mark.worker
 @pytest.mark.parametrize(
-    ("worker_class", "forks"), [("rq.worker.Worker", True), ("rq.worker.SimpleWorker", False)]
+    ("worker_class", "forks"),
+    [("runs.worker.Worker", True), ("rq.worker.Worker", True), ("rq.worker.SimpleWorker", False)],
 )
 def test_the_worker_class_and_connection_reuse_come_from_the_environment(
     workers, queue, settings, worker_class, forks

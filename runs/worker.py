@@ -1,0 +1,27 @@
+"""The default RQ worker class: RQ's forking worker, folding each finished
+work horse's metric files (``nrllm_ops.metrics_files``) when
+``PROMETHEUS_MULTIPROC_DIR`` is set. Without it, it is RQ's worker unchanged.
+"""
+
+import logging
+
+from rq.worker import Worker as RQWorker
+
+from nrllm_ops import metrics_files
+
+logger = logging.getLogger(__name__)
+
+
+class Worker(RQWorker):
+    def monitor_work_horse(self, job, queue):
+        horse = self.horse_pid
+        super().monitor_work_horse(job, queue)
+        # Returning, RQ has waited for the horse: it has exited, whatever the
+        # job did (if monitoring raised, the horse may live on: not folded).
+        path = metrics_files.directory()
+        if path is None or not horse:
+            return
+        try:
+            metrics_files.fold_process(horse, path)
+        except OSError:
+            logger.exception("worker: metric files of work horse %s not folded", horse)

@@ -1,0 +1,97 @@
+"""Prometheus' multiprocess directory: the forking worker folds each work
+horse's files, so the directory stays bounded and the totals stay right."""
+
+import subprocess
+import sys
+import threading
+
+import pytest
+from django.test import Client
+
+from nrllm_ops import metrics_files
+from runs.runtime import enqueue
+from tests.helpers import answer, scripted
+
+WRITER = """
+from prometheus_client import Counter, Histogram
+Counter("demo_total", "demo", ["kind"]).labels("a").inc({count})
+Histogram("demo_seconds", "demo").observe(0.2)
+"""
+
+
+def write_metrics_in_a_process(path, count: int) -> int:
+    """A real process writing its own multiprocess files; returns its pid."""
+    script = WRITER.format(count=count) + "import os; print(os.getpid())"
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={"PROMETHEUS_MULTIPROC_DIR": str(path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(result.stdout.strip())
+
+
+def collected(path) -> dict:
+    """Every sample the directory exposes: {(name, labels): value}."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(path))
+    with metrics_files.reading_lock(path):
+        text = generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_folding_keeps_the_totals_and_removes_the_process_files(tmp_path):
+    pids = [write_metrics_in_a_process(tmp_path, count) for count in (1, 2, 3)]
+    before = collected(tmp_path)
+    for pid in pids:
+        metrics_files.fold_process(pid, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == [
+        "counter_folded.db",
+        "histogram_folded.db",
+    ]
+    after = collected(tmp_path)
+    assert after == pytest.approx(before)
+    assert after[("demo_total", (("kind", "a"),))] == 6
+    assert after[("demo_seconds_count", ())] == 3
+
+
+def test_a_scrape_in_progress_holds_folding_back(tmp_path):
+    pid = write_metrics_in_a_process(tmp_path, 1)
+    folding = threading.Thread(target=metrics_files.fold_process, args=(pid, tmp_path))
+    with metrics_files.reading_lock(tmp_path):
+        folding.start()
+        folding.join(timeout=0.5)
+        # Still waiting for the scrape: the process's file is untouched.
+        assert folding.is_alive() and (tmp_path / f"counter_{pid}.db").exists()
+    folding.join(timeout=5)
+    assert not (tmp_path / f"counter_{pid}.db").exists()
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_the_default_forking_worker_folds_its_horses_files(
+    workers, queue, settings, tmp_path, monkeypatch
+):
+    assert settings.RQ["WORKER_CLASS"] == "runs.worker.Worker"
+    runs = [enqueue(scripted(answer("x"))) for _ in range(4)]
+    worker = workers.start(burst=True, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    worker.communicate(timeout=60)
+    assert all(run.__class__.objects.get(pk=run.pk).status == "completed" for run in runs)
+    # Four horses ran, and none of their files is left: the folds, and the
+    # worker process's own files.
+    left = {p.name for p in tmp_path.glob("*.db") if not p.name.endswith(f"_{worker.pid}.db")}
+    assert left == {"counter_folded.db", "histogram_folded.db", "summary_folded.db"}
+    # The web process reads the same directory.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    settings.NRLLM_METRICS_TOKEN = "t"
+    text = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer t").content.decode()
+    assert 'nrllm_steps_total{effect="none",kind="llm"} 4.0' in text
+    assert 'nrllm_steps_total{effect="none",kind="request"} 4.0' in text
