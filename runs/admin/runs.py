@@ -1,14 +1,10 @@
 """Runs in the admin: a read-only list and detail, the requeue and cancel
 actions, and the operator pages (overview, writes in doubt, reconcile)."""
 
-import uuid
-from datetime import timedelta
-
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import DateTimeField, ExpressionWrapper, F, OrderBy, Value
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -17,7 +13,7 @@ from django.utils.html import format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from runs import operator_actions
-from runs.admin import console
+from runs.admin import console, search
 from runs.admin.display import effect_badge, shortened
 from runs.admin.filters import (
     LeaseFilter,
@@ -31,24 +27,6 @@ from runs.requeue_safety import requeue_safety
 from tools.registry import effect_for
 
 STEPS_PER_PAGE = 50
-
-
-_CREATED_AT_UNINDEXED = ExpressionWrapper(
-    F("created_at") + Value(timedelta(0)), output_field=DateTimeField()
-)
-
-
-def _run_id_in(term: str) -> uuid.UUID | None:
-    """The run id a search term names, if it is one."""
-    try:
-        return uuid.UUID(term.strip())
-    except ValueError:
-        return None
-
-
-def _is_text_search(request) -> bool:
-    term = request.GET.get("q", "").strip()
-    return bool(term) and _run_id_in(term) is None
 
 
 class ReadOnly:
@@ -160,25 +138,11 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     readonly_fields = [name for _, options in fieldsets for name in options["fields"]]
 
     def get_search_results(self, request, queryset, search_term):
-        # A run id is answered by the primary key alone; anything else by the
-        # prompt and the lease owner, each behind an index (migration 0009).
-        # OR-ing an id clause into the text search would scan every row.
-        run_id = _run_id_in(search_term)
-        if run_id is None:
-            return super().get_search_results(request, queryset, search_term)
-        return queryset.filter(pk=run_id), False
-
-    def get_search_fields(self, request):
-        return [field for field in self.search_fields if field != "=id"]
+        return search.search_runs(queryset, search_term), False
 
     def get_ordering(self, request):
-        if _is_text_search(request):
-            # Newest first by an expression no index provides: otherwise
-            # PostgreSQL, guessing a text match is common, walks the
-            # created_at index past every non-matching row to fill a page
-            # (0.6 s at 1M runs for a term nothing matches) instead of asking
-            # the trigram index (milliseconds).
-            return [OrderBy(_CREATED_AT_UNINDEXED, descending=True), "-pk"]
+        if search.is_text_search(request.GET.get("q", "")):
+            return search.ordering()
         return super().get_ordering(request)
 
     # --- columns ---------------------------------------------------------------
