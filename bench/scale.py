@@ -135,14 +135,14 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
         "admin list by status": _plan(
             "SELECT * FROM runs_agentrun WHERE status = 'failed' ORDER BY created_at DESC LIMIT 51"
         ),
-        # As runs/admin/search.py asks it, for one word.
+        # As runs/admin/search.py asks it, for the two words searched above.
         "admin prompt search": _plan(
-            "SELECT id FROM runs_agentrun WHERE (UPPER(prompt) LIKE UPPER(%s) "
+            "SELECT id FROM runs_agentrun WHERE (UPPER(prompt) LIKE %s AND UPPER(prompt) LIKE %s "
             "AND status IN ('cancelled', 'completed', 'failed')) "
-            "OR (UPPER(prompt) LIKE UPPER(%s) AND status IN ('queued', 'running')) "
-            "OR UPPER(lease_owner) = UPPER(%s) "
+            "OR (UPPER(prompt) LIKE %s AND UPPER(prompt) LIKE %s "
+            "AND status IN ('queued', 'running')) OR UPPER(lease_owner) = %s "
             "ORDER BY created_at + interval '0 seconds' DESC, id DESC LIMIT 51",
-            ["%123456%", "%123456%", "123456"],
+            ["%PROMPT%", "%123456%", "%PROMPT%", "%123456%", "PROMPT 123456"],
         ),
         "reaper selection": _plan(
             "SELECT id FROM runs_agentrun WHERE status = 'running' AND lease_expires_at < now() "

@@ -240,17 +240,17 @@ def test_search_by_run_id_and_by_prompt(operator_client):
         assert str(wanted.pk) in content and str(other.pk) not in content, term
 
 
-def test_search_finds_live_runs_by_prompt_too(operator_client):
-    # The trigram index holds ended runs only; queued runs are searched apart.
-    from runs.runtime import enqueue
-
-    # Inside the test's transaction the job waits for a commit that never
-    # comes: the run stays queued.
-    queued = enqueue(scripted(answer(), prompt="migrate the billing tables"))
-    assert queued.status == "queued"
+def test_search_finds_live_runs_by_prompt_and_by_lease_owner(operator_client):
+    # The trigram index holds ended runs only; live runs are searched apart.
+    request = scripted(answer(), prompt="migrate the billing tables")
+    live = transitions.create_queued_run(request, request["prompt"])  # no job: stays queued
     ended = run(scripted(answer(), prompt="migrate the search index"))
-    content = operator_client.get(f"{RUNS}?q=migrate").content.decode()
-    assert str(queued.pk) in content and str(ended.pk) in content
+    content = operator_client.get(RUNS, {"q": "migrate"}).content.decode()
+    assert str(live.pk) in content and str(ended.pk) in content
+    # A running run by its worker: the whole term is the lease owner.
+    assert transitions.claim(live.pk, "worker-7:4242:beef", 60) is not None
+    content = operator_client.get(RUNS, {"q": "WORKER-7:4242:beef"}).content.decode()
+    assert str(live.pk) in content and str(ended.pk) not in content
 
 
 def test_the_django_rq_dashboard_is_reachable_from_the_console(operator_client, queue, settings):
