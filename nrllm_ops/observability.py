@@ -1,5 +1,6 @@
 """Endpoints for orchestrators and monitoring: ``/healthz``, ``/readyz``, ``/metrics``."""
 
+import contextlib
 import hmac
 
 from django.conf import settings
@@ -65,10 +66,12 @@ def metrics(request):
         from django_rq.contrib.prometheus import RQCollector
 
         registry.register(RQCollector())
-    if multiprocess_dir is None:
+    # Workers fold their exited work horses' files meanwhile.
+    reading = (
+        contextlib.nullcontext()
+        if multiprocess_dir is None
+        else metrics_files.reading_lock(multiprocess_dir)
+    )
+    with reading:
         exposition = generate_latest(registry)
-    else:
-        # Workers fold their exited work horses' files meanwhile.
-        with metrics_files.reading_lock(multiprocess_dir):
-            exposition = generate_latest(registry)
     return HttpResponse(exposition, content_type=CONTENT_TYPE_LATEST)

@@ -54,7 +54,7 @@ _USAGE = [
 
 def record_step_in_one_statement(
     lease, lease_seconds: float, step: dict, *, clear_fence: bool, next_call, usage: dict
-) -> tuple[bool, object]:
+) -> tuple[bool, object, int | None]:
     """Returns (matched, cancel_requested_at, the step's sequence). Raises
     DatabaseError as the ORM would.
 

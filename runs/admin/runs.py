@@ -92,6 +92,8 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
         "created_at",
         "finished_at",
     ]
+    # What the search box searches; get_search_results (runs/admin/search.py)
+    # does the searching.
     search_fields = ["=id", "prompt", "=lease_owner"]
     ordering = ["-created_at"]
     paginator = BoundedCountPaginator

@@ -76,46 +76,67 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
     attempt. The request step is fail-soft like every non-tool step (G2): if
     the database refuses it, the claim stands without it.
     """
-    claimed = None
+    claimed = _UNTRIED
     if connection.vendor == "postgresql":
-        try:
-            claimed = claim_in_one_statement(run_id, owner, lease_seconds)
-        except DatabaseError as error:
-            # Most likely the request step was refused: claim without it.
-            logger.error("run=%s claim with its request step failed: %s", run_id, error)
-            _drop_broken_connection()
-        else:
-            if claimed is None:
-                return None
-            *claimed, disabled = claimed
-            recorded = True
+        claimed = _claim_with_request_step(run_id, owner, lease_seconds)
+    if claimed is _UNTRIED:
+        claimed = _claim_through_the_orm(run_id, owner, lease_seconds)
     if claimed is None:
-        with transaction.atomic():
-            rows = _update_returning(
-                AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED),
-                ("lease_token", "request", "requeue_count", "step_count"),
-                status=RunStatus.RUNNING,
-                lease_owner=owner,
-                lease_token=F("lease_token") + 1,
-                lease_expires_at=_expiry(lease_seconds),
-                pending_effect="",
-                pending_call=None,
-                started_at=db_time(),
-                step_count=F("step_count") + 1,
-            )
-            if not rows:
-                return None
-            claimed = rows[0]
-            recorded = _record_request_step(run_id, claimed[3], claimed[0], claimed[1])
-        requested = set(claimed[1].get("tools", []))
-        disabled = frozenset(disabled_tool_names() & requested) if requested else frozenset()
-    token, request, requeue_count, step_count = claimed
+        return None
+    token, request, requeue_count, step_count, recorded, disabled = claimed
     sequence = step_count if recorded else None
     _log_change("claim", run_id, lease_token=token, sequence=sequence)
     # Steps beyond the request step this claim numbered: an earlier attempt ran.
     resumed = step_count > 1
     lease = Lease(str(run_id), owner, token)
     return ClaimedRun(lease, request, requeue_count, resumed, recorded, disabled)
+
+
+#: The one-statement claim failed: the ORM's claim is still to be tried.
+_UNTRIED = object()
+
+
+def _claim_with_request_step(run_id, owner: str, lease_seconds: float):
+    """PostgreSQL's one-statement claim: (token, request, requeue_count,
+    step_count, True, disabled tools), None if not claimable, or ``_UNTRIED``
+    if the statement failed."""
+    try:
+        claimed = claim_in_one_statement(run_id, owner, lease_seconds)
+    except DatabaseError as error:
+        # Most likely the request step was refused: claim without it.
+        logger.error("run=%s claim with its request step failed: %s", run_id, error)
+        _drop_broken_connection()
+        return _UNTRIED
+    if claimed is None:
+        return None
+    token, request, requeue_count, step_count, disabled = claimed
+    return token, request, requeue_count, step_count, True, disabled
+
+
+def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
+    """The same claim in ``UPDATE … RETURNING`` and a savepoint for the step:
+    (token, request, requeue_count, step_count, recorded, disabled tools) or
+    None if not claimable."""
+    with transaction.atomic():
+        rows = _update_returning(
+            AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED),
+            ("lease_token", "request", "requeue_count", "step_count"),
+            status=RunStatus.RUNNING,
+            lease_owner=owner,
+            lease_token=F("lease_token") + 1,
+            lease_expires_at=_expiry(lease_seconds),
+            pending_effect="",
+            pending_call=None,
+            started_at=db_time(),
+            step_count=F("step_count") + 1,
+        )
+        if not rows:
+            return None
+        token, request, requeue_count, step_count = rows[0]
+        recorded = _record_request_step(run_id, step_count, token, request)
+    requested = set(request.get("tools", []))
+    disabled = frozenset(disabled_tool_names() & requested) if requested else frozenset()
+    return token, request, requeue_count, step_count, recorded, disabled
 
 
 def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bool:
