@@ -9,8 +9,9 @@ from pathlib import Path
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from rq import Queue
 from rq.job import Job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,7 +176,16 @@ def through_the_queue(runs: int, rounds: int, worker_env: dict) -> dict:
     """One-step runs drained by 2 rqworkers, next to bare no-op RQ jobs drained
     by the same worker class right after, for each worker class; ``rounds``
     such pairs, taken in turn. Reported: the round with the median ratio, so
-    drift on a shared machine hits both sides of the ratio alike."""
+    drift on a shared machine hits both sides of the ratio alike.
+
+    Each round also drains RQ jobs that make a one-step run's two durable
+    commits and nothing else (``bench.tools.durable_floor_job``): the floor
+    under the runs, as the psycopg loop is under the steps."""
+    from bench.tools import FLOOR_TABLES
+
+    with connection.cursor() as cursor:
+        for statement in FLOOR_TABLES:
+            cursor.execute(statement)
     samples = {worker_class: [] for worker_class in WORKER_CLASSES}
     for _ in range(rounds):
         for worker_class in WORKER_CLASSES:
@@ -185,9 +195,18 @@ def through_the_queue(runs: int, rounds: int, worker_env: dict) -> dict:
         figures[worker_class] = {
             **median_by(measured, "ratio"),
             "rounds": [round(m["ratio"], 3) for m in measured],
+            # The floor's own median round, which may be another round.
+            "floor": median_by(measured, "ratio_to_floor"),
+            "floor_rounds": [round(m["ratio_to_floor"], 3) for m in measured],
         }
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"worker_classes": figures, "worker_peak_rss_mb": peak_kb / 1024}
+
+
+def _enqueue_many(queue, function: str, arguments: list[tuple]) -> list[str]:
+    """Jobs of ``function``, one per argument tuple, in one Redis pipeline."""
+    jobs = queue.enqueue_many([Queue.prepare_data(function, args=args) for args in arguments])
+    return [job.id for job in jobs]
 
 
 def _queue_round(runs: int, worker_class: str, worker_env: dict) -> dict:
@@ -200,15 +219,30 @@ def _queue_round(runs: int, worker_class: str, worker_env: dict) -> dict:
     prompt = f"through {worker_class}"
     request = {"prompt": prompt, "provider": {"kind": "scripted", "turns": [{"content": "ok"}]}}
     done_before = AgentRun.objects.filter(prompt=prompt, status="completed").count()
-    ours_jobs = [job_id_for(enqueue(request).pk, 0) for _ in range(runs)]
+    with transaction.atomic():  # one commit for the setup; jobs go out after it
+        ours_jobs = [job_id_for(enqueue(request).pk, 0) for _ in range(runs)]
     ours = _drain_with_workers(worker_env, 2, worker_class, ours_jobs)
     done = AgentRun.objects.filter(prompt=prompt, status="completed").count() - done_before
-    bare_jobs = [queue.enqueue("bench.tools.noop_job").id for _ in range(runs)]
+    bare_jobs = _enqueue_many(queue, "bench.tools.noop_job", [()] * runs)
     bare = _drain_with_workers(worker_env, 2, worker_class, bare_jobs)
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE bench_floor_run, bench_floor_step")
+        cursor.execute(
+            "INSERT INTO bench_floor_run SELECT g, 'queued' FROM generate_series(1, %s) g", [runs]
+        )
+    floor_jobs = _enqueue_many(
+        queue, "bench.tools.durable_floor_job", [(row,) for row in range(1, runs + 1)]
+    )
+    floor = _drain_with_workers(worker_env, 2, worker_class, floor_jobs)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM bench_floor_run WHERE status = 'completed'")
+        assert cursor.fetchone()[0] == runs, "a floor job did not make its two commits"
     return {
         "runs": runs,
         "completed": done,
         "runs_per_second": runs / ours,
         "bare_rq_jobs_per_second": runs / bare,
         "ratio": bare / ours,
+        "floor_jobs_per_second": runs / floor,
+        "ratio_to_floor": floor / ours,
     }

@@ -200,6 +200,16 @@ def main(argv=None) -> int:
                 "target": TARGETS["queue runs / bare RQ"],
             }
         )
+        floor = figure["floor"]
+        table.append(
+            {
+                "figure": f"the same runs ({worker_class}) next to RQ jobs making their two "
+                f"durable commits and nothing else (median of rounds {figure['floor_rounds']})",
+                "value": f"{floor['runs_per_second']:.1f} runs/s",
+                "baseline": f"{floor['floor_jobs_per_second']:.1f} floor jobs/s",
+                "ratio": floor["ratio_to_floor"],
+            }
+        )
     table.append({"figure": "worker peak RSS", "value": f"{queue['worker_peak_rss_mb']:.0f} MB"})
     table.append(
         {

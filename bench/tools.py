@@ -30,3 +30,47 @@ class NoopNonIdempotentWrite(NoopRead):
 def noop_job():
     """A bare RQ job, the queue figure's baseline."""
     return None
+
+
+# --- the queue figure's physical floor ---------------------------------------
+
+FLOOR_TABLES = (
+    "DROP TABLE IF EXISTS bench_floor_step, bench_floor_run",
+    "CREATE TABLE bench_floor_run"
+    " (id int PRIMARY KEY, status text NOT NULL, changed_at timestamptz)",
+    "CREATE TABLE bench_floor_step (id bigserial PRIMARY KEY, run int NOT NULL, body text)",
+)
+# One statement, one commit: a guarded change of the row and a ~1 KB record.
+_FLOOR_TRANSITION = """
+    WITH taken AS (
+        UPDATE bench_floor_run SET status = %(to)s, changed_at = now()
+        WHERE id = %(row)s AND status = %(from)s RETURNING id
+    )
+    INSERT INTO bench_floor_step (run, body) SELECT id, %(body)s FROM taken
+"""
+_FLOOR_BODY = "x" * 1024
+_floor_connections: dict[int, object] = {}
+
+
+def durable_floor_job(row: int) -> None:
+    """A bare RQ job doing the durable minimum of a one-step run: two commits,
+    each one round trip that changes the row and appends a ~1 KB record
+    (the claim, then the answer with the settle). Its connection lives as the
+    runtime's does: kept by the process with DATABASE_CONN_MAX_AGE, else
+    opened and closed by the job (a forked work horse opens its own)."""
+    import os
+
+    import psycopg
+
+    connection = _floor_connections.get(os.getpid())
+    if connection is None:
+        connection = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+        _floor_connections[os.getpid()] = connection
+    for status_from, status_to in (("queued", "running"), ("running", "completed")):
+        connection.execute(
+            _FLOOR_TRANSITION,
+            {"row": row, "from": status_from, "to": status_to, "body": _FLOOR_BODY},
+        )
+    if os.environ.get("DATABASE_CONN_MAX_AGE", "0") == "0":
+        connection.close()
+        del _floor_connections[os.getpid()]

@@ -14,7 +14,8 @@ def database_from_url(url: str, *, conn_max_age: int, prepared_statements: bool)
         database = dj_database_url.parse(
             url,
             # Seconds a connection is kept between requests and jobs (Django's
-            # CONN_MAX_AGE); each reuse is health-checked first.
+            # CONN_MAX_AGE). A request health-checks it before reuse; a job
+            # does not, its claim is the check (runs/jobs.py).
             conn_max_age=conn_max_age,
             conn_health_checks=True,
         )

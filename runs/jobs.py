@@ -3,7 +3,7 @@ holds the outcome, and RQ must not retry or record a failure of its own."""
 
 import logging
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 logger = logging.getLogger(__name__)
 
@@ -12,6 +12,11 @@ def execute_run_job(run_id: str) -> None:
     from runs.runtime import run_queued
 
     close_old_connections()
+    # No ``SELECT 1`` health check (CONN_HEALTH_CHECKS) on a kept connection:
+    # the job's first statement is the claim, and a claim that fails on a dead
+    # connection drops it and claims on a new one (transitions.claim). The
+    # check would add a round trip to every job.
+    connection.health_check_done = True
     try:
         run_queued(run_id)
     except Exception:

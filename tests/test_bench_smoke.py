@@ -45,6 +45,7 @@ def test_the_bench_produces_every_figure(tmp_path):
     assert set(queue["worker_classes"]) == {"runs.worker.Worker", "rq.worker.SimpleWorker"}
     for figure in queue["worker_classes"].values():
         assert figure["completed"] == figure["runs"] and figure["bare_rq_jobs_per_second"] > 0
+        assert figure["floor_jobs_per_second"] > 0 and figure["ratio_to_floor"] > 0
     assert queue["worker_peak_rss_mb"] > 0
     scale = results["at_scale"]
     assert len(scale["milliseconds"]) == 16 and scale["reaped"] == 1000

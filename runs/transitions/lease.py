@@ -103,9 +103,14 @@ def _claim_with_request_step(run_id, owner: str, lease_seconds: float):
     try:
         claimed = claim_in_one_statement(run_id, owner, lease_seconds)
     except DatabaseError as error:
-        # Most likely the request step was refused: claim without it.
-        logger.error("run=%s claim with its request step failed: %s", run_id, error)
         _drop_broken_connection()
+        if connection.connection is None:
+            # The kept connection was dead (the server restarted, say). Jobs
+            # skip Django's health check because this claim is it (runs/jobs.py).
+            logger.warning("run=%s connection lost at the claim (%s); reconnecting", run_id, error)
+        else:
+            # Most likely the request step was refused: claim without it.
+            logger.error("run=%s claim with its request step failed: %s", run_id, error)
         return _UNTRIED
     if claimed is None:
         return None

@@ -1,0 +1,89 @@
+"""A job's database connection: kept between jobs, checked by the claim itself.
+
+Django's health check (CONN_HEALTH_CHECKS) would send ``SELECT 1`` before
+every job on a kept connection. A job skips it: its first statement is the
+claim, and a claim that fails on a dead connection reconnects and claims.
+"""
+
+import contextlib
+import signal
+import tempfile
+
+import pytest
+from django.db import connection
+from psycopg.pq import Trace
+
+from runs.jobs import execute_run_job
+from runs.models import AgentRun
+from runs.runtime import enqueue
+from tests.helpers import answer, scripted, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _completed(agent_run) -> AgentRun | None:
+    current = AgentRun.objects.get(pk=agent_run.pk)
+    return current if current.status == "completed" else None
+
+
+@pytest.mark.worker
+def test_a_kept_connection_the_server_closed_between_jobs_is_replaced_at_the_claim(workers, queue):
+    worker = workers.start(NRLLM_WORKER_CLASS="rq.worker.SimpleWorker", DATABASE_CONN_MAX_AGE=600)
+    first = enqueue(scripted(answer("one")))
+    wait_until(lambda: _completed(first), what="the first run")
+    with connection.cursor() as cursor:
+        # The worker's kept connection, idle between jobs (the server restarted, say).
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] == 1
+
+    second = enqueue(scripted(answer("two")))
+    second = wait_until(lambda: _completed(second), what="the run after the terminated connection")
+    assert (second.output, second.lease_token, second.requeue_count) == ("two", 1, 0)
+    assert list(second.steps.values_list("kind", flat=True)) == ["request", "llm"]
+    workers.signal(worker, signal.SIGTERM)
+    output = worker.communicate(timeout=30)[0].decode()
+    # The claim noticed the dead connection (no health check had replaced it)
+    # and says so as what it is, not as a refused step.
+    assert "connection lost at the claim" in output
+    assert " ERROR " not in output, output
+
+
+@contextlib.contextmanager
+def _statements_sent(db_connection):
+    """The statements ``db_connection`` sends meanwhile, read from libpq's
+    trace of the wire protocol: one entry per Execute or simple Query."""
+    statements = []
+    pgconn = db_connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+        try:
+            yield statements
+        finally:
+            pgconn.untrace()  # flushes the trace
+            trace.seek(0)
+            for line in trace:
+                # "F<TAB>length<TAB>Message ..."; a query's own newlines
+                # continue a line without the prefix.
+                fields = line.split("\t")
+                if fields[0] == "F" and fields[2].split(" ")[0] in ("Execute", "Query"):
+                    statements.append(line.strip())
+
+
+def test_a_one_step_run_on_a_kept_connection_sends_two_statements(queue, monkeypatch):
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 600)
+    connection.close()  # reopened with the kept connection's lifetime
+    warm = enqueue(scripted(answer()))
+    execute_run_job(str(warm.pk))
+    assert connection.connection is not None, "the job closed the kept connection"
+
+    agent_run = enqueue(scripted(answer("traced")))
+    with _statements_sent(connection) as statements:
+        execute_run_job(str(agent_run.pk))
+    assert _completed(agent_run).output == "traced"
+    # The claim with its request step, then the final answer with the settle:
+    # no health check, nothing else.
+    assert len(statements) == 2, statements
