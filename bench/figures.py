@@ -14,6 +14,8 @@ from django.test.utils import CaptureQueriesContext
 from rq import Queue
 from rq.job import Job
 
+from bench.tools import FLOOR_TABLES, database_dsn
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -76,9 +78,7 @@ def step_overhead(tool: str, steps: int) -> dict:
 def durable_baseline(steps: int) -> dict:
     """The minimal durable work of a step in plain psycopg: insert a ~1 KB row
     and update one lease row, in one committed transaction."""
-    db = settings.DATABASES["default"]
-    dsn = f"host={db['HOST']} port={db['PORT']} user={db['USER']} dbname={db['NAME']}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(database_dsn(), autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_step, bench_lease")
         conn.execute("CREATE TABLE bench_step (id bigserial primary key, run int, body text)")
         conn.execute("CREATE TABLE bench_lease (id int primary key, expires timestamptz)")
@@ -181,8 +181,6 @@ def through_the_queue(runs: int, rounds: int, worker_env: dict) -> dict:
     Each round also drains RQ jobs that make a one-step run's two durable
     commits and nothing else (``bench.tools.durable_floor_job``): the floor
     under the runs, as the psycopg loop is under the steps."""
-    from bench.tools import FLOOR_TABLES
-
     with connection.cursor() as cursor:
         for statement in FLOOR_TABLES:
             cursor.execute(statement)

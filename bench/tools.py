@@ -1,5 +1,10 @@
 """No-op tools for the step-overhead figures: only the runtime's cost remains."""
 
+import os
+
+import psycopg
+from django.conf import settings
+
 from tools.contract import Tool
 from tools.effects import ToolEffect
 
@@ -52,25 +57,27 @@ _FLOOR_BODY = "x" * 1024
 _floor_connections: dict[int, object] = {}
 
 
+def database_dsn() -> str:
+    """The bench database, for plain psycopg connections beside Django's."""
+    db = settings.DATABASES["default"]
+    return f"host={db['HOST']} port={db['PORT']} user={db['USER']} dbname={db['NAME']}"
+
+
 def durable_floor_job(row: int) -> None:
     """A bare RQ job doing the durable minimum of a one-step run: two commits,
     each one round trip that changes the row and appends a ~1 KB record
     (the claim, then the answer with the settle). Its connection lives as the
     runtime's does: kept by the process with DATABASE_CONN_MAX_AGE, else
     opened and closed by the job (a forked work horse opens its own)."""
-    import os
-
-    import psycopg
-
     connection = _floor_connections.get(os.getpid())
     if connection is None:
-        connection = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+        connection = psycopg.connect(database_dsn(), autocommit=True)
         _floor_connections[os.getpid()] = connection
     for status_from, status_to in (("queued", "running"), ("running", "completed")):
         connection.execute(
             _FLOOR_TRANSITION,
             {"row": row, "from": status_from, "to": status_to, "body": _FLOOR_BODY},
         )
-    if os.environ.get("DATABASE_CONN_MAX_AGE", "0") == "0":
+    if not settings.DATABASES["default"]["CONN_MAX_AGE"]:
         connection.close()
         del _floor_connections[os.getpid()]

@@ -123,8 +123,11 @@ def _back_in_queue(delay_seconds: float = 0) -> dict:
     }
 
 
-def _drop_broken_connection() -> None:
+def _drop_broken_connection() -> bool:
     """After a database error, drop the connection if it is dead so the next
-    statement reconnects instead of failing on a closed socket forever."""
-    if not connection.in_atomic_block:
-        connection.close_if_unusable_or_obsolete()
+    statement reconnects instead of failing on a closed socket forever.
+    Returns whether it was dropped."""
+    if connection.in_atomic_block:
+        return False
+    connection.close_if_unusable_or_obsolete()
+    return connection.connection is None

@@ -103,8 +103,7 @@ def _claim_with_request_step(run_id, owner: str, lease_seconds: float):
     try:
         claimed = claim_in_one_statement(run_id, owner, lease_seconds)
     except DatabaseError as error:
-        _drop_broken_connection()
-        if connection.connection is None:
+        if _drop_broken_connection():
             # The kept connection was dead (the server restarted, say). Jobs
             # skip Django's health check because this claim is it (runs/jobs.py).
             logger.warning("run=%s connection lost at the claim (%s); reconnecting", run_id, error)
