@@ -16,6 +16,7 @@ from django.conf import settings
 from redis import Redis
 from rq import Queue
 from rq.job import Job, JobStatus
+from rq.utils import str_to_date
 
 JOB_FUNCTION = "runs.jobs.execute_run_job"
 JOB_OPTIONS = {"job_timeout": -1, "result_ttl": 3600, "failure_ttl": 86400}
@@ -82,27 +83,49 @@ def live_job_ids(job_ids: list[str], *, started_within_seconds: float) -> set[st
 
     A job's status alone cannot say so: a worker killed right after taking a
     job off the queue leaves it marked ``queued`` in no queue at all. So a
-    job is live when its id is in the queue's list or in the scheduled or
-    deferred registries — or when it started so recently that its worker is
-    presumably claiming the run right now.
+    job is live when it is where its status says it waits (the queue's list,
+    the scheduled or the deferred registry), or when it started so recently
+    that its worker is presumably claiming the run right now.
+
+    The reaper asks about the runs due longest, whose jobs wait near the head
+    of the queue: each is looked for from the head (``LPOS``), so a pass
+    costs in proportion to how deep they wait, not to how long the queue is.
+    Two pipelines, whatever the number of jobs.
     """
     if not settings.REDIS_URL or not job_ids:
         return set()
     queue = run_queue()
-    waiting = (
-        set(queue.get_job_ids())
-        | set(queue.scheduled_job_registry.get_job_ids())
-        | set(queue.deferred_job_registry.get_job_ids())
-    )
-    live = {job_id for job_id in job_ids if job_id in waiting}
+    with queue.connection.pipeline(transaction=False) as pipeline:
+        for job_id in job_ids:
+            pipeline.hmget(Job.key_for(job_id), "status", "started_at")
+        states = pipeline.execute()
     started_after = datetime.now(UTC) - timedelta(seconds=started_within_seconds)
-    others = [job_id for job_id in job_ids if job_id not in live]
-    for job in Job.fetch_many(others, connection=queue.connection):
-        if (
-            job is not None
-            and job.get_status(refresh=False) == JobStatus.STARTED
-            and job.started_at is not None
-            and job.started_at > started_after
-        ):
-            live.add(job.id)
+    live, waiting = set(), []
+    for job_id, (status, started_at) in zip(job_ids, states, strict=True):
+        status = status.decode() if status else None
+        if status == JobStatus.STARTED:
+            if started_at and str_to_date(started_at) > started_after:
+                live.add(job_id)
+        elif status in _WAITING:
+            waiting.append((job_id, status))
+    with queue.connection.pipeline(transaction=False) as pipeline:
+        for job_id, status in waiting:
+            _look_for(pipeline, queue, job_id, status)
+        found = pipeline.execute()
+    live.update(
+        job_id for (job_id, _), place in zip(waiting, found, strict=True) if place is not None
+    )
     return live
+
+
+_WAITING = {JobStatus.QUEUED.value, JobStatus.SCHEDULED.value, JobStatus.DEFERRED.value}
+
+
+def _look_for(pipeline, queue: Queue, job_id: str, status: str) -> None:
+    """Ask where a waiting job's status says it is; Redis answers None if not there."""
+    if status == JobStatus.QUEUED:
+        pipeline.lpos(queue.key, job_id)
+    elif status == JobStatus.SCHEDULED:
+        pipeline.zscore(queue.scheduled_job_registry.key, job_id)
+    else:
+        pipeline.zscore(queue.deferred_job_registry.key, job_id)

@@ -48,7 +48,7 @@ def test_the_bench_produces_every_figure(tmp_path):
         assert figure["floor_jobs_per_second"] > 0 and figure["ratio_to_floor"] > 0
     assert queue["worker_peak_rss_mb"] > 0
     scale = results["at_scale"]
-    assert len(scale["milliseconds"]) == 16 and scale["reaped"] == 1000
+    assert len(scale["milliseconds"]) == 17 and scale["reaped"] == 1000
     # At 2,000 rows a sequential scan is the right plan for a text search;
     # the full bench checks that one at 1,000,000.
     planned = {name: used for name, used in scale["index_used"].items() if "search" not in name}

@@ -9,9 +9,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.db.models import F
 from django.utils import timezone
+from rq.job import JobStatus
 
 from runs import transitions
-from runs.dispatch import job_id_for
+from runs.dispatch import dispatch, job_id_for
 from runs.models import AgentRun, DeadLetter, RunStep
 from runs.reaper import reap_stale_runs
 from runs.run_request import parse_run_request
@@ -207,6 +208,45 @@ def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_dispatched_again(que
     report = reap_stale_runs(as_of=later(120))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
     assert job_id in queue.get_job_ids()
+
+
+def test_a_job_deep_in_a_backlog_is_found_and_left_alone(queue, settings):
+    """The reaper looks for each job from the queue's head: one behind
+    thousands of others is still found, and its run not dispatched twice."""
+    settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
+    queue.connection.rpush(queue.key, *[f"ahead-{i}" for i in range(5000)])
+    agent_run = enqueue(scripted(answer()))
+    assert reap_stale_runs(as_of=later(120)).decisions == {}
+    assert queue.get_job_ids().count(job_id_for(agent_run.pk, 0)) == 1
+
+
+def test_a_job_waiting_in_the_scheduled_registry_is_live(queue, settings):
+    """A job RQ's scheduler will enqueue later is live, however late it is."""
+    settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
+    agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
+    dispatch(agent_run.pk, requeue_count=0, delay_seconds=30)
+    assert reap_stale_runs(as_of=later(120)).decisions == {}
+    queue.scheduled_job_registry.remove(job_id_for(agent_run.pk, 0))  # lost from the registry
+    report = reap_stale_runs(as_of=later(240))
+    assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
+
+
+@pytest.mark.parametrize(
+    ("started_seconds_ago", "redispatched"), [(5, False), (600, True)], ids=["recent", "long-ago"]
+)
+def test_a_started_job_is_live_only_while_its_worker_may_still_be_claiming(
+    queue, settings, started_seconds_ago, redispatched
+):
+    settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
+    agent_run = enqueue(scripted(answer()))
+    job = queue.fetch_job(job_id_for(agent_run.pk, 0))
+    # What a worker leaves when it took the job and died before its claim.
+    queue.connection.lrem(queue.key, 0, job.id)
+    job.started_at = timezone.now() - timedelta(seconds=started_seconds_ago)
+    job.set_status(JobStatus.STARTED)
+    job.save()
+    report = reap_stale_runs(as_of=later(120))
+    assert (str(agent_run.pk) in report.decisions) is redispatched
 
 
 def test_a_group_reap_checks_each_runs_own_token():
