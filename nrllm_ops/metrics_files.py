@@ -9,8 +9,9 @@ new process, so the directory would gain two files per job, for ever, and
 scrapes would grow slower with every job ever run.
 
 So the worker folds a work horse's files into one ``<kind>_folded.db`` per
-kind as soon as the horse has exited (``runs.worker.Worker``): values are
-added, the horse's files removed. Every folded kind holds sums, so the
+kind as soon as the horse has exited (``runs.worker.Worker``), and gunicorn's
+master a web worker's once it has reaped it (``nrllm_ops.gunicorn_conf``):
+values are added, the exited process's files removed. Every folded kind holds sums, so the
 totals are unchanged. Folding holds an exclusive lock on the
 directory and ``/metrics`` a shared one while it reads, so a scrape never
 sees a value both folded and in its horse's file, or in neither.

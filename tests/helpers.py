@@ -34,3 +34,22 @@ def wait_until(predicate, *, timeout=20.0, interval=0.05, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def collected(path) -> dict:
+    """Every sample Prometheus' multiprocess directory ``path`` exposes:
+    {(name, labels): value}."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nrllm_ops import metrics_files
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(path))
+    with metrics_files.reading_lock(path):
+        text = generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }

@@ -10,7 +10,7 @@ from django.test import Client
 
 from nrllm_ops import metrics_files
 from runs.runtime import enqueue
-from tests.helpers import answer, scripted
+from tests.helpers import answer, collected, scripted
 
 WRITER = """
 from prometheus_client import Counter, Histogram
@@ -30,22 +30,6 @@ def write_metrics_in_a_process(path, count: int) -> int:
         check=True,
     )
     return int(result.stdout.strip())
-
-
-def collected(path) -> dict:
-    """Every sample the directory exposes: {(name, labels): value}."""
-    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-    from prometheus_client.parser import text_string_to_metric_families
-
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=str(path))
-    with metrics_files.reading_lock(path):
-        text = generate_latest(registry).decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def test_folding_keeps_the_totals_and_removes_the_process_files(tmp_path):
