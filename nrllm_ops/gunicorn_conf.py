@@ -3,11 +3,11 @@ nrllm_ops.wsgi``. Other settings come from the command line or
 ``GUNICORN_CMD_ARGS`` as usual.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` every web worker writes its own metric
-files, which outlive it. gunicorn replaces workers (``--max-requests``, a
-crash, a timeout, a reload), so without this hook the directory would gain
-files with every replacement and each scrape would read them all. The master
-folds an exited worker's files as RQ's worker folds its work horses'
-(``nrllm_ops.metrics_files``): the totals stay, the files go.
+files, which outlive it. A worker that exits normally (``--max-requests``, a
+reload, a stop) folds them itself (``metrics_files.fold_at_exit``); one that
+gunicorn killed (a timeout) or the OOM killer took cannot. So the master,
+having reaped a worker, folds whatever it left, as RQ's worker folds its work
+horses' files: the totals stay, the files go.
 """
 
 from nrllm_ops import metrics_files

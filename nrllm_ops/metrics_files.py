@@ -11,12 +11,15 @@ scrapes would grow slower with every job ever run.
 So the worker folds a work horse's files into one ``<kind>_folded.db`` per
 kind as soon as the horse has exited (``runs.worker.Worker``), and gunicorn's
 master a web worker's once it has reaped it (``nrllm_ops.gunicorn_conf``):
-values are added, the exited process's files removed. Every folded kind holds sums, so the
+values are added, the exited process's files removed. Any other process
+(an rqworker itself, a ``SimpleWorker``, a management command) folds its own
+as it exits normally (``fold_at_exit``). Every folded kind holds sums, so the
 totals are unchanged. Folding holds an exclusive lock on the
 directory and ``/metrics`` a shared one while it reads, so a scrape never
 sees a value both folded and in its horse's file, or in neither.
 """
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -87,3 +90,25 @@ def fold_process(pid: int, path: Path) -> None:
             os.replace(rebuilt, folded)
             source.unlink()
         multiprocess.mark_process_dead(pid, str(path))
+
+
+def fold_at_exit() -> None:
+    """Fold this process's own files when it exits normally.
+
+    Nobody else folds a process that no parent waits for in our code: an
+    rqworker (forking or ``SimpleWorker``), a management command, a web
+    worker under a server other than gunicorn. By the time exit handlers
+    run, the process records nothing more. A work horse leaves with
+    ``os._exit``, so this never runs there (its worker folds it); a process
+    killed by a signal leaves its files, their counts intact.
+    """
+    path = directory()
+    if path is not None:
+        atexit.register(_fold_self, path)
+
+
+def _fold_self(path: Path) -> None:
+    try:
+        fold_process(os.getpid(), path)
+    except OSError:
+        pass  # its files stay, counts intact; at exit there is no one to tell

@@ -13,6 +13,8 @@ from django.db.models import Count
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from nrllm_ops import metrics_files
+
 STEPS = Counter("nrllm_steps_total", "Steps recorded", ["kind", "effect"])
 STEP_RECORD_SECONDS = Histogram(
     "nrllm_step_record_seconds", "Time to record a step (guarded UPDATE + INSERT)"
@@ -28,6 +30,9 @@ REAPER_DECISIONS = Counter("nrllm_reaper_decisions_total", "Reaper decisions", [
 AUDIT_FAILURES = Counter(
     "nrllm_audit_persistence_failures_total", "Write steps that could not be persisted", ["effect"]
 )
+# Defining them created this process's files (multiprocess mode): it folds
+# them as it exits.
+metrics_files.fold_at_exit()
 
 
 class TimedProvider:

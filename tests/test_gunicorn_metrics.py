@@ -1,6 +1,6 @@
-"""Prometheus' multiprocess directory under a real gunicorn: the master folds
-the files of every web worker it replaces, so the directory stays bounded and
-the totals stay right."""
+"""Prometheus' multiprocess directory under a real gunicorn: a web worker's
+metric files are folded whichever way it ends, so the directory stays bounded
+and the totals stay right."""
 
 import socket
 import subprocess
@@ -8,12 +8,13 @@ import sys
 import time
 
 import httpx
+import psutil
 import pytest
 from django.contrib.auth.models import Permission
 
 from runs.models import AgentRun
 from tests.conftest import ROOT
-from tests.helpers import answer, collected, scripted
+from tests.helpers import answer, collected, scripted, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,9 +39,11 @@ def _wait_until_serving(base: str, server: subprocess.Popen) -> None:
     raise AssertionError("gunicorn did not start serving")
 
 
-def test_gunicorn_folds_the_metric_files_of_the_workers_it_replaces(
+def test_gunicorn_folds_the_metric_files_of_a_worker_that_was_killed(
     worker_env, operator, api_token, tmp_path
 ):
+    """A worker that exits normally folds its own files (``fold_at_exit``);
+    one killed (a timeout, the OOM killer) cannot, so the master does."""
     operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
     token = api_token(operator)
     port = _free_port()
@@ -53,10 +56,7 @@ def test_gunicorn_folds_the_metric_files_of_the_workers_it_replaces(
             "--config",
             "python:nrllm_ops.gunicorn_conf",
             "--workers",
-            "2",
-            # Every worker is replaced after two requests: many exit meanwhile.
-            "--max-requests",
-            "2",
+            "1",
             "--bind",
             f"127.0.0.1:{port}",
             "nrllm_ops.wsgi",
@@ -84,18 +84,26 @@ def test_gunicorn_folds_the_metric_files_of_the_workers_it_replaces(
                 headers={"Authorization": token},
             )
             assert response.status_code == 201, response.text
+        [worker] = psutil.Process(server.pid).children()
+        assert (tmp_path / f"counter_{worker.pid}.db").exists()
+        worker.kill()
+        wait_until(
+            lambda: not (tmp_path / f"counter_{worker.pid}.db").exists(),
+            what="the killed worker's files folded",
+        )
+        _wait_until_serving(base, server)  # by the worker the master started instead
         scraped = httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer t"}).text
         assert f'nrllm_steps_total{{effect="none",kind="llm"}} {RUNS}.0' in scraped
     finally:
-        server.terminate()  # a graceful stop: the master reaps its last workers
+        server.terminate()
         output, _ = server.communicate(timeout=60)
     assert server.returncode == 0, output.decode()[-3000:]
     assert "not folded" not in output.decode()
-    # Every worker has exited and been folded: no process's own file is left.
+    assert AgentRun.objects.filter(status="completed").count() == RUNS
+    # The replacement folded its own files as it exited: only the folds are left.
     left = sorted(path.name for path in tmp_path.glob("*.db"))
     assert "counter_folded.db" in left
     assert [name for name in left if not name.endswith("_folded.db")] == []
-    assert AgentRun.objects.filter(status="completed").count() == RUNS
     totals = collected(tmp_path)
     assert totals[("nrllm_steps_total", (("effect", "none"), ("kind", "llm")))] == RUNS
     assert totals[("nrllm_steps_total", (("effect", "none"), ("kind", "request")))] == RUNS

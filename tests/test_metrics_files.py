@@ -1,5 +1,6 @@
 """Prometheus' multiprocess directory: the forking worker folds each work
-horse's files, so the directory stays bounded and the totals stay right."""
+horse's files and every process its own as it exits, so the directory stays
+bounded and the totals stay right."""
 
 import subprocess
 import sys
@@ -61,17 +62,20 @@ def test_a_scrape_in_progress_holds_folding_back(tmp_path):
 
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
-def test_the_default_forking_worker_folds_its_horses_files(
-    workers, queue, settings, tmp_path, monkeypatch
+@pytest.mark.parametrize("worker_class", ["runs.worker.Worker", "rq.worker.SimpleWorker"])
+def test_a_worker_leaves_only_folded_files(
+    workers, queue, settings, tmp_path, monkeypatch, worker_class
 ):
-    assert settings.RQ["WORKER_CLASS"] == "runs.worker.Worker"
+    """The forking worker folds each work horse as it ends; a worker process
+    folds its own files as it exits (with SimpleWorker they hold the jobs')."""
     runs = [enqueue(scripted(answer("x"))) for _ in range(4)]
-    worker = workers.start(burst=True, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
-    worker.communicate(timeout=60)
+    worker = workers.start(
+        burst=True, PROMETHEUS_MULTIPROC_DIR=str(tmp_path), NRLLM_WORKER_CLASS=worker_class
+    )
+    output, _ = worker.communicate(timeout=60)
+    assert worker.returncode == 0, output.decode()
     assert all(run.__class__.objects.get(pk=run.pk).status == "completed" for run in runs)
-    # Four horses ran, and none of their files is left: the folds, and the
-    # worker process's own files.
-    left = {p.name for p in tmp_path.glob("*.db") if not p.name.endswith(f"_{worker.pid}.db")}
+    left = {path.name for path in tmp_path.glob("*.db")}
     assert left == {"counter_folded.db", "histogram_folded.db", "summary_folded.db"}
     # The web process reads the same directory.
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
