@@ -1,4 +1,5 @@
-"""A job's database connection: kept between jobs, checked by the claim itself.
+"""A job's database connection: kept between jobs, checked by the claim
+itself, and opened without a round trip of its own.
 
 Django's health check (CONN_HEALTH_CHECKS) would send ``SELECT 1`` before
 every job on a kept connection. A job skips it: its first statement is the
@@ -6,11 +7,13 @@ claim, and a claim that fails on a dead connection reconnects and claims.
 """
 
 import contextlib
+import importlib
 import signal
 import tempfile
 
+import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from psycopg.pq import Trace
 
 from runs.jobs import execute_run_job
@@ -19,6 +22,10 @@ from runs.runtime import enqueue
 from tests.helpers import answer, scripted, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+UTC_ALIASES = importlib.import_module(
+    "runs.migrations.0012_database_time_zone_named_utc"
+).UTC_ALIASES
 
 
 def _completed(agent_run) -> AgentRun | None:
@@ -87,3 +94,29 @@ def test_a_one_step_run_on_a_kept_connection_sends_two_statements(queue, monkeyp
     # The claim with its request step, then the final answer with the settle:
     # no health check, nothing else.
     assert len(statements) == 2, statements
+
+
+def test_a_new_connection_sends_nothing_before_its_first_statement():
+    """Django names a new session's time zone unless the server already
+    reports 'UTC'. Migration 0012 names the database's default 'UTC' when it
+    is UTC under another name (Debian's 'Etc/UTC'), so connecting costs no
+    round trip: each forked work horse connects once per job."""
+    fresh = connections.create_connection("default")
+    try:
+        # Django's connect(), traced from the moment the connection exists.
+        fresh.connection = fresh.get_new_connection(fresh.get_connection_params())
+        fresh.set_autocommit(fresh.settings_dict["AUTOCOMMIT"])
+        with _statements_sent(fresh) as statements:
+            fresh.init_connection_state()
+        server_default = _server_time_zone(fresh)
+    finally:
+        fresh.close()
+    named_utc = server_default == "UTC" or server_default in UTC_ALIASES
+    assert len(statements) == (0 if named_utc else 1), (server_default, statements)
+
+
+def _server_time_zone(db_connection) -> str:
+    """The server's own default, as a session of another database starts with."""
+    params = {**db_connection.get_connection_params(), "dbname": "postgres"}
+    with psycopg.connect(**params) as other:
+        return other.info.parameter_status("TimeZone")
