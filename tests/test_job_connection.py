@@ -120,3 +120,22 @@ def _server_time_zone(db_connection) -> str:
     params = {**db_connection.get_connection_params(), "dbname": "postgres"}
     with psycopg.connect(**params) as other:
         return other.info.parameter_status("TimeZone")
+
+
+def test_naming_the_zone_utc_is_skipped_for_a_role_that_does_not_own_the_database():
+    """Migration 0012 must not fail a deploy whose role may not alter the
+    database: PostgreSQL refuses, the migration notes it and goes on."""
+    migration = importlib.import_module("runs.migrations.0012_database_time_zone_named_utc")
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as owner:
+        owner.execute("DROP ROLE IF EXISTS nrllm_not_owner")
+        owner.execute("CREATE ROLE nrllm_not_owner LOGIN")
+    try:
+        notices = []
+        with psycopg.connect(**{**params, "user": "nrllm_not_owner"}) as other:
+            other.add_notice_handler(lambda notice: notices.append(notice.message_primary))
+            other.execute(migration.NAME_IT_UTC)  # no exception
+        assert notices == ["not the owner of the database: its sessions keep their time zone"]
+    finally:
+        with psycopg.connect(**params, autocommit=True) as owner:
+            owner.execute("DROP ROLE nrllm_not_owner")
