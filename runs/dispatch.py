@@ -78,14 +78,16 @@ def dispatch_many(runs: list[tuple[str, int]]) -> None:
     )
 
 
-def live_job_ids(job_ids: list[str], *, started_within_seconds: float) -> set[str]:
+def live_job_ids(job_ids: list[str], *, grace_seconds: float) -> set[str]:
     """Those of ``job_ids`` that will still wake a worker.
 
     A job's status alone cannot say so: a worker killed right after taking a
     job off the queue leaves it marked ``queued`` in no queue at all. So a
     job is live when it is where its status says it waits (the queue's list,
     the scheduled or the deferred registry), or when it started so recently
-    that its worker is presumably claiming the run right now.
+    that its worker is presumably claiming the run right now. A scheduled job
+    due longer ago than that is not live either: no scheduler is moving it
+    (no worker runs ``--with-scheduler``), so it would never wake one.
 
     The reaper asks about the runs due longest, whose jobs wait near the head
     of the queue: each is looked for from the head (``LPOS``), so a pass
@@ -99,12 +101,12 @@ def live_job_ids(job_ids: list[str], *, started_within_seconds: float) -> set[st
         for job_id in job_ids:
             pipeline.hmget(Job.key_for(job_id), "status", "started_at")
         states = pipeline.execute()
-    started_after = datetime.now(UTC) - timedelta(seconds=started_within_seconds)
+    cutoff = datetime.now(UTC) - timedelta(seconds=grace_seconds)
     live, waiting = set(), []
     for job_id, (status, started_at) in zip(job_ids, states, strict=True):
         status = status.decode() if status else None
         if status == JobStatus.STARTED:
-            if started_at and str_to_date(started_at) > started_after:
+            if started_at and str_to_date(started_at) > cutoff:
                 live.add(job_id)
         elif status in _WAITING:
             waiting.append((job_id, status))
@@ -112,9 +114,12 @@ def live_job_ids(job_ids: list[str], *, started_within_seconds: float) -> set[st
         for job_id, status in waiting:
             _look_for(pipeline, queue, job_id, status)
         found = pipeline.execute()
-    live.update(
-        job_id for (job_id, _), place in zip(waiting, found, strict=True) if place is not None
-    )
+    for (job_id, status), place in zip(waiting, found, strict=True):
+        if place is None:
+            continue  # not where its status says
+        if status == JobStatus.SCHEDULED and place < cutoff.timestamp():
+            continue  # its score is when it was due: long past, so no scheduler runs
+        live.add(job_id)
     return live
 
 
@@ -122,7 +127,8 @@ _WAITING = {JobStatus.QUEUED.value, JobStatus.SCHEDULED.value, JobStatus.DEFERRE
 
 
 def _look_for(pipeline, queue: Queue, job_id: str, status: str) -> None:
-    """Ask where a waiting job's status says it is; Redis answers None if not there."""
+    """Ask where a waiting job's status says it is: Redis answers None if it
+    is not there, else its position in the list or its score in the registry."""
     if status == JobStatus.QUEUED:
         pipeline.lpos(queue.key, job_id)
     elif status == JobStatus.SCHEDULED:

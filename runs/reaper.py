@@ -172,7 +172,7 @@ def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
     )
     live = live_job_ids(
         [job_id_for(run_id, count) for run_id, count in waiting],
-        started_within_seconds=threshold,
+        grace_seconds=threshold,
     )
     for run_id, requeue_count in waiting:
         if job_id_for(run_id, requeue_count) in live:

@@ -220,14 +220,29 @@ def test_a_job_deep_in_a_backlog_is_found_and_left_alone(queue, settings):
     assert queue.get_job_ids().count(job_id_for(agent_run.pk, 0)) == 1
 
 
-def test_a_job_waiting_in_the_scheduled_registry_is_live(queue, settings):
-    """A job RQ's scheduler will enqueue later is live, however late it is."""
+def test_a_job_waiting_in_the_scheduled_registry_is_live_until_long_overdue(queue, settings):
+    """A job RQ's scheduler will enqueue when due is live; one due long ago
+    is not: no worker runs ``--with-scheduler``, and it would never wake one."""
+    settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
+    agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
+    job_id = job_id_for(agent_run.pk, 0)
+    dispatch(agent_run.pk, requeue_count=0, delay_seconds=30)
+    assert reap_stale_runs(as_of=later(120)).decisions == {}
+    # The same job, due 90 seconds ago and still waiting for a scheduler.
+    queue.scheduled_job_registry.schedule(
+        queue.fetch_job(job_id), timezone.now() - timedelta(seconds=90)
+    )
+    report = reap_stale_runs(as_of=later(240))
+    assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
+    assert job_id in queue.get_job_ids()
+
+
+def test_a_job_lost_from_the_scheduled_registry_is_dispatched_again(queue, settings):
     settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
     agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
     dispatch(agent_run.pk, requeue_count=0, delay_seconds=30)
-    assert reap_stale_runs(as_of=later(120)).decisions == {}
-    queue.scheduled_job_registry.remove(job_id_for(agent_run.pk, 0))  # lost from the registry
-    report = reap_stale_runs(as_of=later(240))
+    queue.scheduled_job_registry.remove(job_id_for(agent_run.pk, 0))
+    report = reap_stale_runs(as_of=later(120))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
 
 
