@@ -95,11 +95,11 @@ def fold_process(pid: int, path: Path) -> None:
 def fold_at_exit() -> None:
     """Fold this process's own files when it exits normally.
 
-    Nobody else folds a process that no parent waits for in our code: an
-    rqworker (forking or ``SimpleWorker``), a management command, a web
-    worker under a server other than gunicorn. By the time exit handlers
-    run, the process records nothing more. A work horse leaves with
-    ``os._exit``, so this never runs there (its worker folds it); a process
+    Only a work horse and a gunicorn web worker have a parent that folds
+    them. Any other process folds itself here: an rqworker (forking or
+    ``SimpleWorker``), a management command, a web worker under another
+    server. By the time exit handlers run, it records nothing more. A work
+    horse leaves with ``os._exit``, so this never runs there; a process
     killed by a signal leaves its files, their counts intact.
     """
     path = directory()

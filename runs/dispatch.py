@@ -84,10 +84,11 @@ def live_job_ids(job_ids: list[str], *, grace_seconds: float) -> set[str]:
     A job's status alone cannot say so: a worker killed right after taking a
     job off the queue leaves it marked ``queued`` in no queue at all. So a
     job is live when it is where its status says it waits (the queue's list,
-    the scheduled or the deferred registry), or when it started so recently
-    that its worker is presumably claiming the run right now. A scheduled job
-    due longer ago than that is not live either: no scheduler is moving it
-    (no worker runs ``--with-scheduler``), so it would never wake one.
+    the scheduled or the deferred registry), or when it started within
+    ``grace_seconds`` (its worker is presumably claiming the run right now).
+    A scheduled job due more than ``grace_seconds`` ago is not live either:
+    no scheduler is moving it (no worker runs ``--with-scheduler``), so it
+    would never wake one.
 
     The reaper asks about the runs due longest, whose jobs wait near the head
     of the queue: each is looked for from the head (``LPOS``), so a pass

@@ -68,6 +68,7 @@ def test_a_worker_leaves_only_folded_files(
 ):
     """The forking worker folds each work horse as it ends; a worker process
     folds its own files as it exits (with SimpleWorker they hold the jobs')."""
+    assert settings.RQ["WORKER_CLASS"] == "runs.worker.Worker"  # the default: the first case
     runs = [enqueue(scripted(answer("x"))) for _ in range(4)]
     worker = workers.start(
         burst=True, PROMETHEUS_MULTIPROC_DIR=str(tmp_path), NRLLM_WORKER_CLASS=worker_class
