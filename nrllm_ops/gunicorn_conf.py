@@ -16,10 +16,4 @@ from nrllm_ops import metrics_files
 def child_exit(server, worker):
     """Called by the master once it has reaped ``worker``: nothing writes to
     its files any more."""
-    path = metrics_files.directory()
-    if path is None:
-        return
-    try:
-        metrics_files.fold_process(worker.pid, path)
-    except OSError:
-        server.log.exception("metric files of worker %s not folded", worker.pid)
+    metrics_files.fold_exited(worker.pid, server.log.exception)

@@ -92,6 +92,20 @@ def fold_process(pid: int, path: Path) -> None:
         multiprocess.mark_process_dead(pid, str(path))
 
 
+def fold_exited(pid: int, log=None) -> None:
+    """``fold_process`` in the configured directory, if metrics are
+    multiprocess. A failure leaves ``pid``'s files, counts intact, and is
+    reported to ``log`` (a logger's ``exception``) if one is given."""
+    path = directory()
+    if path is None:
+        return
+    try:
+        fold_process(pid, path)
+    except OSError:
+        if log is not None:
+            log("metric files of process %s not folded", pid)
+
+
 def fold_at_exit() -> None:
     """Fold this process's own files when it exits normally.
 
@@ -102,13 +116,6 @@ def fold_at_exit() -> None:
     horse leaves with ``os._exit``, so this never runs there; a process
     killed by a signal leaves its files, their counts intact.
     """
-    path = directory()
-    if path is not None:
-        atexit.register(_fold_self, path)
-
-
-def _fold_self(path: Path) -> None:
-    try:
-        fold_process(os.getpid(), path)
-    except OSError:
-        pass  # its files stay, counts intact; at exit there is no one to tell
+    if directory() is not None:
+        # The pid at exit, not now: a process forked later inherits this.
+        atexit.register(lambda: fold_exited(os.getpid()))

@@ -18,10 +18,5 @@ class Worker(RQWorker):
         super().monitor_work_horse(job, queue)
         # Returning, RQ has waited for the horse: it has exited, whatever the
         # job did (if monitoring raised, the horse may live on: not folded).
-        path = metrics_files.directory()
-        if path is None or not horse:
-            return
-        try:
-            metrics_files.fold_process(horse, path)
-        except OSError:
-            logger.exception("worker: metric files of work horse %s not folded", horse)
+        if horse:
+            metrics_files.fold_exited(horse, logger.exception)

@@ -2,12 +2,11 @@
 metric files are folded whichever way it ends, so the directory stays bounded
 and the totals stay right."""
 
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
+import port_for
 import psutil
 import pytest
 from django.contrib.auth.models import Permission
@@ -21,22 +20,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 RUNS = 8
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_until_serving(base: str, server: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert server.poll() is None, server.communicate()[0].decode()[-3000:]
-        try:
-            if httpx.get(f"{base}/healthz").status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError("gunicorn did not start serving")
+def _serving(base: str, server: subprocess.Popen) -> bool:
+    assert server.poll() is None, server.communicate()[0].decode()[-3000:]
+    try:
+        return httpx.get(f"{base}/healthz").status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_gunicorn_folds_the_metric_files_of_a_worker_that_was_killed(
@@ -46,7 +35,7 @@ def test_gunicorn_folds_the_metric_files_of_a_worker_that_was_killed(
     one killed (a timeout, the OOM killer) cannot, so the master does."""
     operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
     token = api_token(operator)
-    port = _free_port()
+    port = port_for.select_random()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [
@@ -76,7 +65,7 @@ def test_gunicorn_folds_the_metric_files_of_a_worker_that_was_killed(
         start_new_session=True,
     )
     try:
-        _wait_until_serving(base, server)
+        wait_until(lambda: _serving(base, server), timeout=30, what="gunicorn serving")
         for _ in range(RUNS):
             response = httpx.post(
                 f"{base}/api/runs/",
@@ -91,7 +80,8 @@ def test_gunicorn_folds_the_metric_files_of_a_worker_that_was_killed(
             lambda: not (tmp_path / f"counter_{worker.pid}.db").exists(),
             what="the killed worker's files folded",
         )
-        _wait_until_serving(base, server)  # by the worker the master started instead
+        # By the worker the master started instead.
+        wait_until(lambda: _serving(base, server), timeout=30, what="gunicorn serving again")
         scraped = httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer t"}).text
         assert f'nrllm_steps_total{{effect="none",kind="llm"}} {RUNS}.0' in scraped
     finally:
