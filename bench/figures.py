@@ -178,9 +178,10 @@ def through_the_queue(runs: int, rounds: int, worker_env: dict) -> dict:
     such pairs, taken in turn. Reported: the round with the median ratio, so
     drift on a shared machine hits both sides of the ratio alike.
 
-    Each round also drains RQ jobs that make a one-step run's two durable
-    commits and nothing else (``bench.tools.durable_floor_job``): the floor
-    under the runs, as the psycopg loop is under the steps."""
+    Each round also drains RQ jobs that make a one-step run's two commits
+    (only the settle's waits for the WAL flush) and nothing else
+    (``bench.tools.durable_floor_job``): the floor under the runs, as the
+    psycopg loop is under the steps."""
     with connection.cursor() as cursor:
         for statement in FLOOR_TABLES:
             cursor.execute(statement)

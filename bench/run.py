@@ -204,7 +204,7 @@ def main(argv=None) -> int:
         table.append(
             {
                 "figure": f"the same runs ({worker_class}) next to RQ jobs making their two "
-                f"durable commits and nothing else (median of rounds {figure['floor_rounds']})",
+                f"commits and nothing else (median of rounds {figure['floor_rounds']})",
                 "value": f"{floor['runs_per_second']:.1f} runs/s",
                 "baseline": f"{floor['floor_jobs_per_second']:.1f} floor jobs/s",
                 "ratio": floor["ratio_to_floor"],

@@ -51,8 +51,14 @@ _FLOOR_TRANSITION = """
         UPDATE bench_floor_run SET status = %(to)s, changed_at = now()
         WHERE id = %(row)s AND status = %(from)s RETURNING id
     )
-    INSERT INTO bench_floor_step (run, body) SELECT id, %(body)s FROM taken
+    INSERT INTO bench_floor_step (run, body) SELECT id, %(body)s FROM taken {commit}
 """
+# The claim's commit does not wait for the WAL flush, as the runtime's does not
+# (runs/step_journal.py); the settle's does.
+_FLOOR_CLAIM = _FLOOR_TRANSITION.format(
+    commit=", (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush"
+)
+_FLOOR_SETTLE = _FLOOR_TRANSITION.format(commit="")
 _FLOOR_BODY = "x" * 1024
 _floor_connections: dict[int, object] = {}
 
@@ -66,17 +72,20 @@ def database_dsn() -> str:
 def durable_floor_job(row: int) -> None:
     """A bare RQ job doing the durable minimum of a one-step run: two commits,
     each one round trip that changes the row and appends a ~1 KB record
-    (the claim, then the answer with the settle). Its connection lives as the
+    (the claim, then the answer with the settle; only the settle waits for
+    the WAL flush, as in the runtime). Its connection lives as the
     runtime's does: kept by the process with DATABASE_CONN_MAX_AGE, else
     opened and closed by the job (a forked work horse opens its own)."""
     connection = _floor_connections.get(os.getpid())
     if connection is None:
         connection = psycopg.connect(database_dsn(), autocommit=True)
         _floor_connections[os.getpid()] = connection
-    for status_from, status_to in (("queued", "running"), ("running", "completed")):
+    for statement, status_from, status_to in (
+        (_FLOOR_CLAIM, "queued", "running"),
+        (_FLOOR_SETTLE, "running", "completed"),
+    ):
         connection.execute(
-            _FLOOR_TRANSITION,
-            {"row": row, "from": status_from, "to": status_to, "body": _FLOOR_BODY},
+            statement, {"row": row, "from": status_from, "to": status_to, "body": _FLOOR_BODY}
         )
     if not settings.DATABASES["default"]["CONN_MAX_AGE"]:
         connection.close()

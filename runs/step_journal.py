@@ -7,7 +7,8 @@ run's change with it (G2, G6). Three run changes ride with a step:
 
 - recording a step under the lease (renewal, fence clearing or the next
   call's fence, totals, next sequence);
-- the claim, with the attempt's request step;
+- the claim, with the attempt's request step (its commit does not wait for
+  the WAL flush: see ``claim_in_one_statement``);
 - the final answer, with the settle (``completed``, or ``cancelled`` when a
   cancel was requested: a cancel wins over a final answer, G9).
 
@@ -106,7 +107,26 @@ def finish_in_one_statement(lease, step: dict, *, output: str, usage: dict):
 def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
     """The claim with its request step. Returns (token, request, requeue_count,
     step_count, the requested tools an operator has disabled) or None when the
-    run was not ``queued``."""
+    run was not ``queued``.
+
+    The claim commits without waiting for its WAL to reach disk
+    (``synchronous_commit = off`` for this transaction only): one flush less
+    per run. Only a server crash before the WAL writer flushes it (a
+    fraction of a second, ``wal_writer_delay``) can lose it, and losing it
+    is safe:
+
+    - The crash breaks the worker's connection. The run is ``queued`` again
+      with its old token and its job spent, and the reaper dispatches it
+      again (G4). The next claim may hand out the lost token again, but
+      under another owner (``runtime.worker_identity`` is unique per
+      execution), so the stale worker's guarded writes match nothing (G5).
+    - Nothing outside the database depends on the claim before a commit that
+      waits for the flush: a write tool runs only after its fence's commit
+      (G6), and PostgreSQL flushes the WAL in order, so that flush carries
+      the claim with it. The settle and every step record still wait.
+
+    ``tests/test_claim_durability.py`` crashes a server at both moments.
+    """
     sql = f"""
         UPDATE {AgentRun._meta.db_table} SET status = 'running', lease_owner = %(owner)s,
             lease_token = lease_token + 1, {_RENEWED}, pending_effect = '',
@@ -121,6 +141,7 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
         {"run_id": run_id, "owner": owner, "lease_seconds": lease_seconds},
         arguments_from_request=True,
         also_select=_DISABLED_REQUESTED_TOOLS,
+        wait_for_flush=False,
     )
     if row is None:
         return None
@@ -129,6 +150,8 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
         request = json.loads(request)
     return token, request, requeue_count, step_count, frozenset(disabled)
 
+
+_COMMIT_WITHOUT_FLUSH = "SELECT set_config('synchronous_commit', 'off', true)"
 
 # The tools the run asks for that an operator has switched off since it was
 # enqueued: the worker does not offer them. Read by the claim itself rather
@@ -158,7 +181,13 @@ def _lease_params(lease) -> dict:
 
 
 def _run_then_step(
-    update_sql: str, step: dict, params: dict, *, arguments_from_request=False, also_select=""
+    update_sql: str,
+    step: dict,
+    params: dict,
+    *,
+    arguments_from_request=False,
+    also_select="",
+    wait_for_flush=True,
 ):
     values = {column: step.get(column) for column in _STEP_COLUMNS}
     for column in ("tool_name", "effect", "error", "idempotency_key"):
@@ -171,6 +200,11 @@ def _run_then_step(
         values[column] = None if values[column] is None else json.dumps(values[column])
     columns = f"run.*, {also_select}" if also_select else "run.*"
     sql = f"WITH run AS ({update_sql}), step AS ({insert} RETURNING 1) SELECT {columns} FROM run"
+    if not wait_for_flush and not connection.in_atomic_block:
+        # Alone, the statement is its transaction, and a setting local to it
+        # decides how it commits. (In a caller's transaction it would decide
+        # how the caller's work commits: not this statement's choice.)
+        sql += f", ({_COMMIT_WITHOUT_FLUSH}) AS no_flush"
     # Inside a caller's transaction the statement needs a savepoint of its
     # own, so a refused INSERT does not abort the caller; in autocommit it
     # is atomic alone.

@@ -24,7 +24,9 @@ from pytest_redis.executor import RedisExecutor
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _postgres(workdir: Path) -> PostgreSQLExecutor:
+def postgres_server(workdir: Path, *, options: str = "") -> PostgreSQLExecutor:
+    """A PostgreSQL server (not yet started) in ``workdir``, on a free port,
+    with the server ``options`` (``-c name=value ...``) added."""
     pgdir = workdir / "postgresql"
     pgdir.mkdir()
     if os.geteuid() == 0:
@@ -47,7 +49,8 @@ def _postgres(workdir: Path) -> PostgreSQLExecutor:
             " -c fsync=on -c synchronous_commit=on"
             if os.environ.get("NRLLM_HARNESS_DURABLE")
             else ""
-        ),
+        )
+        + f" {options}",
     )
 
 
@@ -74,7 +77,7 @@ def main(command: list[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="nrllm-test-"))
     workdir.chmod(0o755)
     try:
-        with _postgres(workdir) as postgres, _redis(workdir) as redis:
+        with postgres_server(workdir) as postgres, _redis(workdir) as redis:
             env = {
                 **os.environ,
                 "NRLLM_TEST_DATABASE_URL": (

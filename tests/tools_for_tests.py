@@ -1,6 +1,7 @@
 """Tool classes the tests register through ``NRLLM_TOOLS``."""
 
 import os
+import signal
 import time
 
 from django.db import connection
@@ -127,3 +128,20 @@ class LeaseProbe(Tool):
             )
             (remaining,) = cursor.fetchone()
         return {"lease_remaining_seconds": float(remaining)}
+
+
+class WriteDuringServerCrash(Tool):
+    """A non-idempotent write in flight when the database server crashes: it
+    kills the server's WAL writer that the test stopped (its pid in
+    ``NRLLM_TEST_STALLED_WAL_WRITER``), then stays "in flight" until the test
+    kills the worker."""
+
+    name = "write_during_server_crash"
+    description = "non-idempotent write during which the database server crashes"
+    effect = ToolEffect.NON_IDEMPOTENT_WRITE
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        os.kill(int(os.environ["NRLLM_TEST_STALLED_WAL_WRITER"]), signal.SIGKILL)
+        time.sleep(600)
+        return {"written": True}

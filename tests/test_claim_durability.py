@@ -1,0 +1,191 @@
+"""The claim commits without waiting for the WAL flush (``runs/step_journal.py``):
+what a server crash can lose, and what it cannot.
+
+Each test crashes a PostgreSQL server of its own at the moment that matters.
+The server's WAL writer is stopped first (SIGSTOP), so the WAL reaches the
+operating system only through a commit that waits for it. Killing the
+stopped writer (SIGKILL) then makes the server restart and recover from that
+WAL alone, as after a host crash inside the flush delay. The server runs no
+autovacuum and no background writer, either of which could flush the WAL too.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.utils import timezone
+
+from tests.harness import postgres_server
+from tests.helpers import answer, call, scripted, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+CRASH_TOOL = "tests.tools_for_tests.WriteDuringServerCrash"
+
+pytestmark = pytest.mark.worker
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    """A migrated PostgreSQL server the tests may crash: its URL."""
+    with tempfile.TemporaryDirectory(prefix="nrllm-crash-") as workdir:
+        Path(workdir).chmod(0o755)
+        server = postgres_server(
+            Path(workdir), options="-c autovacuum=off -c bgwriter_lru_maxpages=0"
+        )
+        with server:
+            url = f"postgres://postgres@127.0.0.1:{server.port}/postgres"
+            _manage(_app_env(os.environ, url), "migrate", "--verbosity=0")
+            yield url
+
+
+def _app_env(base: dict, url: str) -> dict:
+    return {
+        **base,
+        "DJANGO_SETTINGS_MODULE": "nrllm_ops.settings",
+        "SECRET_KEY": "tests-only-secret-key",
+        "DATABASE_URL": url,
+        "NRLLM_TOOLS": CRASH_TOOL,
+    }
+
+
+def _manage(env: dict, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip()
+
+
+def _wal_writer(url: str) -> int | None:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
+        ).fetchone()
+    return row[0] if row else None
+
+
+def _stall_wal_writer(url: str) -> int:
+    pid = _wal_writer(url)
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def _restarted_without(url: str, wal_writer: int) -> bool:
+    """The server is back after a crash that took ``wal_writer`` with it."""
+    try:
+        current = _wal_writer(url)
+    except psycopg.OperationalError:  # still recovering
+        return False
+    return current is not None and current != wal_writer
+
+
+def _run(url: str, run_id: str, *fields: str) -> dict:
+    """The run's ``fields`` as the server holds them ("steps": their kinds)."""
+    with psycopg.connect(url) as conn:
+        status, reason, token, fence, output = conn.execute(
+            "SELECT status, termination_reason, lease_token, pending_effect, output"
+            " FROM runs_agentrun WHERE id = %s",
+            [run_id],
+        ).fetchone()
+        steps = conn.execute(
+            "SELECT kind FROM runs_runstep WHERE run_id = %s ORDER BY sequence", [run_id]
+        ).fetchall()
+    run = {
+        "status": status,
+        "reason": reason,
+        "lease_token": token,
+        "fence": fence,
+        "output": output,
+        "steps": [kind for (kind,) in steps],
+    }
+    return {field: run[field] for field in fields or run}
+
+
+def _reap_as_of(env: dict, moment) -> str:
+    return _manage(env, "reap_stale_runs", f"--as-of={moment.isoformat()}")
+
+
+def test_a_claim_a_server_crash_lost_leaves_the_run_queued_and_the_reaper_dispatches_it_again(
+    server_url, workers, worker_env
+):
+    env = _app_env(worker_env, server_url)
+    run_id = _manage(
+        env, "enqueue_run", "-", stdin=json.dumps(scripted(answer("after", delay_seconds=5)))
+    )
+    wal_writer = _stall_wal_writer(server_url)
+    worker = workers.start(burst=True, DATABASE_URL=server_url)
+    # Other sessions see the claim at once; the WAL has it only in memory.
+    wait_until(lambda: _run(server_url, run_id)["status"] == "running", what="the claim")
+    os.kill(wal_writer, signal.SIGKILL)  # the crash, while the provider answers
+    wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
+
+    lost_claim = {"status": "queued", "lease_token": 0, "steps": []}
+    assert _run(server_url, run_id, *lost_claim) == lost_claim
+    # The worker's attempt ends on its broken connection and settles nothing.
+    worker.communicate(timeout=60)
+    assert _run(server_url, run_id, *lost_claim) == lost_claim
+
+    # Its job is spent: the reaper dispatches the run again once it is overdue.
+    summary = _reap_as_of(env, timezone.now() + timedelta(minutes=5))
+    assert "redispatched 1" in summary, summary
+    workers.run_burst(DATABASE_URL=server_url)
+    expected = {
+        "status": "completed",
+        "output": "after",
+        # The lost claim's token was never given: this attempt is token 1.
+        "lease_token": 1,
+        "steps": ["reaper", "request", "llm"],
+    }
+    assert _run(server_url, run_id, *expected) == expected
+
+
+def test_a_write_runs_only_after_a_flush_that_made_its_claim_durable(
+    server_url, workers, worker_env
+):
+    """A write tool runs after its fence's commit, which waits for the WAL
+    flush and so carries the claim before it. A crash during the write keeps
+    both, and the reaper dead-letters the run instead of running it again."""
+    env = _app_env(worker_env, server_url)
+    request = scripted(
+        call("write_during_server_crash"), answer("unreached"), tools=["write_during_server_crash"]
+    )
+    run_id = _manage(env, "enqueue_run", "-", stdin=json.dumps(request))
+    wal_writer = _stall_wal_writer(server_url)
+    # The tool kills the stalled WAL writer: the server crashes mid-write.
+    worker = workers.start(
+        DATABASE_URL=server_url,
+        NRLLM_TOOLS=CRASH_TOOL,
+        NRLLM_TEST_STALLED_WAL_WRITER=wal_writer,
+    )
+    wait_until(
+        lambda: _restarted_without(server_url, wal_writer), timeout=60, what="the crash mid-write"
+    )
+    expected = {
+        "status": "running",
+        "lease_token": 1,
+        "fence": "non_idempotent_write",
+        "steps": ["request", "llm"],
+    }
+    assert _run(server_url, run_id, *expected) == expected
+    workers.kill(worker)
+
+    _reap_as_of(env, timezone.now() + timedelta(hours=1))
+    expected = {
+        "status": "failed",
+        "reason": "write_interrupted",
+        "steps": ["request", "llm", "reaper"],
+    }
+    assert _run(server_url, run_id, *expected) == expected
