@@ -41,6 +41,7 @@ def test_the_bench_produces_every_figure(tmp_path):
     peer = results["peer"]
     assert peer["ours"]["steps"] == peer["dbos"]["steps"] > 0
     assert peer["dbos"]["dbos_version"] and peer["dbos"]["steps_per_second"] > 0
+    assert peer["ratio"] > 0 and len(peer["rounds"]) == 1
     queue = results["through_the_queue"]
     assert set(queue["worker_classes"]) == {"runs.worker.Worker", "rq.worker.SimpleWorker"}
     for figure in queue["worker_classes"].values():
