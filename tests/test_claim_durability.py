@@ -79,6 +79,7 @@ def _wal_writer(url: str) -> int | None:
 
 def _stall_wal_writer(url: str) -> int:
     pid = _wal_writer(url)
+    assert pid is not None, "the server runs no WAL writer"
     os.kill(pid, signal.SIGSTOP)
     return pid
 
