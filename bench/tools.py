@@ -5,6 +5,7 @@ import os
 import psycopg
 from django.conf import settings
 
+from runs.step_journal import COMMIT_WITHOUT_FLUSH
 from tools.contract import Tool
 from tools.effects import ToolEffect
 
@@ -55,9 +56,7 @@ _FLOOR_TRANSITION = """
 """
 # The claim's commit does not wait for the WAL flush, as the runtime's does not
 # (runs/step_journal.py); the settle's does.
-_FLOOR_CLAIM = _FLOOR_TRANSITION.format(
-    commit=", (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush"
-)
+_FLOOR_CLAIM = _FLOOR_TRANSITION.format(commit=f", {COMMIT_WITHOUT_FLUSH}")
 _FLOOR_SETTLE = _FLOOR_TRANSITION.format(commit="")
 _FLOOR_BODY = "x" * 1024
 _floor_connections: dict[int, object] = {}

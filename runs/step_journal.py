@@ -151,7 +151,9 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
     return token, request, requeue_count, step_count, frozenset(disabled)
 
 
-_COMMIT_WITHOUT_FLUSH = "SELECT set_config('synchronous_commit', 'off', true)"
+#: A FROM item that makes the statement's own transaction commit without
+#: waiting for the WAL flush (the claim's; the bench's floor job copies it).
+COMMIT_WITHOUT_FLUSH = "(SELECT set_config('synchronous_commit', 'off', true)) AS no_flush"
 
 # The tools the run asks for that an operator has switched off since it was
 # enqueued: the worker does not offer them. Read by the claim itself rather
@@ -204,7 +206,7 @@ def _run_then_step(
         # Alone, the statement is its transaction, and a setting local to it
         # decides how it commits. (In a caller's transaction it would decide
         # how the caller's work commits: not this statement's choice.)
-        sql += f", ({_COMMIT_WITHOUT_FLUSH}) AS no_flush"
+        sql += f", {COMMIT_WITHOUT_FLUSH}"
     # Inside a caller's transaction the statement needs a savepoint of its
     # own, so a refused INSERT does not abort the caller; in autocommit it
     # is atomic alone.

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -13,9 +12,8 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from runs.dispatch import run_queue
+from tests.helpers import ROOT
 from tests.http_fixture import start_http_server
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_terminal_summary(terminalreporter):

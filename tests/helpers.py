@@ -1,6 +1,11 @@
 """Small builders and waiting helpers shared by the tests."""
 
+import subprocess
+import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def scripted(*turns, tools=(), prompt="test prompt", max_iterations=None) -> dict:
@@ -53,3 +58,16 @@ def collected(path) -> dict:
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
+
+
+def manage(*args: str, env: dict, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``manage.py *args`` in a process of its own with ``env``; its output as text."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -12,8 +12,6 @@ autovacuum and no background writer, either of which could flush the WAL too.
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -23,9 +21,8 @@ import pytest
 from django.utils import timezone
 
 from tests.harness import postgres_server
-from tests.helpers import answer, call, scripted, wait_until
+from tests.helpers import answer, call, manage, scripted, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 CRASH_TOOL = "tests.tools_for_tests.WriteDuringServerCrash"
 
 pytestmark = pytest.mark.worker
@@ -56,15 +53,7 @@ def _app_env(base: dict, url: str) -> dict:
 
 
 def _manage(env: dict, *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = manage(*args, env=env, stdin=stdin)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip()
 

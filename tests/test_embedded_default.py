@@ -2,16 +2,8 @@
 no PostgreSQL. The set-up commands run as `make run` runs them."""
 
 import os
-import subprocess
-import sys
 
-from tests.conftest import ROOT
-
-
-def manage(*args, env):
-    return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+from tests.helpers import manage
 
 
 def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):

@@ -3,7 +3,7 @@
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from runs import transitions
 from runs.models import AgentRun
@@ -60,6 +60,22 @@ def test_every_claim_grows_the_lease_token():
     step = {"kind": "llm"}
     assert transitions.record_step(first, 60, step, clear_fence=False) is RecordOutcome.LEASE_LOST
     assert transitions.record_step(second, 60, step, clear_fence=False) is RecordOutcome.PERSISTED
+
+
+def _synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return cursor.fetchone()[0]
+
+
+def test_a_claim_skips_the_flush_only_for_its_own_commit():
+    """The claim's commit does not wait for the WAL flush (runs/step_journal.py).
+    Inside a caller's transaction it must not make the caller's commit skip it."""
+    assert transitions.claim(queued_run().pk, "alone", 60) is not None
+    assert _synchronous_commit() == "on"
+    with transaction.atomic():
+        assert transitions.claim(queued_run().pk, "inside", 60) is not None
+        assert _synchronous_commit() == "on"
 
 
 def test_a_stale_job_for_a_run_already_taken_does_nothing():
