@@ -34,6 +34,8 @@ class RunSerializer(serializers.ModelSerializer):
             "prompt_tokens",
             "completion_tokens",
             "llm_latency_ms",
+            "tokens_saved_by_replay",
+            "journal_begins_after",
             "write_in_doubt",
             "created_at",
             "started_at",
@@ -116,6 +118,28 @@ class ReconcileSerializer(StrictSerializer):
 
 class NoteSerializer(StrictSerializer):
     note = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
+
+
+class ToolPreviewSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    effect = serializers.CharField()
+
+
+class JournalSummarySerializer(serializers.Serializer):
+    last_sequence = serializers.IntegerField(help_text="a requeue resumes after this step")
+    model_turns = serializers.IntegerField(help_text="recorded model turns replayed")
+    tool_results = serializers.IntegerField(help_text="recorded tool outcomes replayed")
+    writes = serializers.IntegerField(help_text="of them, writes that executed: not repeated")
+
+
+class VerdictSerializer(serializers.Serializer):
+    allowed = serializers.BooleanField()
+    code = serializers.CharField(help_text="safe, status, write_in_doubt, write_applied, ...")
+    reason = serializers.CharField(help_text="what the action will do, or why it is refused")
+    tools = ToolPreviewSerializer(many=True, help_text="the run's tools: what may execute live")
+    journal = JournalSummarySerializer(
+        allow_null=True, help_text="for a requeue that is allowed: what it replays"
+    )
 
 
 class ActionResultSerializer(serializers.Serializer):

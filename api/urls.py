@@ -11,6 +11,7 @@ urlpatterns = [
     path("runs/<str:pk>/steps/", runs.RunSteps.as_view(), name="api-run-steps"),
     path("runs/<str:pk>/cancel/", runs.RunCancel.as_view(), name="api-run-cancel"),
     path("runs/<str:pk>/requeue/", runs.RunRequeue.as_view(), name="api-run-requeue"),
+    path("runs/<str:pk>/restart/", runs.RunRestart.as_view(), name="api-run-restart"),
     path("dead-letters/", audits.DeadLetterList.as_view(), name="api-dead-letters"),
     path("write-audits/", audits.WriteAuditList.as_view(), name="api-write-audits"),
     path(

@@ -19,3 +19,12 @@ class LeaseLost(Exception):
 
 class RunCancelled(Exception):
     """An operator asked to cancel; noticed at a step boundary (G9)."""
+
+
+class StepsNotDurable(Exception):
+    """A write was about to start while earlier steps of the run could not be
+    recorded (G12): it does not start. No write has run since the last
+    durable step, so the attempt may be retried: it resumes after that step.
+    """
+
+    failure_class = "connection"

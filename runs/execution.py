@@ -1,4 +1,4 @@
-"""The runtime's watch over one attempt: lease, fence and audit (G2, G5, G6).
+"""The runtime's watch over one attempt: lease, fence and audit (G2, G5, G6, G12).
 
 ``LeasedExecution`` is the agent loop's observer. Every tool call is preceded
 by a guarded renewal of the lease that, for a write, stamps the fence (G5,
@@ -8,6 +8,12 @@ lease for the call and stamps its fence. When that record did not happen
 (it failed, or the call could not be named in advance) ``before_tool``
 renews on its own. After every step the observer decides what a failed
 record means (G2).
+
+A step the database refused is kept and written, in order, ahead of the
+next one that is recorded, and a write does not start while one is left
+(G12): the durable journal is always a prefix of what the attempt did, and
+what a crash can lose is a tail of read and model steps that no write
+depends on.
 """
 
 import logging
@@ -15,9 +21,8 @@ import logging
 from django.db import DatabaseError
 
 from runs import metrics, transitions
-from runs.errors import AuditPersistenceFailed, LeaseLost, RunCancelled
-from runs.loop import PlannedCall, RecordedOutcome, StepEvent
-from runs.models import RunStep
+from runs.errors import AuditPersistenceFailed, LeaseLost, RunCancelled, StepsNotDurable
+from runs.loop import PlannedCall, StepEvent
 from runs.transitions import FinishOutcome, Lease, NextCall, RecordOutcome
 from runs.vocabulary import StepKind
 from tools.contract import ToolContext, idempotency_key_for
@@ -26,27 +31,29 @@ logger = logging.getLogger(__name__)
 
 
 class LeasedExecution:
-    def __init__(
-        self, lease: Lease, lease_seconds: float, operation_margin: float, *, resumed: bool
-    ):
+    def __init__(self, lease: Lease, lease_seconds: float, operation_margin: float):
         self.lease = lease
         self.lease_seconds = lease_seconds
         self.operation_margin = operation_margin
-        #: An earlier attempt recorded steps: a write may already be recorded.
-        self.resumed = resumed
         #: The call the last record renewed the lease for, and its idempotency key.
         self._renewed_for: tuple[PlannedCall, str] | None = None
+        #: Steps the database refused (fail-soft: reads, model turns), in
+        #: order: written ahead of the next step that is recorded, so the
+        #: journal never has a gap a later attempt would fill differently,
+        #: and no write starts while one is left (G12).
+        self._unwritten: list[dict] = []
         #: The final answer's record settled the run (``finish``).
         self.settled = False
 
     # --- hooks the agent loop calls ----------------------------------------
 
-    def before_tool(self, call: PlannedCall) -> ToolContext | RecordedOutcome:
+    def before_tool(self, call: PlannedCall) -> ToolContext:
         """The call's context once the lease is renewed for it (and a write's
-        fence stamped), or the outcome an earlier attempt recorded for it.
+        fence stamped).
 
-        Raises instead of returning when the run is lost or being cancelled:
-        then the tool does not run.
+        Raises instead of returning when the run is lost or being cancelled,
+        and before a write while earlier steps are still unwritten: then the
+        tool does not run.
         """
         renewed, self._renewed_for = self._renewed_for, None
         if renewed is not None and renewed[0] is call:
@@ -54,14 +61,21 @@ class LeasedExecution:
             # it and stamped its fence, in the same guarded UPDATE.
             return self._context(call, renewed[1])
         key = idempotency_key_for(self.lease.run_id, call.position, call.tool.name, call.arguments)
-        if call.tool.effect.is_write and self.resumed:
-            recorded = _recorded_outcome(self.lease.run_id, key)
-            if recorded is not None:
-                # An earlier attempt executed this very call and recorded it:
-                # re-executing from the start must not repeat the write.
-                return recorded
         renewal = self._renewal_for(call, key)
         lease_seconds = self._lease_seconds_for(call)
+        if self._unwritten:
+            # The steps still unwritten go first, with this call's renewal.
+            outcome = self._record([], lease_seconds, renewal)
+            if outcome is RecordOutcome.PERSISTED:
+                return self._context(call, key)
+            if outcome is RecordOutcome.LEASE_LOST:
+                self._stop_for_lost_renewal(before=call.tool.name)
+            if call.tool.effect.is_write:
+                raise StepsNotDurable(
+                    f"the {call.tool.effect} tool {call.tool.name!r} did not start: "
+                    f"{len(self._unwritten)} earlier step(s) of the run could not be recorded"
+                )
+            # A read may run over the gap; the steps wait for the next record.
         if not transitions.renew_lease(
             self.lease, lease_seconds, fence=renewal.fence, call=renewal.call
         ):
@@ -73,30 +87,19 @@ class LeasedExecution:
         Fail closed for an executed write, soft otherwise."""
         self._renewed_for = None
         next_key, renewal, lease_seconds = None, None, self.lease_seconds
-        if next_call is not None and not (next_call.tool.effect.is_write and self.resumed):
-            # (A resumed run looks a write up in ``before_tool`` first: it
-            # may be a replay, which must stamp no fence.)
+        if next_call is not None:
             next_key = idempotency_key_for(
                 self.lease.run_id, next_call.position, next_call.tool.name, next_call.arguments
             )
             renewal = self._renewal_for(next_call, next_key)
             lease_seconds = self._lease_seconds_for(next_call)
-        with metrics.STEP_RECORD_SECONDS.time():
-            outcome = transitions.record_step(
-                self.lease,
-                lease_seconds,
-                _step_fields(event),
-                clear_fence=event.is_executed_write,
-                next_call=renewal,
-            )
-        if outcome.persisted:
-            metrics.STEPS.labels(event.kind, event.effect or "none").inc()
+        outcome = self._record(
+            [_step_fields(event)], lease_seconds, renewal, clear_fence=event.is_executed_write
+        )
         if outcome is RecordOutcome.PERSISTED:
             if next_key is not None:
                 self._renewed_for = (next_call, next_key)
             return
-        if outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED:
-            raise RunCancelled()
         if outcome is RecordOutcome.LEASE_LOST:
             if event.executed:
                 logger.error(
@@ -106,7 +109,7 @@ class LeasedExecution:
                     event.tool_name,
                 )
             raise LeaseLost()
-        # FAILED: the database refused the step.
+        # FAILED: the database refused the step (and any still unwritten).
         if event.is_executed_write:
             metrics.AUDIT_FAILURES.labels(event.effect).inc()
             raise AuditPersistenceFailed(
@@ -122,15 +125,58 @@ class LeasedExecution:
         ``cancelled`` when a cancel won). If the database refused the step,
         nothing is settled: the run goes on to an ordinary settle without it.
         """
+        steps = [*self._unwritten, _step_fields(event)]
         with metrics.STEP_RECORD_SECONDS.time():
-            outcome = transitions.finish(self.lease, _step_fields(event), output=output)
+            outcome = transitions.finish(self.lease, steps, output=output)
         if outcome is FinishOutcome.LEASE_LOST:
             raise LeaseLost()
         if outcome is FinishOutcome.FAILED:
+            self._unwritten = steps
             self._heartbeat_after_unrecorded_step()
             return
-        metrics.STEPS.labels(event.kind, "none").inc()
+        self._count(steps)
+        self._unwritten = []
         self.settled = True
+
+    def record_request(self, request: dict) -> None:
+        """The first step of an interactive run: what it was asked to do."""
+        self.after_step(StepEvent(kind=StepKind.REQUEST, arguments=request))
+
+    def record_resume(self, event: StepEvent) -> None:
+        """A resumed attempt's account of what it replayed, before it goes live."""
+        self.after_step(event)
+
+    def _record(
+        self,
+        steps: list[dict],
+        lease_seconds: float,
+        next_call: NextCall | None,
+        *,
+        clear_fence: bool = False,
+    ) -> RecordOutcome:
+        """Record the unwritten steps and then ``steps``, all or none; raise
+        ``RunCancelled`` when they were recorded and a cancel is pending. On
+        ``FAILED`` every one of them is left unwritten, in order."""
+        steps = [*self._unwritten, *steps]
+        with metrics.STEP_RECORD_SECONDS.time():
+            outcome = transitions.record_steps(
+                self.lease, lease_seconds, steps, clear_fence=clear_fence, next_call=next_call
+            )
+        if outcome is RecordOutcome.FAILED:
+            self._unwritten = steps
+            return outcome
+        if outcome is RecordOutcome.LEASE_LOST:
+            return outcome
+        self._count(steps)
+        self._unwritten = []
+        if outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED:
+            raise RunCancelled()
+        return outcome
+
+    @staticmethod
+    def _count(steps: list[dict]) -> None:
+        for step in steps:
+            metrics.STEPS.labels(step["kind"], step["effect"] or "none").inc()
 
     # --- helpers -----------------------------------------------------------
 
@@ -153,10 +199,6 @@ class LeasedExecution:
             attempt=self.lease.token,
             timeout_seconds=call.tool.time_limit(),
         )
-
-    def record_request(self, request: dict) -> None:
-        """The first step of every attempt: what it was asked to do."""
-        self.after_step(StepEvent(kind="request", arguments=request))
 
     def _heartbeat_after_unrecorded_step(self) -> None:
         # The failed record rolled back its renewal too; renew on its own.
@@ -185,20 +227,6 @@ class LeasedExecution:
         raise LeaseLost()
 
 
-def _recorded_outcome(run_id: str, idempotency_key: str) -> RecordedOutcome | None:
-    step = (
-        RunStep.objects.filter(
-            run_id=run_id, kind=StepKind.TOOL, idempotency_key=idempotency_key, replay_of=None
-        )
-        .order_by("sequence")
-        .values("sequence", "result", "error")
-        .first()
-    )
-    if step is None:
-        return None
-    return RecordedOutcome(step["sequence"], idempotency_key, step["result"], step["error"])
-
-
 def _step_fields(event: StepEvent) -> dict:
     return {
         "kind": event.kind,
@@ -208,5 +236,4 @@ def _step_fields(event: StepEvent) -> dict:
         "result": event.result,
         "error": event.error,
         "idempotency_key": event.idempotency_key,
-        "replay_of": event.replay_of,
     }

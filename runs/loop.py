@@ -5,15 +5,23 @@ with two hooks — ``before_tool`` (may refuse by raising) and ``after_step`` �
 and owns the lease, the fence, the audit and the settle. ``after_step`` is
 told which call comes next, so the observer can renew the lease for it (and
 stamp its fence) in the same write that records the step.
+
+A re-executed attempt hands the loop the turns its journal recorded (G12):
+the loop replays them — their tool calls' recorded outcomes included —
+without asking the provider or running a tool, and without telling the
+observer (they are recorded already), then goes live where the journal
+ends: the calls of the last recorded turn that have no outcome yet, then
+the next turn.
 """
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from runs.providers import Provider
+from runs.providers.base import ToolCall, Turn
 from runs.vocabulary import StepKind, TerminationReason
 from tools.contract import Tool, ToolContext, ToolError
 from tools.deadline import time_limit
@@ -34,14 +42,21 @@ class PlannedCall:
 
 @dataclass(frozen=True)
 class RecordedOutcome:
-    """The outcome an earlier attempt recorded for this very call (same
-    idempotency key); the observer returns it instead of a context when the
-    call must not execute again."""
+    """What the journal recorded for one tool call: its result or its error."""
 
     sequence: int
-    idempotency_key: str
     result: Any
     error: str
+
+
+@dataclass(frozen=True)
+class RecordedTurn:
+    """A model turn the journal recorded, with the outcomes recorded for its
+    calls, in order: as many as its calls, or fewer for the journal's last turn."""
+
+    sequence: int
+    turn: Turn
+    outcomes: tuple[RecordedOutcome, ...] = ()
 
 
 @dataclass
@@ -57,7 +72,6 @@ class StepEvent:
     idempotency_key: str = ""
     #: True when a tool's code ran: its effect may have reached the world.
     executed: bool = False
-    replay_of: int | None = None
 
     @property
     def is_executed_write(self) -> bool:
@@ -72,7 +86,7 @@ class LoopOutcome:
 
 
 class LoopObserver(Protocol):
-    def before_tool(self, call: PlannedCall) -> ToolContext | RecordedOutcome: ...
+    def before_tool(self, call: PlannedCall) -> ToolContext: ...
 
     def after_step(self, event: StepEvent, next_call: PlannedCall | None = None) -> None: ...
 
@@ -83,6 +97,21 @@ def tool_spec(tool: Tool) -> dict:
     return {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
 
 
+def llm_step_result(turn: Turn) -> dict:
+    """What an llm step records of a turn: everything replaying it needs
+    (content, each call's name, arguments, protocol id and problem) and the
+    provider's meta (model, finish reason, usage, latency)."""
+    calls = []
+    for call in turn.tool_calls:
+        recorded = {"name": call.name, "arguments": call.arguments}
+        if call.id:
+            recorded["id"] = call.id
+        if call.problem:
+            recorded["problem"] = call.problem
+        calls.append(recorded)
+    return {"content": turn.content, "tool_calls": calls, **turn.meta}
+
+
 def run_agent_loop(
     *,
     prompt: str,
@@ -90,49 +119,46 @@ def run_agent_loop(
     tools: Mapping[str, Tool],
     max_iterations: int,
     observer: LoopObserver,
+    journal: Sequence[RecordedTurn] = (),
 ) -> LoopOutcome:
-    """Drive the conversation. Exceptions from the provider or the observer
-    propagate: the runtime decides what they mean for the run."""
+    """Drive the conversation, replaying ``journal`` first. Exceptions from
+    the provider or the observer propagate: the runtime decides what they
+    mean for the run. A replayed final answer ends the loop ``completed``
+    without a call to ``observer.finish`` (it is recorded already)."""
     messages: list[dict] = [{"role": "user", "content": prompt}]
     specs = [tool_spec(tool) for tool in tools.values()]
     for iteration in range(1, max_iterations + 1):
-        turn = provider.next_turn(messages, specs)
-        planned = [
-            call.problem or _plan_call(call.name, call.arguments, f"{iteration}.{index}", tools)
-            for index, call in enumerate(turn.tool_calls)
-        ]
-        calls = [{"name": call.name, "arguments": call.arguments} for call in turn.tool_calls]
-        event = StepEvent(
-            kind=StepKind.LLM,
-            result={"content": turn.content, "tool_calls": calls, **turn.meta},
-        )
+        recorded = journal[iteration - 1] if iteration <= len(journal) else None
+        turn = recorded.turn if recorded else provider.next_turn(messages, specs)
+        replayed = recorded.outcomes if recorded else ()
         if not turn.tool_calls:
-            # The final answer: its step is recorded with the run's settle.
-            observer.finish(event, turn.content)
+            if recorded is None:
+                # The final answer: its step is recorded with the run's settle.
+                event = StepEvent(kind=StepKind.LLM, result=llm_step_result(turn))
+                observer.finish(event, turn.content)
             messages.append({"role": "assistant", "content": turn.content})
             return LoopOutcome(TerminationReason.COMPLETED, turn.content, messages)
-        observer.after_step(event, next_call=_runnable(planned, 0))
+        # Only the calls that go live are planned; replayed ones ran already.
+        planned = [
+            None if index < len(replayed) else _plan(call, f"{iteration}.{index}", tools)
+            for index, call in enumerate(turn.tool_calls)
+        ]
+        if recorded is None:
+            event = StepEvent(kind=StepKind.LLM, result=llm_step_result(turn))
+            observer.after_step(event, next_call=_runnable(planned, 0))
         # The conversation is kept in the chat-completions shape, which
         # OpenAI-compatible providers take as is.
         call_ids = [
             call.id or f"call_{iteration}_{index}" for index, call in enumerate(turn.tool_calls)
         ]
-        assistant = {
-            "role": "assistant",
-            "content": turn.content,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
-                }
-                for call_id, call in zip(call_ids, turn.tool_calls, strict=True)
-            ],
-        }
-        messages.append(assistant)
+        messages.append(_assistant_message(turn, call_ids))
         for index, (call_id, call, plan) in enumerate(
             zip(call_ids, turn.tool_calls, planned, strict=True)
         ):
+            if index < len(replayed):
+                outcome = replayed[index]
+                messages.append(_tool_message(call_id, outcome.result, outcome.error))
+                continue
             if isinstance(plan, PlannedCall):
                 event = _execute_call(plan, observer)
             else:
@@ -145,27 +171,44 @@ def run_agent_loop(
                     error=plan,
                 )
             observer.after_step(event, next_call=_runnable(planned, index + 1))
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": call_id,
-                    "content": event.error or json.dumps(event.result, sort_keys=True),
-                }
-            )
+            messages.append(_tool_message(call_id, event.result, event.error))
     return LoopOutcome(TerminationReason.MAX_ITERATIONS, "", messages)
 
 
-def _plan_call(
-    name: str, arguments: Any, position: str, tools: Mapping[str, Tool]
-) -> PlannedCall | str:
+def _assistant_message(turn: Turn, call_ids: list[str]) -> dict:
+    return {
+        "role": "assistant",
+        "content": turn.content,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+            for call_id, call in zip(call_ids, turn.tool_calls, strict=True)
+        ],
+    }
+
+
+def _tool_message(call_id: str, result: Any, error: str) -> dict:
+    return {
+        "role": "tool",
+        "tool_call_id": call_id,
+        "content": error or json.dumps(result, sort_keys=True),
+    }
+
+
+def _plan(call: ToolCall, position: str, tools: Mapping[str, Tool]) -> PlannedCall | str:
     """The call to execute, or why it must not execute."""
-    tool = tools.get(name)
+    if call.problem:
+        return call.problem
+    tool = tools.get(call.name)
     if tool is None:
-        return f"tool {name!r} is not offered to this run; offered: {sorted(tools)}"
-    problems = argument_errors(tool.parameters, arguments)
+        return f"tool {call.name!r} is not offered to this run; offered: {sorted(tools)}"
+    problems = argument_errors(tool.parameters, call.arguments)
     if problems:
         return "invalid arguments: " + "; ".join(problems)
-    return PlannedCall(tool=tool, arguments=arguments, position=position)
+    return PlannedCall(tool=tool, arguments=call.arguments, position=position)
 
 
 def _runnable(planned: list, index: int) -> PlannedCall | None:
@@ -177,17 +220,6 @@ def _runnable(planned: list, index: int) -> PlannedCall | None:
 def _execute_call(call: PlannedCall, observer: LoopObserver) -> StepEvent:
     tool, name, arguments = call.tool, call.tool.name, call.arguments
     context = observer.before_tool(call)
-    if isinstance(context, RecordedOutcome):
-        return StepEvent(
-            kind=StepKind.TOOL,
-            tool_name=name,
-            effect=tool.effect.value,
-            arguments=arguments,
-            result=context.result,
-            error=context.error,
-            idempotency_key=context.idempotency_key,
-            replay_of=context.sequence,
-        )
     event = StepEvent(
         kind=StepKind.TOOL,
         tool_name=name,

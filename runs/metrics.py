@@ -27,6 +27,10 @@ PROVIDER_SECONDS = Histogram(
 )
 LEASES_LOST = Counter("nrllm_lease_renewals_lost_total", "Workers that found their lease lost")
 REAPER_DECISIONS = Counter("nrllm_reaper_decisions_total", "Reaper decisions", ["decision"])
+RESUMES = Counter("nrllm_resumes_total", "Attempts that resumed from the run's journal")
+REPLAYED_STEPS = Counter(
+    "nrllm_replayed_steps_total", "Journal steps replayed instead of done again", ["kind"]
+)
 AUDIT_FAILURES = Counter(
     "nrllm_audit_persistence_failures_total", "Write steps that could not be persisted", ["effect"]
 )

@@ -60,6 +60,13 @@ class AgentRun(models.Model):
     #: Steps recorded so far; the guarded UPDATE that records a step takes the
     #: next sequence from here, so two writers cannot allocate the same one.
     step_count = models.PositiveIntegerField(default=0)
+    #: The run's journal (the model turns and tool outcomes a re-executed
+    #: attempt replays, G12) is its llm and tool steps after this sequence:
+    #: 0, or the operator step of the last restart from the beginning.
+    journal_begins_after = models.PositiveIntegerField(default=0)
+    #: Model tokens (prompt + completion) that resumed attempts did not spend
+    #: again because they replayed recorded turns instead of asking anew.
+    tokens_saved_by_replay = models.PositiveIntegerField(default=0)
 
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -122,8 +129,10 @@ class RunStep(models.Model):
     #: Set only for a step whose tool code ran (or, with ``replay_of``, whose
     #: recorded outcome was reused): the key the tool was given.
     idempotency_key = models.CharField(max_length=64, blank=True)
-    #: A write call that an earlier attempt already executed and recorded is
-    #: not executed again: its outcome is reused, and this names that step.
+    #: History only. Before attempts resumed from the journal (G12), a
+    #: re-executed run started over and a write call it had already recorded
+    #: was copied into a new step naming the original here. Replayed steps
+    #: are no longer copied: a ``resume`` step says what an attempt replayed.
     replay_of = models.PositiveIntegerField(null=True, blank=True)
     lease_token = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)

@@ -1,5 +1,5 @@
-"""What operators do to runs — requeue, cancel, reconcile, dismiss — for the
-admin and the API alike.
+"""What operators do to runs — requeue, restart, cancel, reconcile, dismiss —
+for the admin and the API alike.
 
 Each action checks what it must (the requeue verdict, the run's state), goes
 through a guarded transition, is recorded on the run's step stream (who,
@@ -14,7 +14,7 @@ from django.db.models.functions import Now
 
 from runs import transitions
 from runs.models import AgentRun, DeadLetter, WriteReconciliation
-from runs.requeue_safety import requeue_safety
+from runs.requeue_safety import requeue_safety, restart_safety
 from runs.transitions import CancelOutcome
 from runs.vocabulary import ReconciliationOutcome, Resolution, RunStatus, StepKind
 
@@ -48,25 +48,46 @@ def _resolve_dead_letters(run_id, operator, resolution: str, note: str) -> None:
 
 
 def requeue(run: AgentRun, operator, note: str = "") -> ActionResult:
-    """Requeue ``run`` if ``requeue_safety`` allows it; it is dispatched after
-    commit through the same path as a new run."""
+    """Requeue ``run`` if ``requeue_safety`` allows it: the next attempt
+    resumes from the journal (G12). It is dispatched after commit through the
+    same path as a new run."""
+    return _back_in_queue(run, operator, note, _REQUEUE, requeue_safety(run))
+
+
+def restart(run: AgentRun, operator, note: str = "") -> ActionResult:
+    """Restart ``run`` from the beginning if ``restart_safety`` allows it:
+    nothing recorded so far is replayed."""
+    return _back_in_queue(run, operator, note, _RESTART, restart_safety(run))
+
+
+@dataclass(frozen=True)
+class _BackInQueue:
+    action: str
+    done: str  # the result's code, and the word the messages use
+    transition: object
+
+
+_REQUEUE = _BackInQueue("requeue", "requeued", transitions.operator_requeue)
+_RESTART = _BackInQueue("restart", "restarted", transitions.operator_restart)
+
+
+def _back_in_queue(run: AgentRun, operator, note: str, how: _BackInQueue, verdict) -> ActionResult:
     from runs.runtime import dispatch_or_fail
 
-    verdict = requeue_safety(run)
     if not verdict.allowed:
         return ActionResult(False, verdict.code, verdict.reason)
     with transaction.atomic():
-        step = _step(operator, "requeue", note, verdict=verdict.reason, previous=run.status)
-        if not transitions.operator_requeue(
+        step = _step(operator, how.action, note, verdict=verdict.reason, previous=run.status)
+        if not how.transition(
             run.pk, seen_status=run.status, seen_step_count=run.step_count, step=step
         ):
             return ActionResult(
-                False, "changed", "the run changed since it was checked (requeued already?)"
+                False, "changed", f"the run changed since it was checked ({how.done} already?)"
             )
         _resolve_dead_letters(run.pk, operator, Resolution.REQUEUED, note)
-        _log(operator, AgentRun.objects.filter(pk=run.pk), f"Requeued. {note}".strip())
+        _log(operator, AgentRun.objects.filter(pk=run.pk), f"{how.done.title()}. {note}".strip())
         transaction.on_commit(lambda: dispatch_or_fail(run.pk, requeue_count=0))
-    return ActionResult(True, "requeued", "requeued: it runs again from the start")
+    return ActionResult(True, how.done, f"{how.done}: {verdict.reason}")
 
 
 def cancel(run: AgentRun, operator, note: str = "") -> ActionResult:

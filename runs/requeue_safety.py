@@ -1,16 +1,25 @@
-"""The one function that decides whether an operator may requeue a run (G10).
+"""The functions that decide whether an operator may requeue or restart a
+run, and say what it will do or why not (G10, G12).
 
-The admin and the API both call ``requeue_safety`` and show its reason. A
-requeued run executes again from the start, so the verdict refuses whenever
-that could repeat a non-idempotent write.
+The admin and the API both call them and show their reasons.
+
+- A **requeue** resumes the run from its journal: recorded model turns and
+  tool outcomes are replayed, never repeated, and the run goes live after
+  them. It is refused while a non-idempotent write is in doubt (its outcome
+  is not in the journal, so resuming would execute it again) until an
+  operator reconciles it, and when the journal could not be replayed.
+- A **restart** runs the run again from the beginning, replaying nothing. It
+  is refused whenever that could repeat a non-idempotent write.
 """
 
 from dataclasses import dataclass, field
 
+from runs.journal import JournalSummary, summarize_journal
 from runs.models import AgentRun, WriteReconciliation
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from tools.effects import ToolEffect
-from tools.registry import effect_for
+from tools.enabled import disabled_tool_names
+from tools.registry import effect_for, get_registry
 
 REQUEUEABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 
@@ -25,41 +34,41 @@ class ToolPreview:
 class RequeueVerdict:
     allowed: bool
     #: Stable, machine-readable: ``safe``, ``status``, ``write_in_doubt``,
-    #: ``write_applied``, ``non_idempotent_executed``.
+    #: ``write_applied``, ``journal_unreplayable``, ``non_idempotent_executed``.
     code: str
+    #: Why not, or what it will do.
     reason: str
-    #: The tools the run offers, with their effects: what may execute again.
+    #: The tools the run offers, with their effects: what may execute live.
     tools: list[ToolPreview] = field(default_factory=list)
+    #: For an allowed requeue: what it resumes from.
+    journal: JournalSummary | None = None
 
 
 def requeue_safety(run: AgentRun) -> RequeueVerdict:
-    """May ``run`` be requeued by an operator, and if not, why not."""
-    tools = [ToolPreview(name, effect_for(name).value) for name in run.request.get("tools", [])]
-    if run.status not in REQUEUEABLE:
-        return RequeueVerdict(
-            False,
-            "status",
-            f"only failed or cancelled runs can be requeued; this run is {run.status}",
-        )
-    if run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
-        # The run ended (status checked above) with its fence on a
-        # non-idempotent write: it may or may not have landed.
-        call = run.pending_call or {}
-        tool = call.get("tool", "a non-idempotent write")
-        reconciliation = WriteReconciliation.objects.filter(run=run).first()
-        if reconciliation is None:
+    """May ``run`` be requeued (resumed from its journal), and what will that do."""
+    refused = _refused_for_status_or_doubt(run)
+    if refused is not None:
+        return refused
+    journal = summarize_journal(run)
+    registered = set(get_registry().names())
+    disabled = disabled_tool_names() & journal.executed_tools
+    for name in sorted(journal.executed_tools):
+        if name not in registered or name in disabled:
+            why = "is no longer registered" if name not in registered else "is disabled"
             return RequeueVerdict(
                 False,
-                "write_in_doubt",
-                f"the non_idempotent_write {tool!r} may have landed; reconcile it first",
+                "journal_unreplayable",
+                f"the journal records outcomes of the tool {name!r}, which {why}: a resumed "
+                "attempt would stop there; restart from the beginning instead",
             )
-        if reconciliation.outcome == ReconciliationOutcome.APPLIED:
-            return RequeueVerdict(
-                False,
-                "write_applied",
-                f"{reconciliation.operator} reconciled the write {tool!r} as applied; "
-                "running the run again would repeat it",
-            )
+    return RequeueVerdict(True, "safe", _resume_plan(run, journal), _tools(run), journal)
+
+
+def restart_safety(run: AgentRun) -> RequeueVerdict:
+    """May ``run`` be restarted from the beginning, replaying nothing."""
+    refused = _refused_for_status_or_doubt(run)
+    if refused is not None:
+        return refused
     executed = (
         run.steps.filter(kind=StepKind.TOOL, effect=ToolEffect.NON_IDEMPOTENT_WRITE)
         .exclude(idempotency_key="")
@@ -68,13 +77,75 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
         .first()
     )
     if executed is not None:
-        # Conservative: a replay would reuse the recorded outcome, but only if
-        # the model asks for exactly the same call again, which a real model
-        # need not do.
+        # A fresh start asks the model anew, and a real model need not ask
+        # for the same call again: nothing could tell a repeat from a new call.
         return RequeueVerdict(
             False,
             "non_idempotent_executed",
             f"step {executed['sequence']} executed the non_idempotent_write "
-            f"{executed['tool_name']!r}; running the run again from the start could repeat it",
+            f"{executed['tool_name']!r}; running the run again from the beginning could "
+            "repeat it (a requeue resumes after it instead)",
         )
-    return RequeueVerdict(True, "safe", "safe to requeue: it runs again from the start", tools)
+    return RequeueVerdict(
+        True,
+        "safe",
+        "safe to restart: it runs again from the beginning, replaying nothing",
+        _tools(run),
+    )
+
+
+def _tools(run: AgentRun) -> list[ToolPreview]:
+    return [ToolPreview(name, effect_for(name).value) for name in run.request.get("tools", [])]
+
+
+def _refused_for_status_or_doubt(run: AgentRun) -> RequeueVerdict | None:
+    if run.status not in REQUEUEABLE:
+        return RequeueVerdict(
+            False,
+            "status",
+            f"only failed or cancelled runs can be requeued; this run is {run.status}",
+        )
+    if run.pending_effect != ToolEffect.NON_IDEMPOTENT_WRITE:
+        return None
+    # The run ended (status checked above) with its fence on a
+    # non-idempotent write: it may or may not have landed, and its outcome
+    # is not in the journal.
+    tool = (run.pending_call or {}).get("tool", "a non-idempotent write")
+    reconciliation = WriteReconciliation.objects.filter(run=run).first()
+    if reconciliation is None:
+        return RequeueVerdict(
+            False,
+            "write_in_doubt",
+            f"the non_idempotent_write {tool!r} may have landed; reconcile it first",
+        )
+    if reconciliation.outcome == ReconciliationOutcome.APPLIED:
+        return RequeueVerdict(
+            False,
+            "write_applied",
+            f"{reconciliation.operator} reconciled the write {tool!r} as applied, and its "
+            "outcome is not in the journal: running the run again would repeat it",
+        )
+    return None
+
+
+def _resume_plan(run: AgentRun, journal: JournalSummary) -> str:
+    """What a requeue will do, in an operator's words."""
+    if not journal.last_sequence:
+        plan = "nothing recorded to replay: it runs from the start"
+    else:
+        plan = (
+            f"resumes after step {journal.last_sequence}; replays {journal.writes} writes "
+            f"without repeating them ({journal.model_turns} model turns and "
+            f"{journal.tool_results} tool results in all); continues live"
+        )
+    if run.pending_effect:
+        # The fenced call's outcome is not recorded: it executes again, live.
+        tool = (run.pending_call or {}).get("tool", "the fenced write")
+        if run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
+            plan += f"; the write {tool!r}, reconciled not_applied, executes again"
+        else:
+            plan += (
+                f"; the {run.pending_effect} {tool!r}, whose outcome is not recorded, "
+                "executes again with the same idempotency key"
+            )
+    return plan

@@ -64,19 +64,7 @@ def _schema_problem(schema: dict, value, prefix: str = "") -> str | None:
 
 def parse_run_request(data) -> RunRequest:
     """Check ``data`` and return the request it describes, or raise."""
-    problem = _schema_problem(_REQUEST_SCHEMA, data)
-    if problem:
-        raise InvalidRunRequest(problem)
-
-    provider = data["provider"]
-    provider_class = PROVIDER_KINDS.get(provider["kind"])
-    if provider_class is None:
-        raise InvalidRunRequest(
-            f"provider/kind: unknown provider {provider['kind']!r}; known: {sorted(PROVIDER_KINDS)}"
-        )
-    problem = _schema_problem(provider_class.spec_schema, provider, prefix="provider")
-    if problem:
-        raise InvalidRunRequest(problem)
+    provider_class = _check_shape(data, _REQUEST_SCHEMA)
     problem = provider_class.configuration_problem()
     if problem:
         raise InvalidRunRequest(f"provider: {problem}")
@@ -97,5 +85,41 @@ def parse_run_request(data) -> RunRequest:
             f"max_iterations: {max_iterations} is above the limit of {cap} (NRLLM_MAX_ITERATIONS)"
         )
     return RunRequest(
-        prompt=data["prompt"], tools=tools, provider=provider, max_iterations=max_iterations
+        prompt=data["prompt"], tools=tools, provider=data["provider"], max_iterations=max_iterations
     )
+
+
+#: A stored request is one ``RunRequest.as_json`` wrote: every field present.
+_STORED_SCHEMA = {**_REQUEST_SCHEMA, "required": ["prompt", "tools", "provider", "max_iterations"]}
+
+
+def parse_stored_request(data) -> RunRequest:
+    """The request a stored run was enqueued with, or ``InvalidRunRequest``
+    if it no longer parses (a provider kind since removed, say). What was
+    policy at enqueue (known and enabled tools, the iteration cap) is not
+    checked again: a worker does not offer tools that are gone or disabled."""
+    _check_shape(data, _STORED_SCHEMA)
+    return RunRequest(
+        prompt=data["prompt"],
+        tools=tuple(data["tools"]),
+        provider=data["provider"],
+        max_iterations=data["max_iterations"],
+    )
+
+
+def _check_shape(data, schema: dict):
+    """Check ``data`` against ``schema`` and its provider against its kind's
+    schema; return the provider class, or raise."""
+    problem = _schema_problem(schema, data)
+    if problem:
+        raise InvalidRunRequest(problem)
+    provider = data["provider"]
+    provider_class = PROVIDER_KINDS.get(provider["kind"])
+    if provider_class is None:
+        raise InvalidRunRequest(
+            f"provider/kind: unknown provider {provider['kind']!r}; known: {sorted(PROVIDER_KINDS)}"
+        )
+    problem = _schema_problem(provider_class.spec_schema, provider, prefix="provider")
+    if problem:
+        raise InvalidRunRequest(problem)
+    return provider_class

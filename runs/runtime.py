@@ -17,12 +17,18 @@ from runs import dispatch, transitions
 from runs.errors import LeaseLost, RunCancelled
 from runs.execution import LeasedExecution
 from runs.failures import classify
-from runs.loop import run_agent_loop
-from runs.metrics import LEASES_LOST, STEPS, TimedProvider
+from runs.journal import Journal, JournalUnreplayable, read_journal
+from runs.loop import StepEvent, run_agent_loop
+from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
 from runs.models import AgentRun
-from runs.providers import build_provider
+from runs.providers import ProviderError, build_provider
 from runs.retry import decide_retry
-from runs.run_request import RunRequest, parse_run_request
+from runs.run_request import (
+    InvalidRunRequest,
+    RunRequest,
+    parse_run_request,
+    parse_stored_request,
+)
 from runs.transitions import Lease
 from runs.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
 from tools.registry import get_registry
@@ -130,6 +136,22 @@ def _offered_tools(names, disabled: frozenset[str]) -> dict:
     return {name: registry.get(name) for name in names if name in registry and name not in disabled}
 
 
+def _resumption(lease: Lease, stored: dict, disabled: frozenset[str]) -> tuple[RunRequest, Journal]:
+    """What a re-executed attempt continues from: its request, checked again,
+    and its journal (G12). Raises ``JournalUnreplayable`` rather than improvise."""
+    try:
+        request = parse_stored_request(stored)
+    except InvalidRunRequest as error:
+        raise JournalUnreplayable(f"the stored request no longer parses: {error}") from None
+    journal = read_journal(
+        lease.run_id,
+        registered=get_registry().names(),
+        disabled=disabled,
+        max_iterations=request.max_iterations,
+    )
+    return request, journal
+
+
 def _execute(
     lease: Lease,
     stored_request: dict,
@@ -140,17 +162,20 @@ def _execute(
     disabled_tools: frozenset[str],
 ) -> None:
     """Drive the loop under ``lease``. A queued run's claim recorded its
-    request step; an interactive run records it here."""
+    request step; an interactive run records it here. A re-executed run
+    resumes: it replays its journal and goes live after it (G12)."""
     execution = LeasedExecution(
-        lease,
-        settings.NRLLM_LEASE_SECONDS,
-        settings.NRLLM_OPERATION_MARGIN_SECONDS,
-        resumed=resumed,
+        lease, settings.NRLLM_LEASE_SECONDS, settings.NRLLM_OPERATION_MARGIN_SECONDS
     )
     try:
-        request = _stored_request(stored_request)
+        if resumed:
+            request, journal = _resumption(lease, stored_request, disabled_tools)
+        else:
+            request, journal = _stored_request(stored_request), Journal()
         if mode == RunMode.INTERACTIVE:
             execution.record_request(stored_request)
+        if journal:
+            _note_resume(execution, journal)
         outcome = run_agent_loop(
             prompt=request.prompt,
             provider=TimedProvider(
@@ -159,6 +184,7 @@ def _execute(
             tools=_offered_tools(request.tools, disabled_tools),
             max_iterations=request.max_iterations,
             observer=execution,
+            journal=journal.turns,
         )
     except LeaseLost:
         LEASES_LOST.inc()
@@ -166,6 +192,9 @@ def _execute(
         return
     except RunCancelled:
         transitions.settle(lease, RunStatus.CANCELLED, TerminationReason.CANCELLED)
+        return
+    except JournalUnreplayable as error:
+        _dead_letter_unreplayable(lease, error)
         return
     except Exception as error:
         _settle_failure(lease, error, mode, requeue_count=requeue_count)
@@ -176,6 +205,31 @@ def _execute(
         transitions.settle(lease, RunStatus.COMPLETED, outcome.reason, output=outcome.output)
     else:
         transitions.settle(lease, RunStatus.FAILED, outcome.reason)
+
+
+def _note_resume(execution: LeasedExecution, journal: Journal) -> None:
+    resume = journal.resume_step()
+    logger.info("run=%s %s", execution.lease.run_id, journal.describe())
+    RESUMES.inc()
+    REPLAYED_STEPS.labels(StepKind.LLM).inc(len(journal.turns))
+    REPLAYED_STEPS.labels(StepKind.TOOL).inc(journal.tool_results)
+    execution.record_resume(StepEvent(kind=resume["kind"], result=resume["result"]))
+
+
+def _dead_letter_unreplayable(lease: Lease, error: JournalUnreplayable) -> None:
+    logger.error("run=%s journal cannot be replayed: %s", lease.run_id, error)
+    try:
+        transitions.dead_letter(
+            lease,
+            TerminationReason.JOURNAL_UNREPLAYABLE,
+            failure_class="",
+            error_type="JournalUnreplayable",
+            error_message=str(error),
+        )
+    except DatabaseError:
+        # Left running without a fence; the reaper requeues it and the next
+        # attempt meets the same journal.
+        logger.exception("run=%s could not be dead-lettered", lease.run_id)
 
 
 def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count: int) -> None:
@@ -192,7 +246,7 @@ def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count:
         if mode == RunMode.INTERACTIVE:
             reason = (
                 TerminationReason.PROVIDER_FAILED
-                if hasattr(error, "failure_class")
+                if isinstance(error, ProviderError)
                 else TerminationReason.NOT_RETRYABLE
             )
             transitions.settle(lease, RunStatus.FAILED, reason, **details)

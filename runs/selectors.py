@@ -2,10 +2,10 @@
 an index (see ``AgentRun.Meta``)."""
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
-from runs.models import AgentRun
-from runs.vocabulary import RunStatus
+from runs.models import AgentRun, RunStep
+from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from tools.effects import ToolEffect
 
 # A *write in doubt*: a run that ended with its fence standing on a
@@ -43,13 +43,22 @@ def offering_tool(queryset, name: str):
 
 
 def write_audit_runs(limit: int = 200):
-    """Runs whose write audit failed, runs dead-lettered ``write_interrupted``
-    and runs with a non-idempotent fence standing, newest first."""
+    """Runs whose write audit failed, runs dead-lettered ``write_interrupted``,
+    runs with a non-idempotent fence standing, and runs that executed a write
+    but whose journal could not be replayed, newest first."""
+    executed_a_write = Exists(
+        RunStep.objects.filter(
+            run=OuterRef("pk"),
+            kind=StepKind.TOOL,
+            effect__in=[ToolEffect.IDEMPOTENT_WRITE, ToolEffect.NON_IDEMPOTENT_WRITE],
+        ).exclude(idempotency_key="")
+    )
     return (
         AgentRun.objects.filter(
             Q(error_type="AuditPersistenceFailed")
-            | Q(termination_reason="write_interrupted")
+            | Q(termination_reason=TerminationReason.WRITE_INTERRUPTED)
             | Q(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
+            | (Q(termination_reason=TerminationReason.JOURNAL_UNREPLAYABLE) & executed_a_write)
         )
         .select_related("reconciliation", "reconciliation__operator")
         .order_by("-created_at")[:limit]

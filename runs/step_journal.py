@@ -1,12 +1,14 @@
-"""The PostgreSQL statements that change a run and append one of its steps at
-once, each a single data-modifying CTE.
+"""The PostgreSQL statements that change a run and append its steps at once,
+each a single data-modifying CTE.
 
 One round trip instead of five (BEGIN, UPDATE, SELECT, INSERT, COMMIT), and
 a single statement is atomic on its own: a refused INSERT rolls back the
-run's change with it (G2, G6). Three run changes ride with a step:
+run's change with it (G2, G6). Three run changes ride with steps:
 
-- recording a step under the lease (renewal, fence clearing or the next
-  call's fence, totals, next sequence);
+- recording steps under the lease (renewal, fence clearing or the next
+  call's fence, totals, next sequence): usually one step, and more when
+  earlier steps could not be recorded and are written now, in order, ahead
+  of it (G12: the journal never has a gap);
 - the claim, with the attempt's request step (its commit does not wait for
   the WAL flush: see ``claim_in_one_statement``);
 - the final answer, with the settle (``completed``, or ``cancelled`` when a
@@ -17,6 +19,7 @@ the ORM elsewhere; only it decides when.
 """
 
 import json
+from collections.abc import Sequence
 
 from django.db import connection, transaction
 
@@ -31,15 +34,18 @@ _STEP_COLUMNS = (
     "result",
     "error",
     "idempotency_key",
-    "replay_of",
 )
-_INSERT_STEP = f"""
+# One SELECT per step, numbered back from the step_count the UPDATE left:
+# the last step takes step_count, the one before it step_count - 1, ...
+_SELECT_STEP = """
+    SELECT id, step_count{back}, lease_token, statement_timestamp(),
+        %(kind{n})s, %(tool_name{n})s, %(effect{n})s, {arguments}, %(result{n})s::jsonb,
+        %(error{n})s, %(idempotency_key{n})s
+    FROM run
+"""
+_INSERT_STEPS = f"""
     INSERT INTO {RunStep._meta.db_table}
         (run_id, sequence, lease_token, created_at, {", ".join(_STEP_COLUMNS)})
-    SELECT id, step_count, lease_token, statement_timestamp(),
-        %(kind)s, %(tool_name)s, %(effect)s, {{arguments}}, %(result)s::jsonb,
-        %(error)s, %(idempotency_key)s, %(replay_of)s
-    FROM run
 """
 _OWNED = """
     WHERE id = %(run_id)s AND status = 'running'
@@ -51,19 +57,27 @@ _USAGE = [
     "completion_tokens = completion_tokens + %(completion_tokens)s",
     "llm_latency_ms = llm_latency_ms + %(latency_ms)s",
 ]
+_SAVED = ["tokens_saved_by_replay = tokens_saved_by_replay + %(tokens_saved)s"]
 
 
-def record_step_in_one_statement(
-    lease, lease_seconds: float, step: dict, *, clear_fence: bool, next_call, usage: dict
+def record_steps_in_one_statement(
+    lease,
+    lease_seconds: float,
+    steps: Sequence[dict],
+    *,
+    clear_fence: bool,
+    next_call,
+    usage: dict,
 ) -> tuple[bool, object, int | None]:
-    """Returns (matched, cancel_requested_at, the step's sequence). Raises
-    DatabaseError as the ORM would.
+    """Returns (matched, cancel_requested_at, the last step's sequence).
+    Raises DatabaseError as the ORM would. ``steps`` may be empty: then it
+    only renews (and stamps ``next_call``'s fence).
 
     ``next_call`` (a ``transitions.NextCall``) stamps the next call's fence in
     the same UPDATE; a cancel already requested stamps nothing (the old row's
     ``cancel_requested_at`` is what SET sees), and the caller stops.
     """
-    sets = ["step_count = step_count + 1", _RENEWED]
+    sets = [f"step_count = step_count + {len(steps)}", _RENEWED] if steps else [_RENEWED]
     fence = {}
     if next_call is not None and next_call.fence:
         sets += [
@@ -74,21 +88,22 @@ def record_step_in_one_statement(
         fence = {"next_fence": next_call.fence, "next_call": json.dumps(next_call.call)}
     elif next_call is not None or clear_fence:
         sets += ["pending_effect = ''", "pending_call = NULL"]
-    row = _owned_run_then_step(
-        sets, step, usage, {**_lease_params(lease), "lease_seconds": lease_seconds, **fence}
+    row = _owned_run_then_steps(
+        sets, steps, usage, {**_lease_params(lease), "lease_seconds": lease_seconds, **fence}
     )
     if row is None:
         return False, None, None
     return True, row[3], row[1]
 
 
-def finish_in_one_statement(lease, step: dict, *, output: str, usage: dict):
-    """Record the final answer's step and settle the run. Returns None if the
-    lease is lost, else (the run's ``cancel_requested_at`` — None: ``completed``
-    —, the step's sequence)."""
+def finish_in_one_statement(lease, steps: Sequence[dict], *, output: str, usage: dict):
+    """Record the final answer's step (after any earlier ones still
+    unwritten) and settle the run. Returns None if the lease is lost, else
+    (the run's ``cancel_requested_at`` — None: ``completed`` —, the final
+    step's sequence)."""
     completed = "cancel_requested_at IS NULL"
     sets = [
-        "step_count = step_count + 1",
+        f"step_count = step_count + {len(steps)}",
         f"status = CASE WHEN {completed} THEN 'completed' ELSE 'cancelled' END",
         f"termination_reason = CASE WHEN {completed} THEN 'completed' ELSE 'cancelled' END",
         f"output = CASE WHEN {completed} THEN %(output)s ELSE '' END",
@@ -100,7 +115,7 @@ def finish_in_one_statement(lease, step: dict, *, output: str, usage: dict):
         "lease_owner = ''",
         "lease_expires_at = NULL",
     ]
-    row = _owned_run_then_step(sets, step, usage, {**_lease_params(lease), "output": output})
+    row = _owned_run_then_steps(sets, steps, usage, {**_lease_params(lease), "output": output})
     return None if row is None else (row[3], row[1])
 
 
@@ -135,9 +150,9 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
         WHERE id = %(run_id)s AND status = 'queued'
         RETURNING id, step_count, lease_token, request, requeue_count
     """
-    row = _run_then_step(
+    row = _run_then_steps(
         sql,
-        {"kind": "request"},
+        [{"kind": "request"}],
         {"run_id": run_id, "owner": owner, "lease_seconds": lease_seconds},
         arguments_from_request=True,
         also_select=_DISABLED_REQUESTED_TOOLS,
@@ -164,16 +179,18 @@ _DISABLED_REQUESTED_TOOLS = f"""
 """
 
 
-def _owned_run_then_step(sets: list[str], step: dict, usage: dict, params: dict):
-    """The lease-guarded UPDATE of ``sets`` (plus an llm step's usage totals)
-    with ``step``; the row (id, step_count, lease_token, cancel_requested_at)
-    or None when the lease no longer matches."""
-    if usage:
+def _owned_run_then_steps(sets: list[str], steps: Sequence[dict], usage: dict, params: dict):
+    """The lease-guarded UPDATE of ``sets`` (plus llm steps' usage totals and
+    a resume step's saved tokens) with ``steps``; the row (id, step_count,
+    lease_token, cancel_requested_at) or None when the lease no longer matches."""
+    if "prompt_tokens" in usage:
         sets = [*sets, *_USAGE]
-    return _run_then_step(
+    if "tokens_saved" in usage:
+        sets = [*sets, *_SAVED]
+    return _run_then_steps(
         f"UPDATE {AgentRun._meta.db_table} SET {', '.join(sets)} {_OWNED}"
         " RETURNING id, step_count, lease_token, cancel_requested_at",
-        step,
+        steps,
         {**params, **usage},
     )
 
@@ -182,26 +199,32 @@ def _lease_params(lease) -> dict:
     return {"run_id": lease.run_id, "owner": lease.owner, "token": lease.token}
 
 
-def _run_then_step(
+def _run_then_steps(
     update_sql: str,
-    step: dict,
+    steps: Sequence[dict],
     params: dict,
     *,
     arguments_from_request=False,
     also_select="",
     wait_for_flush=True,
 ):
-    values = {column: step.get(column) for column in _STEP_COLUMNS}
-    for column in ("tool_name", "effect", "error", "idempotency_key"):
-        values[column] = values[column] or ""
-    # The request step's arguments are the stored request the UPDATE returned.
-    insert = _INSERT_STEP.format(
-        arguments="request" if arguments_from_request else "%(arguments)s::jsonb"
-    )
-    for column in ("arguments", "result"):
-        values[column] = None if values[column] is None else json.dumps(values[column])
+    values = {}
+    selects = []
+    for index, step in enumerate(steps):
+        # The usual single step keeps unsuffixed names: one statement text.
+        suffix = "" if len(steps) == 1 else f"_{index}"
+        back = len(steps) - 1 - index
+        values.update(_step_values(step, suffix))
+        # The request step's arguments are the stored request the UPDATE returned.
+        arguments = "request" if arguments_from_request else f"%(arguments{suffix})s::jsonb"
+        selects.append(
+            _SELECT_STEP.format(back=f" - {back}" if back else "", n=suffix, arguments=arguments)
+        )
     columns = f"run.*, {also_select}" if also_select else "run.*"
-    sql = f"WITH run AS ({update_sql}), step AS ({insert} RETURNING 1) SELECT {columns} FROM run"
+    sql = f"WITH run AS ({update_sql})"
+    if selects:
+        sql += f", step AS ({_INSERT_STEPS} {' UNION ALL '.join(selects)} RETURNING 1)"
+    sql += f" SELECT {columns} FROM run"
     if not wait_for_flush and not connection.in_atomic_block:
         # Alone, the statement is its transaction, and a setting local to it
         # decides how it commits. (In a caller's transaction it would decide
@@ -217,3 +240,15 @@ def _run_then_step(
     with connection.cursor() as cursor:
         cursor.execute(sql, {**params, **values})
         return cursor.fetchone()
+
+
+def _step_values(step: dict, suffix: str) -> dict:
+    values = {}
+    for column in _STEP_COLUMNS:
+        value = step.get(column)
+        if column in ("arguments", "result"):
+            value = None if value is None else json.dumps(value)
+        elif column != "kind":
+            value = value or ""
+        values[column + suffix] = value
+    return values

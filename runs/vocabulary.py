@@ -8,11 +8,12 @@ from django.db import models
 
 
 class RunStatus(models.TextChoices):
-    QUEUED = "queued"  # create_queued_run, requeue_for_retry, reaper.requeue
+    # create_queued_run, requeue_for_retry, reap_requeue, operator_requeue, operator_restart
+    QUEUED = "queued"
     RUNNING = "running"  # claim, begin_interactive
-    COMPLETED = "completed"  # settle
-    FAILED = "failed"  # settle, dead_letter, fail_dispatch, reaper.dead_letter
-    CANCELLED = "cancelled"  # cancel, settle, reaper.settle_cancelled
+    COMPLETED = "completed"  # settle, finish
+    FAILED = "failed"  # settle, dead_letter, fail_dispatch, reap_dead_letter
+    CANCELLED = "cancelled"  # cancel, settle, finish, reap_cancelled
 
     @classmethod
     def terminal(cls) -> set[str]:
@@ -32,6 +33,10 @@ class TerminationReason(models.TextChoices):
     AUDIT_FAILED = "audit_failed"
     DISPATCH_FAILED = "dispatch_failed"
     LEASE_LOST_NO_REQUEST = "lease_lost_no_request"
+    #: A resumed attempt found a journal it cannot replay without
+    #: improvising (a recorded tool gone or disabled, a request that no
+    #: longer parses, a gap): it stops rather than contradict the world.
+    JOURNAL_UNREPLAYABLE = "journal_unreplayable"
 
 
 class FailureClass(models.TextChoices):
@@ -66,12 +71,15 @@ class StepKind(models.TextChoices):
     TOOL = "tool"
     OPERATOR = "operator"
     REAPER = "reaper"
+    #: A re-executed attempt replayed the journal: what it replayed, where it went live.
+    RESUME = "resume"
 
 
 class DeadLetterReason(models.TextChoices):
     NOT_RETRYABLE = "not_retryable"
     RETRIES_EXHAUSTED = "retries_exhausted"
     WRITE_INTERRUPTED = "write_interrupted"
+    JOURNAL_UNREPLAYABLE = "journal_unreplayable"
 
 
 class Resolution(models.TextChoices):

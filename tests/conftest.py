@@ -246,3 +246,14 @@ def fake_openai(settings):
     yield fake
     fake.server.shutdown()
     fake.server.server_close()
+
+
+@pytest.fixture
+def drifting_model(fake_openai):
+    """The fake server's model words every answer differently (``tests.drifting_model``)."""
+    from tests.drifting_model import DriftingModel
+
+    model = DriftingModel()
+    fake_openai.brain = model
+    yield model
+    model.release.set()

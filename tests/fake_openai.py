@@ -1,10 +1,12 @@
 """A local server speaking the subset of OpenAI's chat-completions protocol
-the provider uses. Tests script its answers; it records what it receives."""
+the provider uses. Tests script its answers, or give it a ``brain`` that
+answers each request (``tests.drifting_model``); it records what it receives."""
 
 import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -53,6 +55,8 @@ class FakeOpenAI:
     default: Reply = field(default_factory=lambda: Reply(200, completion("done")))
     requests: list = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Answers a request's body once the scripted replies are used up.
+    brain: Callable[[dict], Reply] | None = None
 
     @property
     def base_url(self) -> str:
@@ -61,9 +65,11 @@ class FakeOpenAI:
     def script(self, *replies: Reply) -> None:
         self.replies.extend(replies)
 
-    def next_reply(self) -> Reply:
+    def next_reply(self, body: dict) -> Reply:
         with self.lock:
-            return self.replies.popleft() if self.replies else self.default
+            if self.replies:
+                return self.replies.popleft()
+        return self.brain(body) if self.brain else self.default
 
 
 def _handler(fake: FakeOpenAI):
@@ -75,7 +81,7 @@ def _handler(fake: FakeOpenAI):
             length = int(self.headers.get("content-length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             fake.requests.append({"path": self.path, "body": body, "headers": dict(self.headers)})
-            reply = fake.next_reply() if self.path == "/v1/chat/completions" else error(404)
+            reply = fake.next_reply(body) if self.path == "/v1/chat/completions" else error(404)
             if reply.delay_seconds:
                 time.sleep(reply.delay_seconds)
             data = json.dumps(reply.body or {}).encode()

@@ -102,7 +102,7 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
         page.screenshot(path=screenshots / "run-detail-write-in-doubt.png", full_page=True)
 
         page.goto(f"{base}/admin/runs/agentrun/{safe.pk}/change/")
-        expect(page.locator("#requeue-verdict")).to_contain_text("safe to requeue")
+        expect(page.locator("#requeue-verdict")).to_contain_text("resumes after step")
         page.screenshot(path=screenshots / "run-detail.png", full_page=True)
         page.fill("#requeue-verdict input[name=note]", "auth token rotated")
         page.click("#requeue-button")

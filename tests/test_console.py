@@ -80,7 +80,8 @@ def test_long_values_are_cut_with_a_way_to_see_them_whole(operator_client):
 def test_the_detail_page_shows_the_timeline_and_the_verdict(operator_client):
     agent_run = safe_failed_run()
     content = operator_client.get(detail(agent_run)).content.decode()
-    assert "safe to requeue" in content and 'id="requeue-button"' in content
+    assert "resumes after step 3" in content and 'id="requeue-button"' in content
+    assert "safe to restart" in content and 'id="restart-button"' in content
     assert "Steps (3)" in content  # request, llm, tool; then the provider failed
     unsafe = audit_failed_run()
     content = operator_client.get(detail(unsafe)).content.decode()

@@ -94,7 +94,7 @@ def test_a_non_retryable_failure_dead_letters_a_queued_run():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_retried_call_carries_the_same_idempotency_key(settings):
+def test_a_retry_resumes_after_the_recorded_steps_and_asks_only_for_the_next_turn(settings):
     Note.objects.create(slug="a", body="b")
     agent_run = enqueue(
         scripted(
@@ -106,9 +106,18 @@ def test_a_retried_call_carries_the_same_idempotency_key(settings):
     )
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.requeue_count, agent_run.lease_token) == ("completed", 1, 2)
-    keys = list(agent_run.steps.filter(kind="tool").values_list("lease_token", "idempotency_key"))
-    assert [token for token, _ in keys] == [1, 2]
-    assert keys[0][1] == keys[1][1]
+    steps = list(agent_run.steps.values_list("lease_token", "kind"))
+    assert steps == [
+        (1, "request"),
+        (1, "llm"),
+        (1, "tool"),
+        (2, "request"),
+        (2, "resume"),
+        (2, "llm"),
+    ]
+    resume = agent_run.steps.get(kind="resume").result
+    assert (resume["resumed_after"], resume["model_turns"], resume["tool_results"]) == (3, 1, 1)
+    assert resume["writes"] == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -136,7 +145,7 @@ def test_a_retry_replays_a_recorded_write_instead_of_repeating_it(http_server):
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.requeue_count) == ("completed", 1)
     assert len(http_server.posts()) == 1
-    original, replay = agent_run.steps.filter(kind="tool").order_by("sequence")
-    assert (original.lease_token, original.replay_of) == (1, None)
-    assert (replay.lease_token, replay.replay_of) == (2, original.sequence)
-    assert replay.result == original.result and replay.idempotency_key == original.idempotency_key
+    # Replayed from the journal, not copied into a step of its own.
+    (write,) = agent_run.steps.filter(kind="tool")
+    assert (write.lease_token, write.effect) == (1, "non_idempotent_write")
+    assert write.idempotency_key == http_server.posts()[0].headers["Idempotency-Key"]

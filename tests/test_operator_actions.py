@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from runs import operator_actions, transitions
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, DeadLetter
-from runs.requeue_safety import requeue_safety
+from runs.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue, run
 from tests.helpers import answer, call, scripted
 from tools.models import OutboxNotification
@@ -73,17 +73,39 @@ def write_interrupted():
     [
         (completed_run, False, "status", "this run is completed"),
         (queued_run, False, "status", "this run is queued"),
-        (failed_not_retryable, True, "safe", "safe to requeue"),
-        (cancelled_before_start, True, "safe", "safe to requeue"),
-        (idempotent_audit_failed, True, "safe", "safe to requeue"),
+        (failed_not_retryable, True, "safe", "resumes after step 3; replays 0 writes"),
+        (cancelled_before_start, True, "safe", "nothing recorded to replay"),
+        (idempotent_audit_failed, True, "safe", "executes again with the same idempotency key"),
         (write_audit_failed, False, "write_in_doubt", "'send_notification' may have landed"),
         (write_interrupted, False, "write_in_doubt", "reconcile it first"),
-        (failed_after_a_non_idempotent_write, False, "non_idempotent_executed", "step 3"),
+        (
+            failed_after_a_non_idempotent_write,
+            True,
+            "safe",
+            "resumes after step 3; replays 1 writes without repeating them",
+        ),
     ],
 )
 def test_the_requeue_verdict(make_run, allowed, code, mentions):
     agent_run = AgentRun.objects.get(pk=make_run().pk)
     verdict = requeue_safety(agent_run)
+    assert (verdict.allowed, verdict.code) == (allowed, code)
+    assert mentions in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("make_run", "allowed", "code", "mentions"),
+    [
+        (completed_run, False, "status", "this run is completed"),
+        (failed_not_retryable, True, "safe", "from the beginning, replaying nothing"),
+        (idempotent_audit_failed, True, "safe", "from the beginning"),
+        (write_audit_failed, False, "write_in_doubt", "reconcile it first"),
+        (failed_after_a_non_idempotent_write, False, "non_idempotent_executed", "step 3"),
+    ],
+)
+def test_the_restart_verdict(make_run, allowed, code, mentions):
+    agent_run = AgentRun.objects.get(pk=make_run().pk)
+    verdict = restart_safety(agent_run)
     assert (verdict.allowed, verdict.code) == (allowed, code)
     assert mentions in verdict.reason
 

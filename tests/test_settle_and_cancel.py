@@ -109,17 +109,17 @@ def test_the_final_answer_is_recorded_with_the_settle_and_a_cancel_still_wins():
     answered = transitions.create_queued_run(scripted(answer()), "p")
     lease = transitions.claim(answered.pk, "w", 60).lease
     final = {"kind": "llm", "result": {"content": "done", "tool_calls": []}}
-    assert transitions.finish(lease, final, output="done") is FinishOutcome.COMPLETED
+    assert transitions.finish(lease, [final], output="done") is FinishOutcome.COMPLETED
     answered.refresh_from_db()
     assert (answered.status, answered.output, answered.lease_owner) == ("completed", "done", "")
     assert list(answered.steps.values_list("kind", flat=True)) == ["request", "llm"]
     # A late finish (or settle) changes nothing.
-    assert transitions.finish(lease, final, output="again") is FinishOutcome.LEASE_LOST
+    assert transitions.finish(lease, [final], output="again") is FinishOutcome.LEASE_LOST
 
     cancelled = transitions.create_queued_run(scripted(answer()), "p")
     lease = transitions.claim(cancelled.pk, "w", 60).lease
     assert transitions.cancel(cancelled.pk) is CancelOutcome.REQUESTED
-    assert transitions.finish(lease, final, output="done") is FinishOutcome.CANCELLED
+    assert transitions.finish(lease, [final], output="done") is FinishOutcome.CANCELLED
     cancelled.refresh_from_db()
     assert (cancelled.status, cancelled.termination_reason, cancelled.output) == (
         "cancelled",

@@ -27,7 +27,9 @@ def test_a_read_only_run_survives_a_refused_step_insert():
             scripted(call("read_note", slug="a"), answer("read it"), tools=["read_note"])
         )
     assert (agent_run.status, agent_run.output) == ("completed", "read it")
-    assert list(agent_run.steps.values_list("kind", flat=True)) == ["request", "llm", "llm"]
+    # The refused step waits to be written ahead of the next one, which the
+    # database refuses with it: the journal stays a prefix, without a gap.
+    assert list(agent_run.steps.values_list("kind", flat=True)) == ["request", "llm"]
 
 
 def test_a_non_tool_step_refused_is_fail_soft_too():
@@ -129,7 +131,7 @@ def role_without_step_insert(worker_env):
 
 
 @pytest.mark.worker
-def test_a_worker_denied_step_inserts_fails_writes_closed_and_finishes_reads(
+def test_a_worker_denied_step_inserts_never_starts_a_write_and_finishes_reads(
     workers, role_without_step_insert
 ):
     Note.objects.create(slug="a", body="b")
@@ -142,10 +144,12 @@ def test_a_worker_denied_step_inserts_fails_writes_closed_and_finishes_reads(
     read.refresh_from_db()
     write.refresh_from_db()
     assert (read.status, read.output, read.steps.count()) == ("completed", "read", 0)
-    assert (write.status, write.termination_reason, write.error_type) == (
-        "failed",
-        "not_retryable",
-        "AuditPersistenceFailed",
+    # The model turn that asked for the write could not be recorded: the write
+    # does not start (G12), and the attempt is retried (no write ran).
+    assert (write.status, write.failure_class, write.error_type) == (
+        "queued",
+        "connection",
+        "StepsNotDurable",
     )
-    assert write.pending_effect == "idempotent_write"
-    assert Note.objects.get(slug="a").body == "c"
+    assert write.pending_effect == "" and write.requeue_count == 1
+    assert Note.objects.get(slug="a").body == "b"

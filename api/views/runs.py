@@ -27,10 +27,12 @@ from api.serializers import (
     RunSerializer,
     StepPageSerializer,
     StepSerializer,
+    VerdictSerializer,
 )
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from runs import operator_actions
 from runs.models import AgentRun
+from runs.requeue_safety import requeue_safety, restart_safety
 from runs.run_request import InvalidRunRequest
 from runs.runtime import enqueue
 
@@ -200,6 +202,19 @@ class _RunAction(BaseAPIView):
     """POST → 202 when done, 409 naming why when refused."""
 
     perform_action = None
+    #: GET → what the action would do, or why it would be refused (the verdict).
+    verdict = None
+
+    def get_permissions(self):
+        if self.request.method == "GET":
+            return [permissions.VIEW_RUNS()]
+        return super().get_permissions()
+
+    def get(self, request, pk):
+        if type(self).verdict is None:
+            return self.http_method_not_allowed(request)
+        verdict = type(self).verdict(get_run(pk))
+        return Response(VerdictSerializer(verdict).data)
 
     @extend_schema(
         request=NoteSerializer,
@@ -231,9 +246,32 @@ class _RunAction(BaseAPIView):
 
 class RunCancel(_RunAction):
     permission_classes = [permissions.CANCEL]
+    http_method_names = ["post", "options"]
     perform_action = staticmethod(operator_actions.cancel)
 
 
+_VERDICT_SCHEMA = extend_schema(responses={200: VerdictSerializer, **errors(404)})
+
+
 class RunRequeue(_RunAction):
+    """Requeue: the run resumes from its journal (GET: what that would do)."""
+
     permission_classes = [permissions.REQUEUE]
     perform_action = staticmethod(operator_actions.requeue)
+    verdict = staticmethod(requeue_safety)
+
+    @_VERDICT_SCHEMA
+    def get(self, request, pk):
+        return super().get(request, pk)
+
+
+class RunRestart(_RunAction):
+    """Restart from the beginning, replaying nothing (GET: whether it may)."""
+
+    permission_classes = [permissions.REQUEUE]
+    perform_action = staticmethod(operator_actions.restart)
+    verdict = staticmethod(restart_safety)
+
+    @_VERDICT_SCHEMA
+    def get(self, request, pk):
+        return super().get(request, pk)

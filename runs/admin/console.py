@@ -2,13 +2,15 @@
 
 from datetime import timedelta
 
-from django.db.models import Count
+from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from runs.admin.display import shortened
 from runs.models import AgentRun, DeadLetter, ProviderCircuit
 from runs.operator_actions import write_in_question
 from runs.selectors import write_audit_runs, writes_in_doubt
+from runs.vocabulary import StepKind
+from tools.effects import ToolEffect
 
 
 def overview() -> dict:
@@ -49,3 +51,28 @@ def write_audits(limit: int = 200) -> list[dict]:
             }
         )
     return rows
+
+
+def attempts(run: AgentRun) -> list[dict]:
+    """Per attempt (lease token), oldest first: when it started, what it
+    replayed from the journal (its resume step) and what it did live. Two
+    queries, however many steps the run has."""
+    executed_write = Q(
+        kind=StepKind.TOOL,
+        effect__in=[ToolEffect.IDEMPOTENT_WRITE, ToolEffect.NON_IDEMPOTENT_WRITE],
+    ) & ~Q(idempotency_key="")
+    rows = (
+        run.steps.filter(kind__in=[StepKind.REQUEST, StepKind.RESUME, StepKind.LLM, StepKind.TOOL])
+        .values("lease_token")
+        .annotate(
+            first=Min("sequence"),
+            last=Max("sequence"),
+            started=Min("created_at"),
+            model_turns=Count("pk", filter=Q(kind=StepKind.LLM)),
+            tool_calls=Count("pk", filter=Q(kind=StepKind.TOOL)),
+            writes=Count("pk", filter=executed_write),
+        )
+        .order_by("lease_token")
+    )
+    resumed = dict(run.steps.filter(kind=StepKind.RESUME).values_list("lease_token", "result"))
+    return [{**row, "resumed": resumed.get(row["lease_token"])} for row in rows]

@@ -1,5 +1,5 @@
-"""Runs in the admin: a read-only list and detail, the requeue and cancel
-actions, and the operator pages (overview, writes in doubt, reconcile)."""
+"""Runs in the admin: a read-only list and detail, the requeue, restart and
+cancel actions, and the operator pages (overview, writes in doubt, reconcile)."""
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -23,7 +23,7 @@ from runs.admin.filters import (
 )
 from runs.admin.paginator import BoundedCountPaginator
 from runs.models import AgentRun
-from runs.requeue_safety import requeue_safety
+from runs.requeue_safety import requeue_safety, restart_safety
 from tools.registry import effect_for
 
 STEPS_PER_PAGE = 50
@@ -99,7 +99,7 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     paginator = BoundedCountPaginator
     show_full_result_count = False
     list_per_page = 50
-    actions = ["requeue_selected", "cancel_selected"]
+    actions = ["requeue_selected", "restart_selected", "cancel_selected"]
     fieldsets = [
         ("Request", {"fields": ["id", "mode", "prompt"]}),
         (
@@ -115,6 +115,7 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
                     "prompt_tokens",
                     "completion_tokens",
                     "llm_latency_ms",
+                    "tokens_saved_by_replay",
                 ]
             },
         ),
@@ -128,6 +129,7 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
                     "lease_token",
                     "pending_effect",
                     "requeue_count",
+                    "journal_begins_after",
                     "created_at",
                     "started_at",
                     "finished_at",
@@ -180,6 +182,8 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
                 for step in steps
             ],
             "verdict": requeue_safety(run),
+            "restart_verdict": restart_safety(run),
+            "attempts": console.attempts(run),
             "reconciliation": getattr(run, "reconciliation", None),
             "write_in_question": operator_actions.write_in_question(run),
             "dead_letters": run.dead_letters.all(),
@@ -192,24 +196,46 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
 
     # --- actions ------------------------------------------------------------------
 
-    @admin.action(description="Requeue selected runs (safe ones only)", permissions=["requeue"])
+    @admin.action(
+        description="Requeue selected runs: resume from their journal (safe ones only)",
+        permissions=["requeue"],
+    )
     def requeue_selected(self, request, queryset):
+        return self._back_in_queue(
+            request, queryset, "requeue_selected", requeue_safety, operator_actions.requeue
+        )
+
+    @admin.action(
+        description="Restart selected runs from the beginning (safe ones only)",
+        permissions=["requeue"],
+    )
+    def restart_selected(self, request, queryset):
+        return self._back_in_queue(
+            request, queryset, "restart_selected", restart_safety, operator_actions.restart
+        )
+
+    def _back_in_queue(self, request, queryset, action, verdict_of, perform):
+        """The confirmation page with each run's verdict, then, confirmed,
+        the action on every run its verdict allows."""
         runs = list(queryset)
         if request.POST.get("confirm") != "yes":
+            restart = action == "restart_selected"
             return TemplateResponse(
                 request,
                 "admin/runs/agentrun/requeue_confirmation.html",
                 {
                     **self.admin_site.each_context(request),
-                    "title": "Requeue runs",
+                    "title": "Restart runs from the beginning" if restart else "Requeue runs",
                     "opts": self.model._meta,
-                    "verdicts": [(run, requeue_safety(run)) for run in runs],
+                    "action": action,
+                    "restart": restart,
+                    "verdicts": [(run, verdict_of(run)) for run in runs],
                     "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
                 },
             )
         note = request.POST.get("note", "")
         for run in runs:
-            result = operator_actions.requeue(run, request.user, note)
+            result = perform(run, request.user, note)
             level = messages.SUCCESS if result.ok else messages.WARNING
             self.message_user(request, f"{run.pk}: {result.detail}", level)
         return None
@@ -293,6 +319,10 @@ RUN_ACTIONS = {
     "requeue": (
         "has_requeue_permission",
         lambda run, user, form: operator_actions.requeue(run, user, form.get("note", "")),
+    ),
+    "restart": (
+        "has_requeue_permission",
+        lambda run, user, form: operator_actions.restart(run, user, form.get("note", "")),
     ),
     "cancel": (
         "has_cancel_permission",

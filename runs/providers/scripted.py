@@ -5,6 +5,10 @@ answer ``{"content": ...}``, tool calls ``{"tool_calls": [...]}`` or a
 simulated failure ``{"error": "<failure class>"}``; with ``"attempts": N``
 the failure happens only on the run's first N attempts and is skipped after.
 Any turn may add ``"delay_seconds"``.
+
+Like a model, it answers the conversation it is given: the turn it plays is
+the one after the assistant turns already in it, so an attempt that resumed
+from the journal (G12) goes on with the script where the journal ends.
 """
 
 import time
@@ -77,20 +81,19 @@ class ScriptedProvider:
             for turn in turns
             if not ("error" in turn and turn.get("attempts", attempt) < attempt)
         ]
-        self._played = 0
 
     @classmethod
     def from_spec(cls, spec: dict, *, attempt: int) -> "ScriptedProvider":
         return cls(spec["turns"], attempt=attempt)
 
     def next_turn(self, messages: list[dict], tool_specs: list[dict]) -> Turn:
-        if self._played >= len(self._turns):
+        played = sum(1 for message in messages if message["role"] == "assistant")
+        if played >= len(self._turns):
             raise ProviderError(
-                f"the script has no turn {self._played + 1}",
+                f"the script has no turn {played + 1}",
                 failure_class=FailureClass.CONFIGURATION,
             )
-        turn = self._turns[self._played]
-        self._played += 1
+        turn = self._turns[played]
         if turn.get("delay_seconds"):
             time.sleep(turn["delay_seconds"])
         if "error" in turn:

@@ -28,7 +28,7 @@ from runs.transitions.lease import (
     heartbeat,
     renew_lease,
 )
-from runs.transitions.operators import append_operator_step, operator_requeue
+from runs.transitions.operators import append_operator_step, operator_requeue, operator_restart
 from runs.transitions.reaping import (
     Reaping,
     StaleLease,
@@ -37,7 +37,7 @@ from runs.transitions.reaping import (
     reap_dead_letter,
     reap_requeue,
 )
-from runs.transitions.steps import NextCall, RecordOutcome, record_step
+from runs.transitions.steps import NextCall, RecordOutcome, record_step, record_steps
 
 __all__ = [
     "CancelOutcome",
@@ -61,10 +61,12 @@ __all__ = [
     "heartbeat",
     "note_redispatch",
     "operator_requeue",
+    "operator_restart",
     "reap_cancelled",
     "reap_dead_letter",
     "reap_requeue",
     "record_step",
+    "record_steps",
     "renew_lease",
     "requeue_for_retry",
     "settle",

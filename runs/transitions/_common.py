@@ -88,14 +88,24 @@ def _append_step(run_id, lease_token: int | None, step: dict):
     just incremented (its row lock is held until commit, so the number is
     ours alone). ``lease_token`` None: the run's current one. Returns the
     step's sequence and the run's ``cancel_requested_at``."""
-    sequence, cancel_at, current_token = (
+    return _append_steps(run_id, lease_token, [step])
+
+
+def _append_steps(run_id, lease_token: int | None, steps: list[dict]):
+    """``_append_step`` for the ``len(steps)`` numbers the caller's UPDATE
+    took, in order; returns the last one's sequence (None for no steps)."""
+    last, cancel_at, current_token = (
         AgentRun.objects.filter(pk=run_id)
         .values_list("step_count", "cancel_requested_at", "lease_token")
         .get()
     )
     token = current_token if lease_token is None else lease_token
-    RunStep.objects.create(run_id=run_id, sequence=sequence, lease_token=token, **step)
-    return sequence, cancel_at
+    first = last - len(steps) + 1
+    RunStep.objects.bulk_create(
+        RunStep(run_id=run_id, sequence=first + offset, lease_token=token, **step)
+        for offset, step in enumerate(steps)
+    )
+    return (last if steps else None), cancel_at
 
 
 def _ended(status: str, reason: str, **fields) -> dict:

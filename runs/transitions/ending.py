@@ -1,6 +1,7 @@
 """Ending a run: settle, dead-letter, requeue for retry, failed dispatch, cancel (G9)."""
 
 import enum
+from collections.abc import Sequence
 
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Case, F, Q, Value, When
@@ -9,7 +10,7 @@ from runs.models import AgentRun, DeadLetter
 from runs.step_journal import finish_in_one_statement
 from runs.transitions._common import (
     Lease,
-    _append_step,
+    _append_steps,
     _back_in_queue,
     _drop_broken_connection,
     _ended,
@@ -72,16 +73,17 @@ class FinishOutcome(enum.Enum):
     FAILED = "failed"
 
 
-def finish(lease: Lease, step: dict, *, output: str) -> FinishOutcome:
-    """Record the final answer's step and settle the run in one write:
+def finish(lease: Lease, steps: Sequence[dict], *, output: str) -> FinishOutcome:
+    """Record the final answer's step (the last of ``steps``, after any
+    earlier ones still unwritten) and settle the run in one write:
     ``completed`` with ``output`` — or ``cancelled`` if a cancel was requested.
     Never raises. ``FAILED`` leaves the run as it was, for the caller to settle
-    without the step (a non-tool step is fail-soft, G2).
+    without the steps (a non-tool step is fail-soft, G2).
     """
     try:
         if connection.vendor == "postgresql":
             finished = finish_in_one_statement(
-                lease, step, output=output, usage=_usage_values(step)
+                lease, steps, output=output, usage=_usage_values(steps)
             )
             if finished is None:
                 return FinishOutcome.LEASE_LOST
@@ -90,7 +92,7 @@ def finish(lease: Lease, step: dict, *, output: str) -> FinishOutcome:
             cancelled = Q(cancel_requested_at__isnull=False)
             with transaction.atomic():
                 matched = _owned(lease).update(
-                    step_count=F("step_count") + 1,
+                    step_count=F("step_count") + len(steps),
                     **_ended(
                         Case(
                             When(cancelled, then=Value(RunStatus.CANCELLED)),
@@ -105,11 +107,11 @@ def finish(lease: Lease, step: dict, *, output: str) -> FinishOutcome:
                         error_type="",
                         error_message="",
                     ),
-                    **_usage_totals(step),
+                    **_usage_totals(steps),
                 )
                 if not matched:
                     return FinishOutcome.LEASE_LOST
-                sequence, cancel_at = _append_step(lease.run_id, lease.token, step)
+                sequence, cancel_at = _append_steps(lease.run_id, lease.token, list(steps))
     except DatabaseError as error:
         logger.error(
             "final step not persisted: run=%s lease_token=%s: %s", lease.run_id, lease.token, error

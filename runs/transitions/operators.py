@@ -13,11 +13,30 @@ from runs.vocabulary import RunStatus
 
 
 def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> bool:
-    """``failed``/``cancelled`` → ``queued`` by an operator, with a fresh budget.
+    """``failed``/``cancelled`` → ``queued`` by an operator, with a fresh
+    budget; the next attempt resumes from the journal (G12).
 
     Guarded by the status and step count the requeue verdict was made on:
     of two concurrent requeues of one run exactly one matches.
     """
+    return _back_in_queue_by_operator(
+        "operator_requeue", run_id, seen_status, seen_step_count, step, {}
+    )
+
+
+def operator_restart(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> bool:
+    """``operator_requeue``, but the next attempt starts from the beginning:
+    the journal begins after this operator step, so nothing is replayed."""
+    # SET sees the old step_count: + 1 is the operator step appended below.
+    restarted = {"journal_begins_after": F("step_count") + 1}
+    return _back_in_queue_by_operator(
+        "operator_restart", run_id, seen_status, seen_step_count, step, restarted
+    )
+
+
+def _back_in_queue_by_operator(
+    action: str, run_id, seen_status: str, seen_step_count: int, step: dict, extra: dict
+) -> bool:
     with transaction.atomic():
         matched = AgentRun.objects.filter(
             pk=run_id,
@@ -40,10 +59,11 @@ def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: di
             available_at=db_time(),
             finished_at=None,
             step_count=F("step_count") + 1,
+            **extra,
         )
         if matched:
             sequence, _ = _append_step(run_id, None, step)
-            _log_change("operator_requeue", run_id, sequence=sequence, status=RunStatus.QUEUED)
+            _log_change(action, run_id, sequence=sequence, status=RunStatus.QUEUED)
     return bool(matched)
 
 

@@ -1,22 +1,24 @@
-"""Recording a step under the lease (G2, G6)."""
+"""Recording steps under the lease (G2, G6, G12)."""
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F, JSONField, Value
 from django.db.models.expressions import Case, When
 
-from runs.step_journal import record_step_in_one_statement
+from runs.step_journal import record_steps_in_one_statement
 from runs.transitions._common import (
     Lease,
-    _append_step,
+    _append_steps,
     _drop_broken_connection,
     _expiry,
     _log_change,
     _owned,
     logger,
 )
+from runs.vocabulary import StepKind
 
 
 class RecordOutcome(enum.Enum):
@@ -50,7 +52,20 @@ def record_step(
     clear_fence: bool,
     next_call: NextCall | None = None,
 ) -> RecordOutcome:
-    """Append a step under the lease, renewing it; never raises.
+    """``record_steps`` with one step."""
+    return record_steps(lease, lease_seconds, [step], clear_fence=clear_fence, next_call=next_call)
+
+
+def record_steps(
+    lease: Lease,
+    lease_seconds: float,
+    steps: Sequence[dict],
+    *,
+    clear_fence: bool,
+    next_call: NextCall | None = None,
+) -> RecordOutcome:
+    """Append ``steps`` in order under the lease, renewing it; never raises.
+    All of them or none: the journal never has a gap (G12).
 
     With ``clear_fence`` the write fence is cleared in the same transaction
     as the insert, so the fence stands exactly until the write is audited (G6).
@@ -59,38 +74,41 @@ def record_step(
     call never runs. A database error rolls back everything and returns
     ``FAILED`` (G2).
     """
+    last = steps[-1] if steps else {}
     try:
         if connection.vendor == "postgresql":
-            matched, cancel_at, sequence = record_step_in_one_statement(
+            matched, cancel_at, sequence = record_steps_in_one_statement(
                 lease,
                 lease_seconds,
-                step,
+                steps,
                 clear_fence=clear_fence,
                 next_call=next_call,
-                usage=_usage_values(step),
+                usage=_usage_values(steps),
             )
             if not matched:
                 return RecordOutcome.LEASE_LOST
         else:
-            changes = _record_changes(lease_seconds, step, clear_fence, next_call)
+            changes = _record_changes(lease_seconds, steps, clear_fence, next_call)
             with transaction.atomic():
                 if not _owned(lease).update(**changes):
                     return RecordOutcome.LEASE_LOST
-                sequence, cancel_at = _append_step(lease.run_id, lease.token, step)
+                sequence, cancel_at = _append_steps(lease.run_id, lease.token, steps)
         _log_change(
             "record_step",
             lease.run_id,
             lease_token=lease.token,
             sequence=sequence,
-            kind=step.get("kind"),
+            kind=last.get("kind"),
+            **({"steps": len(steps)} if len(steps) != 1 else {}),
         )
     except DatabaseError as error:
         logger.error(
-            "step not persisted: run=%s lease_token=%s kind=%s tool=%s: %s",
+            "step not persisted: run=%s lease_token=%s kind=%s tool=%s (%d steps): %s",
             lease.run_id,
             lease.token,
-            step.get("kind"),
-            step.get("tool_name", ""),
+            last.get("kind"),
+            last.get("tool_name", ""),
+            len(steps),
             error,
         )
         _drop_broken_connection()
@@ -100,11 +118,15 @@ def record_step(
     return RecordOutcome.PERSISTED
 
 
-def _record_changes(lease_seconds: float, step: dict, clear_fence: bool, next_call) -> dict:
+def _record_changes(
+    lease_seconds: float, steps: Sequence[dict], clear_fence: bool, next_call
+) -> dict:
     """The ORM's version of what ``step_journal`` writes on PostgreSQL (built
     only when needed: the expressions cost more than the statement's Python)."""
-    changes = {"step_count": F("step_count") + 1, "lease_expires_at": _expiry(lease_seconds)}
-    changes.update(_usage_totals(step))
+    changes = {"lease_expires_at": _expiry(lease_seconds)}
+    if steps:
+        changes["step_count"] = F("step_count") + len(steps)
+    changes.update(_usage_totals(steps))
     if next_call is not None:
         changes.update(_stamp_unless_cancelled(next_call))
     elif clear_fence:
@@ -128,26 +150,37 @@ def _stamp_unless_cancelled(next_call: NextCall) -> dict:
     }
 
 
-def _usage_values(step: dict) -> dict:
-    """What an llm step adds to the run's token and latency totals ({} if nothing)."""
-    result = step.get("result") if step.get("kind") == "llm" else None
-    if not isinstance(result, dict) or "usage" not in result:
-        return {}
-    usage = result.get("usage") or {}
-    return {
-        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
-        "completion_tokens": int(usage.get("completion_tokens") or 0),
-        "latency_ms": int(result.get("latency_ms") or 0),
-    }
+def _usage_values(steps: Sequence[dict]) -> dict:
+    """What ``steps`` add to the run's totals: the llm steps' tokens and
+    latency (``prompt_tokens``, ``completion_tokens``, ``latency_ms``), a
+    resume step's saved tokens (``tokens_saved``); {} if nothing."""
+    values: dict[str, int] = {}
+    for step in steps:
+        result = step.get("result")
+        if not isinstance(result, dict):
+            continue
+        if step.get("kind") == StepKind.LLM and "usage" in result:
+            usage = result.get("usage") or {}
+            for key, amount in (
+                ("prompt_tokens", usage.get("prompt_tokens")),
+                ("completion_tokens", usage.get("completion_tokens")),
+                ("latency_ms", result.get("latency_ms")),
+            ):
+                values[key] = values.get(key, 0) + int(amount or 0)
+        elif step.get("kind") == StepKind.RESUME and result.get("tokens_saved"):
+            values["tokens_saved"] = values.get("tokens_saved", 0) + int(result["tokens_saved"])
+    return values
 
 
-def _usage_totals(step: dict) -> dict:
-    """The run's token and latency totals grow with each llm step that reports them."""
-    values = _usage_values(step)
-    if not values:
-        return {}
-    return {
-        "prompt_tokens": F("prompt_tokens") + values["prompt_tokens"],
-        "completion_tokens": F("completion_tokens") + values["completion_tokens"],
-        "llm_latency_ms": F("llm_latency_ms") + values["latency_ms"],
-    }
+def _usage_totals(steps: Sequence[dict]) -> dict:
+    """The run's totals grow with each llm step that reports usage, and with
+    what a resume step saved."""
+    values = _usage_values(steps)
+    totals = {}
+    if "prompt_tokens" in values:
+        totals["prompt_tokens"] = F("prompt_tokens") + values["prompt_tokens"]
+        totals["completion_tokens"] = F("completion_tokens") + values["completion_tokens"]
+        totals["llm_latency_ms"] = F("llm_latency_ms") + values["latency_ms"]
+    if "tokens_saved" in values:
+        totals["tokens_saved_by_replay"] = F("tokens_saved_by_replay") + values["tokens_saved"]
+    return totals
