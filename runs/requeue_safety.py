@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from runs.journal import JournalSummary, summarize_journal
 from runs.models import AgentRun, WriteReconciliation
+from runs.run_request import InvalidRunRequest, parse_stored_request
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from tools.effects import ToolEffect
 from tools.enabled import disabled_tool_names
@@ -33,8 +34,9 @@ class ToolPreview:
 @dataclass(frozen=True)
 class RequeueVerdict:
     allowed: bool
-    #: Stable, machine-readable: ``safe``, ``status``, ``write_in_doubt``,
-    #: ``write_applied``, ``journal_unreplayable``, ``non_idempotent_executed``.
+    #: Stable, machine-readable: ``safe``, ``status``, ``request_invalid``,
+    #: ``write_in_doubt``, ``write_applied``, ``journal_unreplayable``,
+    #: ``non_idempotent_executed``.
     code: str
     #: Why not, or what it will do.
     reason: str
@@ -104,6 +106,14 @@ def _refused_for_status_or_doubt(run: AgentRun) -> RequeueVerdict | None:
             False,
             "status",
             f"only failed or cancelled runs can be requeued; this run is {run.status}",
+        )
+    try:
+        parse_stored_request(run.request)
+    except InvalidRunRequest as error:
+        return RequeueVerdict(
+            False,
+            "request_invalid",
+            f"the stored request no longer parses ({error}): the run cannot run again",
         )
     if run.pending_effect != ToolEffect.NON_IDEMPOTENT_WRITE:
         return None

@@ -17,6 +17,7 @@ released (``hold_turn``), and count the requests each turn received.
 import itertools
 import json
 import threading
+import time
 from collections import Counter, defaultdict
 
 from tests.fake_openai import Reply, completion
@@ -26,7 +27,8 @@ PLAN_MARK = "\nPLAN: "
 
 def plan_prompt(text: str, plan: list[dict]) -> str:
     """A prompt carrying ``plan``: entries ``{"calls": [{"name": ..., "arguments":
-    {...}}, ...]}`` (one turn of tool calls) or ``{"answer": "..."}``."""
+    {...}}, ...]}`` (one turn of tool calls) or ``{"answer": "..."}``, either
+    with ``"delay_seconds"``: how long the model takes to answer that turn."""
     return f"{text}{PLAN_MARK}{json.dumps(plan)}"
 
 
@@ -89,6 +91,8 @@ class DriftingModel:
         if failure is not None:
             return failure
         entry = plan[turn] if turn < len(plan) else {"answer": "nothing left to do (take {take})"}
+        if entry.get("delay_seconds"):
+            time.sleep(entry["delay_seconds"])
         if "answer" in entry:
             return Reply(body=completion(_worded(entry["answer"], take)))
         calls = [
@@ -122,6 +126,8 @@ def scripted_request(
                 for call in entry["calls"]
             ]
             turn = {"tool_calls": calls}
+        if "delay_seconds" in entry:
+            turn["delay_seconds"] = entry["delay_seconds"]
         if delays and index in delays:
             turn["delay_seconds"] = delays[index]
         turns.append(turn)

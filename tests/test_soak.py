@@ -1,6 +1,8 @@
 """Soak: hundreds of runs through real workers that are SIGKILLed every few
 seconds, with the reaper running. Every run must end terminal, and no
-non-idempotent call may execute twice."""
+non-idempotent call may execute twice. A third of the runs talk to a model
+that words every answer differently (``tests.drifting_model``): a retry that
+asked it again would word a write anew, and send it again."""
 
 import random
 import time
@@ -13,7 +15,7 @@ from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus
-from tests.helpers import answer, call, scripted
+from tests.drifting_model import openai_request, scripted_request
 from tools.models import OutboxNotification
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
@@ -36,16 +38,30 @@ WORKER_KINDS = [
 ]
 
 
+TOOLS = ["search_notes", "read_note", "upsert_note", "send_notification", "post_webhook"]
+
+
 def request_for(index: int, http_server) -> dict:
-    read = call("search_notes", query="soak")
+    read = {"name": "search_notes", "arguments": {"query": "soak"}}
     writes = [
-        call("read_note", slug="missing"),
-        call("upsert_note", slug=f"soak-{index}", body="v"),
-        call("send_notification", recipient=f"soak-{index}", message="m"),
-        call("post_webhook", url=http_server.url(f"/soak-{index}"), payload={"i": index}),
+        {"name": "read_note", "arguments": {"slug": "missing"}},
+        {"name": "upsert_note", "arguments": {"slug": f"soak-{index}", "body": "v {take}"}},
+        {
+            "name": "send_notification",
+            "arguments": {"recipient": f"soak-{index}", "message": "m {take}"},
+        },
+        {
+            "name": "post_webhook",
+            "arguments": {"url": http_server.url(f"/soak-{index}"), "payload": {"take": "{take}"}},
+        },
     ]
-    tools = ["search_notes", "read_note", "upsert_note", "send_notification", "post_webhook"]
-    return scripted(read, writes[index % 4], answer(f"run {index}"), tools=tools)
+    plan = [{"calls": [read]}, {"calls": [writes[index % 4]]}, {"answer": f"run {index}"}]
+    if index % 3 == 0:
+        # The model thinks a while before its answer, after the write is
+        # recorded: kills land there too, and the retry must not ask again.
+        plan[-1]["delay_seconds"] = 0.2
+        return openai_request(f"soak {index}", plan, TOOLS)
+    return scripted_request(f"soak {index}", plan, TOOLS)
 
 
 def unfinished() -> int:
@@ -53,7 +69,7 @@ def unfinished() -> int:
 
 
 def test_runs_survive_workers_killed_every_few_seconds(
-    workers, http_server, settings, record_property
+    workers, http_server, drifting_model, settings, record_property
 ):
     settings.NRLLM_REDISPATCH_AFTER_SECONDS = 2
     for index in range(RUNS):
@@ -90,17 +106,25 @@ def test_runs_survive_workers_killed_every_few_seconds(
         .annotate(n=Count("id"))
         .values_list("n", flat=True)
     )
+    notifications_per_run = Counter(
+        OutboxNotification.objects.values("run_id")
+        .annotate(n=Count("id"))
+        .values_list("n", flat=True)
+    )
     posts_per_path = Counter(Counter(post.path for post in http_server.posts()).values())
     # Shown in the test summary (conftest), also from an xdist worker.
     record_property(
         "summary",
         f"soak: {RUNS} runs, {WORKERS} workers, {kills} SIGKILLs, {elapsed:.0f}s; "
-        f"outcomes {dict(outcomes)}; notifications per key {dict(notifications_per_key)}; "
+        f"outcomes {dict(outcomes)}; notifications per run {dict(notifications_per_run)}, "
+        f"per key {dict(notifications_per_key)}; model requests "
+        f"{sum(drifting_model.requests_by_turn.values())}; "
         f"webhook POSTs per call {dict(posts_per_path)}; "
         f"requeues {sum(AgentRun.objects.values_list('requeue_count', flat=True))}",
     )
     assert unfinished() == 0, f"runs left unfinished: {dict(outcomes)}"
     assert kills >= 3
+    assert set(notifications_per_run) <= {1}, "a run sent its notification twice"
     assert set(notifications_per_key) <= {1}, "a notification was sent twice"
     assert set(posts_per_path) <= {1}, "a webhook was POSTed twice"
     assert OutboxNotification.objects.values("run_id").distinct().count() == sum(
