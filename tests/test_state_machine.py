@@ -1,15 +1,27 @@
 """A property-based state machine over the guarded transitions, against a
 reference model: at most one owner, terminal stays terminal, a fenced
-non-idempotent write is never requeued, a lost owner writes nothing."""
+non-idempotent write is never requeued, a lost owner writes nothing — and
+the journal a resumed attempt replays (G12) is exactly the model turns and
+tool outcomes its owners recorded since the last restart, whatever
+claims, reaps, requeues and lost owners came in between; one with a hole
+is refused, never replayed."""
 
+import functools
 import itertools
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from runs import transitions
+from runs.journal import JournalUnreplayable, read_journal, summarize_journal
 from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
 from runs.transitions import CancelOutcome, RecordOutcome
@@ -40,6 +52,13 @@ class RunLifecycle(RuleBasedStateMachine):
         self.steps = 0
         self.expired = False
         self.ended_as = None
+        #: The journal since the last restart: [calls asked for, outcomes
+        #: recorded] per model turn, its steps by kind, its last step, and
+        #: whether it has a hole.
+        self.journal: list[list[int]] = []
+        self.journal_steps = {"llm": 0, "tool": 0}
+        self.journal_last = 0
+        self.hole = False
 
     def teardown(self):
         # Examples share one database transaction: leave nothing for the next.
@@ -59,6 +78,15 @@ class RunLifecycle(RuleBasedStateMachine):
 
     # --- workers ----------------------------------------------------------
 
+    @initialize(journal=st.booleans())
+    def start(self, journal):
+        """Half the examples start with an attempt that recorded a model turn
+        and its call's outcome, so requeues and restarts meet a journal often."""
+        if journal:
+            self.claim("w1")
+            self.record_model_turn("w1", 1, False)
+            self.record_tool_outcome("w1", False)
+
     @rule(worker=WORKERS)
     def claim(self, worker):
         claimed = transitions.claim(self.run_id, f"{worker}-{next(self.claims)}", LEASE)
@@ -66,6 +94,8 @@ class RunLifecycle(RuleBasedStateMachine):
             assert claimed is not None and claimed.lease.token == self.token + 1
             assert claimed.resumed == (self.steps > 0)
             self.steps += 1  # the claim records the attempt's request step
+            if claimed.resumed:
+                self._check_the_journal()
             lease = claimed.lease
             self.leases[worker] = lease
             self.status, self.owner, self.token = "running", lease.owner, lease.token
@@ -83,15 +113,14 @@ class RunLifecycle(RuleBasedStateMachine):
         if renewed:
             self.fence, self.expired = fence, False
 
-    @rule(worker=WORKERS, clear_fence=st.booleans())
-    def record_step(self, worker, clear_fence):
+    def _record(self, worker, step, clear_fence) -> bool:
         lease = self.leases.get(worker)
         if lease is None:
-            return
-        outcome = transitions.record_step(lease, LEASE, {"kind": "llm"}, clear_fence=clear_fence)
+            return False
+        outcome = transitions.record_step(lease, LEASE, step, clear_fence=clear_fence)
         if not self._current(worker):
             assert outcome is RecordOutcome.LEASE_LOST
-            return
+            return False
         expected = (
             RecordOutcome.PERSISTED_CANCEL_REQUESTED
             if self.cancel_requested
@@ -102,6 +131,55 @@ class RunLifecycle(RuleBasedStateMachine):
         self.expired = False
         if clear_fence:
             self.fence = ""
+        return True
+
+    @rule(worker=WORKERS, calls=st.integers(0, 2), clear_fence=st.booleans())
+    def record_model_turn(self, worker, calls, clear_fence):
+        asked = [{"name": "search_notes", "arguments": {"query": str(n)}} for n in range(calls)]
+        step = {"kind": "llm", "result": {"content": "", "tool_calls": asked}}
+        if self._record(worker, step, clear_fence):
+            if self.journal and self.journal[-1][1] < self.journal[-1][0]:
+                self.hole = True  # calls of the turn before have no outcome
+            if self.journal and self.journal[-1][0] == 0:
+                self.hole = True  # a turn after a final answer
+            self.journal.append([calls, 0])
+            self._journal_step("llm")
+
+    @rule(worker=WORKERS, clear_fence=st.booleans())
+    def record_tool_outcome(self, worker, clear_fence):
+        step = {"kind": "tool", "tool_name": "search_notes", "effect": "read_only", "result": {}}
+        if self._record(worker, step, clear_fence):
+            if not self.journal or self.journal[-1][1] >= self.journal[-1][0]:
+                self.hole = True  # an outcome no call asked for
+            else:
+                self.journal[-1][1] += 1
+            self._journal_step("tool")
+
+    def _journal_step(self, kind):
+        self.journal_steps[kind] += 1
+        self.journal_last = self.steps
+
+    def _check_the_journal(self):
+        """A resumed attempt replays exactly what was recorded since the last
+        restart, or refuses a journal with a hole; the verdict's summary agrees."""
+        summary = summarize_journal(AgentRun.objects.get(pk=self.run_id))
+        assert (summary.model_turns, summary.tool_results, summary.last_sequence) == (
+            self.journal_steps["llm"],
+            self.journal_steps["tool"],
+            self.journal_last,
+        )
+        replay = functools.partial(
+            read_journal, self.run_id, registered={"search_notes"}, disabled=(), max_iterations=99
+        )
+        if self.hole:
+            with pytest.raises(JournalUnreplayable):
+                replay()
+            return
+        journal = replay()
+        assert journal.last_sequence == self.journal_last
+        assert [
+            [len(turn.turn.tool_calls), len(turn.outcomes)] for turn in journal.turns
+        ] == self.journal
 
     @rule(worker=WORKERS, status=st.sampled_from(sorted(TERMINAL)))
     def settle(self, worker, status):
@@ -127,6 +205,34 @@ class RunLifecycle(RuleBasedStateMachine):
             self.requeues += 1
 
     # --- operators, time and the reaper ------------------------------------
+
+    def _operator_step(self, transition) -> bool:
+        row = AgentRun.objects.get(pk=self.run_id)
+        done = transition(
+            self.run_id,
+            seen_status=row.status,
+            seen_step_count=row.step_count,
+            step={"kind": "operator", "result": {"action": transition.__name__}},
+        )
+        assert done == (self.status in ("failed", "cancelled"))
+        if done:
+            self.status, self.owner, self.fence = "queued", "", ""
+            self.requeues, self.cancel_requested, self.ended_as = 0, False, None
+            self.steps += 1
+        return done
+
+    @rule()
+    def operator_requeue(self):
+        if self._operator_step(transitions.operator_requeue):
+            self._check_the_journal()  # what the verdict says the requeue resumes
+
+    @rule()
+    def operator_restart(self):
+        if self._operator_step(transitions.operator_restart):
+            self.journal, self.hole = [], False
+            self.journal_steps = {"llm": 0, "tool": 0}
+            self.journal_last = 0
+            self._check_the_journal()
 
     @rule()
     def cancel(self):
