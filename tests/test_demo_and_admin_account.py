@@ -12,30 +12,35 @@ from tools.models import OutboxNotification
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_seed_demo_executes_the_four_scenarios_once():
+def test_seed_demo_executes_the_five_scenarios_once():
     call_command("seed_demo", stdout=io.StringIO())
     runs = {run.prompt: run for run in AgentRun.objects.all()}
-    assert len(runs) == 4
+    assert len(runs) == 5
     by_outcome = sorted(
-        (run.status, run.termination_reason, run.error_type) for run in runs.values()
+        (run.status, run.termination_reason, run.error_type, run.requeue_count)
+        for run in runs.values()
     )
     assert by_outcome == [
-        ("cancelled", "cancelled", ""),
-        ("completed", "completed", ""),
-        ("failed", "not_retryable", "AuditPersistenceFailed"),
-        ("failed", "not_retryable", "ProviderError"),
+        ("cancelled", "cancelled", "", 0),
+        ("completed", "completed", "", 0),
+        ("completed", "completed", "", 1),
+        ("failed", "not_retryable", "AuditPersistenceFailed", 0),
+        ("failed", "not_retryable", "ProviderError", 0),
     ]
     assert DeadLetter.objects.get().run.failure_class == "auth"
     audit_failed = AgentRun.objects.get(error_type="AuditPersistenceFailed")
     assert audit_failed.pending_effect == "non_idempotent_write"
-    assert OutboxNotification.objects.count() == 2
+    # One each from the completed, the audit-failed and the resumed run.
+    assert OutboxNotification.objects.count() == 3
     # The fault injected for the demo is gone.
-    completed = AgentRun.objects.get(status="completed")
-    assert completed.steps.filter(tool_name="send_notification").count() == 1
+    for completed in AgentRun.objects.filter(status="completed"):
+        assert completed.steps.filter(tool_name="send_notification").count() == 1
+    resumed = AgentRun.objects.get(requeue_count=1)
+    assert resumed.steps.filter(kind="resume").count() == 1
 
     out = io.StringIO()
     call_command("seed_demo", stdout=out)
-    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 4
+    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 5
 
 
 def test_ensure_admin_uses_the_given_password_once(monkeypatch):

@@ -26,7 +26,7 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
         env=env,
     )
     assert listing.stdout.strip().splitlines()[-1] == (
-        "[('cancelled', 'cancelled'), ('completed', 'completed'), "
+        "[('cancelled', 'cancelled'), ('completed', 'completed'), ('completed', 'completed'), "
         "('failed', 'not_retryable'), ('failed', 'not_retryable')]"
     )
 
@@ -61,4 +61,37 @@ def test_steps_stay_append_only_on_sqlite_through_every_migration(tmp_path):
     assert attempt.stdout.splitlines()[-2:] == [
         "refused: run steps are append-only; UPDATE refused",
         "['', '']",
+    ]
+
+
+def test_unwritten_steps_are_written_in_order_with_the_next_one_on_sqlite(tmp_path):
+    """The ORM's version of the multi-step record (G12), on SQLite: steps the
+    database refused go in, in order, ahead of the step recorded next."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'steps.sqlite3'}",
+        "SECRET_KEY": "embedded-test",
+    }
+    assert manage("migrate", "--noinput", env=env).returncode == 0
+    script = (
+        "from runs import transitions\n"
+        "run = transitions.create_queued_run({'prompt': 'p'}, 'p')\n"
+        "lease = transitions.claim(run.pk, 'w', 60).lease\n"
+        "steps = [{'kind': 'llm', 'result': {'usage': {'prompt_tokens': 3}}},"
+        " {'kind': 'tool', 'tool_name': 'read_note'}, {'kind': 'llm', 'result': {}}]\n"
+        "print(transitions.record_steps(lease, 60, steps, clear_fence=False).name)\n"
+        "final = {'kind': 'llm', 'result': {'content': 'ok', 'tool_calls': []}}\n"
+        "resume = {'kind': 'resume', 'result': {'tokens_saved': 5}}\n"
+        "print(transitions.finish(lease, [resume, final], output='ok').name)\n"
+        "run.refresh_from_db()\n"
+        "print(list(run.steps.values_list('sequence', 'kind')), run.step_count,"
+        " run.prompt_tokens, run.tokens_saved_by_replay, run.status)\n"
+    )
+    result = manage("shell", "-c", script, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-3:] == [
+        "PERSISTED",
+        "COMPLETED",
+        "[(1, 'request'), (2, 'llm'), (3, 'tool'), (4, 'llm'), (5, 'resume'), (6, 'llm')] "
+        "6 3 5 completed",
     ]

@@ -109,8 +109,8 @@ def test_the_step_before_a_write_stamps_its_fence_unless_a_cancel_was_requested(
 
 
 def test_a_re_executed_run_stamps_the_fence_before_a_write_it_has_not_recorded(settings):
-    """A resumed attempt looks a write up before running it, so its renewal is
-    its own UPDATE rather than the previous record's: the fence still stands."""
+    """A re-executed attempt (its journal holds only the request) stamps the
+    write's fence before running it, as a first attempt does."""
     settings.NRLLM_TOOLS = PROBES
     request = scripted(
         {"tool_calls": [{"name": "fence_probe_write"}]}, answer(), tools=PROBES_NAMES

@@ -66,6 +66,21 @@ NOT_RETRYABLE = {
     },
 }
 
+RESUMED = {
+    "prompt": "Tell the team the deploy is done, then confirm.",
+    "tools": ["send_notification"],
+    "provider": {
+        "kind": "scripted",
+        "turns": [
+            {"tool_calls": [{"name": "send_notification", "arguments": NOTIFY}]},
+            # The provider fails once after the notification went out: the
+            # retry resumes from the journal and does not send it again.
+            {"error": "server_error", "attempts": 1},
+            {"content": "The team knows."},
+        ],
+    },
+}
+
 CANCELLED = {
     "prompt": "Post the weekly digest to the webhook.",
     "tools": ["post_webhook"],
@@ -88,6 +103,7 @@ class Command(BaseCommand):
         with step_inserts_refused("send_notification"):
             audit_failed = run(AUDIT_FAILED)
         dead_lettered = enqueue(NOT_RETRYABLE)
+        resumed = enqueue(RESUMED)  # in-process, the retry runs at once
         # Cancelled before any worker could claim it: its job finds nothing to do.
         with transaction.atomic():
             cancelled = enqueue(CANCELLED)
@@ -97,6 +113,7 @@ class Command(BaseCommand):
             ("completed (reads and writes)", completed),
             ("write audit failed", audit_failed),
             ("dead-lettered, not retryable", dead_lettered),
+            ("retried: resumed after its write, not repeated", resumed),
             ("cancelled", cancelled),
         ]:
             agent_run.refresh_from_db()
