@@ -58,7 +58,17 @@ def runs_to_operate_on():
                 prompt="Page on-call",
             )
         )
-    return {"completed": completed, "safe": safe, "unsafe": unsafe}
+    # Its provider fails once after the notification: the retry resumes.
+    resumed = enqueue(
+        scripted(
+            call("send_notification", recipient="team", message="v2 is out"),
+            {"error": "server_error", "attempts": 1},
+            answer("Sent once."),
+            tools=["send_notification"],
+            prompt="Announce the release",
+        )
+    )
+    return {"completed": completed, "safe": safe, "unsafe": unsafe, "resumed": resumed}
 
 
 @pytest.fixture
@@ -108,6 +118,10 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
         page.click("#requeue-button")
         expect(page.locator(".messagelist")).to_contain_text(re.compile("requeued", re.I))
 
+        page.goto(f"{base}/admin/runs/agentrun/{runs_to_operate_on['resumed'].pk}/change/")
+        expect(page.locator("#attempts")).to_contain_text("resumed after step 3")
+        page.screenshot(path=screenshots / "run-detail-resumed.png", full_page=True)
+
         page.goto(f"{base}/admin/runs/agentrun/write-audits/")
         row = page.locator("#write-audits tbody tr", has_text=str(unsafe.pk))
         expect(row).to_contain_text("send_notification")
@@ -128,4 +142,10 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
 
 def test_screenshots_of_the_main_pages_are_in_the_docs():
     names = {path.name for path in DOCS_SCREENSHOTS.glob("*.png")}
-    assert {"runs-list.png", "run-detail.png", "write-audits.png", "overview.png"} <= names
+    assert {
+        "runs-list.png",
+        "run-detail.png",
+        "run-detail-resumed.png",
+        "write-audits.png",
+        "overview.png",
+    } <= names
