@@ -111,13 +111,22 @@ class StrictSerializer(serializers.Serializer):
         return attrs
 
 
+class TextField(serializers.CharField):
+    """A string, and only a string: DRF's CharField would take 5 for "5"."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class ReconcileSerializer(StrictSerializer):
     outcome = serializers.ChoiceField(choices=ReconciliationOutcome.choices)
-    note = serializers.CharField(max_length=10_000, help_text="why: mandatory")
+    note = TextField(max_length=10_000, help_text="why: mandatory")
 
 
 class NoteSerializer(StrictSerializer):
-    note = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
+    note = TextField(max_length=10_000, required=False, allow_blank=True)
 
 
 class ToolPreviewSerializer(serializers.Serializer):
@@ -125,7 +134,7 @@ class ToolPreviewSerializer(serializers.Serializer):
     effect = serializers.CharField()
 
 
-class JournalSummarySerializer(serializers.Serializer):
+class JournalSerializer(serializers.Serializer):
     last_sequence = serializers.IntegerField(help_text="a requeue resumes after this step")
     model_turns = serializers.IntegerField(help_text="recorded model turns replayed")
     tool_results = serializers.IntegerField(help_text="recorded tool outcomes replayed")
@@ -137,7 +146,7 @@ class VerdictSerializer(serializers.Serializer):
     code = serializers.CharField(help_text="safe, status, write_in_doubt, write_applied, ...")
     reason = serializers.CharField(help_text="what the action will do, or why it is refused")
     tools = ToolPreviewSerializer(many=True, help_text="the run's tools: what may execute live")
-    journal = JournalSummarySerializer(
+    journal = JournalSerializer(
         allow_null=True, help_text="for a requeue that is allowed: what it replays"
     )
 

@@ -31,10 +31,22 @@ logger = logging.getLogger(__name__)
 
 
 class LeasedExecution:
-    def __init__(self, lease: Lease, lease_seconds: float, operation_margin: float):
+    def __init__(
+        self,
+        lease: Lease,
+        lease_seconds: float,
+        operation_margin: float,
+        *,
+        recorded_steps: int = 0,
+    ):
         self.lease = lease
         self.lease_seconds = lease_seconds
         self.operation_margin = operation_margin
+        #: Steps this attempt has recorded (the claim's request step included).
+        self._recorded = recorded_steps
+        #: A record's connection broke before the database answered, and the
+        #: database could not yet be asked whether the unwritten steps landed.
+        self._in_doubt = False
         #: The call the last record renewed the lease for, and its idempotency key.
         self._renewed_for: tuple[PlannedCall, str] | None = None
         #: Steps the database refused (fail-soft: reads, model turns), in
@@ -125,6 +137,10 @@ class LeasedExecution:
         ``cancelled`` when a cancel won). If the database refused the step,
         nothing is settled: the run goes on to an ordinary settle without it.
         """
+        if self._in_doubt and not self._resolve_doubt():
+            # Whether the unwritten steps landed is still unknown: writing
+            # them again could record them twice in the run's last record.
+            self._unwritten = []
         steps = [*self._unwritten, _step_fields(event)]
         with metrics.STEP_RECORD_SECONDS.time():
             outcome = transitions.finish(self.lease, steps, output=output)
@@ -134,8 +150,7 @@ class LeasedExecution:
             self._unwritten = steps
             self._heartbeat_after_unrecorded_step()
             return
-        self._count(steps)
-        self._unwritten = []
+        self._landed(steps)
         self.settled = True
 
     def record_request(self, request: dict) -> None:
@@ -156,22 +171,64 @@ class LeasedExecution:
     ) -> RecordOutcome:
         """Record the unwritten steps and then ``steps``, all or none; raise
         ``RunCancelled`` when they were recorded and a cancel is pending. On
-        ``FAILED`` every one of them is left unwritten, in order."""
+        ``FAILED`` every one of them is left unwritten, in order.
+
+        A record whose connection broke may have committed: before anything
+        is written again the database is asked how many steps this attempt
+        has, so a step is never recorded twice (G12)."""
+        if self._in_doubt and not self._resolve_doubt():
+            self._unwritten.extend(steps)  # the database is still away
+            return RecordOutcome.FAILED
         steps = [*self._unwritten, *steps]
         with metrics.STEP_RECORD_SECONDS.time():
             outcome = transitions.record_steps(
                 self.lease, lease_seconds, steps, clear_fence=clear_fence, next_call=next_call
             )
-        if outcome is RecordOutcome.FAILED:
-            self._unwritten = steps
-            return outcome
         if outcome is RecordOutcome.LEASE_LOST:
             return outcome
-        self._count(steps)
-        self._unwritten = []
+        if outcome in (RecordOutcome.FAILED, RecordOutcome.UNKNOWN):
+            self._unwritten = steps
+            if outcome is RecordOutcome.FAILED:
+                return outcome
+            self._in_doubt = True
+            if not self._resolve_doubt() or self._unwritten:
+                return RecordOutcome.FAILED
+            # It had committed. Its renewal did too, but whether a cancel is
+            # pending is the database's to say.
+            if transitions.cancel_requested(self.lease):
+                raise RunCancelled()
+            return RecordOutcome.PERSISTED
+        self._landed(steps)
         if outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED:
             raise RunCancelled()
         return outcome
+
+    def _resolve_doubt(self) -> bool:
+        """Ask the database whether the unwritten steps were recorded after
+        all; False if it cannot answer yet. Raises ``LeaseLost`` when its
+        count fits neither answer: another attempt holds this token."""
+        try:
+            count = transitions.attempt_step_count(self.lease)
+        except DatabaseError:
+            logger.warning("run=%s cannot tell yet whether its steps landed", self.lease.run_id)
+            return False
+        self._in_doubt = False
+        if count == self._recorded + len(self._unwritten):
+            logger.warning(
+                "run=%s lease_token=%s: %d step(s) landed although the database did not say so",
+                self.lease.run_id,
+                self.lease.token,
+                len(self._unwritten),
+            )
+            self._landed(self._unwritten)
+        elif count != self._recorded:
+            raise LeaseLost()
+        return True
+
+    def _landed(self, steps: list[dict]) -> None:
+        self._count(steps)
+        self._recorded += len(steps)
+        self._unwritten = []
 
     @staticmethod
     def _count(steps: list[dict]) -> None:

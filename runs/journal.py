@@ -4,21 +4,27 @@ The journal is the run's llm and tool steps after ``journal_begins_after``,
 in sequence order: one conversation, continued by every attempt where the
 last one stopped. ``read_journal`` reads it in one query and checks that it
 can be replayed as it stands. It refuses (``JournalUnreplayable``, naming
-the step) rather than improvise: a recorded outcome of a tool that is gone
-or switched off, a gap, a turn that is not what a model turn looks like.
-What the attempt does then is the runtime's decision.
+the step) rather than improvise: an outcome that is not the outcome of the
+call at its place (another call's key: a gap, a duplicate), a recorded
+outcome of a tool that is gone or switched off, a write whose outcome is
+not recorded and whose tool is gone, a non-idempotent write recorded
+outside the journal that the journal does not hold, a turn that is not
+what a model turn looks like. What the attempt does then is the runtime's
+decision; the requeue verdict reads the journal the same way.
 """
 
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from django.db.models import Count, Max, Q, Subquery
+from django.db.models import F, Q
 
 from runs.loop import RecordedOutcome, RecordedTurn
-from runs.models import AgentRun, RunStep
+from runs.models import RunStep
 from runs.providers.base import ToolCall, Turn
 from runs.vocabulary import StepKind
+from tools.contract import idempotency_key_for
 from tools.effects import ToolEffect
+from tools.registry import effect_for
 
 _JOURNAL_KINDS = (StepKind.LLM, StepKind.TOOL)
 _WRITES = (ToolEffect.IDEMPOTENT_WRITE, ToolEffect.NON_IDEMPOTENT_WRITE)
@@ -47,6 +53,21 @@ class Journal:
     def __bool__(self) -> bool:
         return bool(self.turns)
 
+    @property
+    def model_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def ends_with_final_answer(self) -> bool:
+        return bool(self.turns) and not self.turns[-1].turn.tool_calls
+
+    @property
+    def ends_with_whole_turn(self) -> bool:
+        """Every call of the last turn has its outcome: the next thing is a model turn."""
+        return bool(self.turns) and len(self.turns[-1].outcomes) == len(
+            self.turns[-1].turn.tool_calls
+        )
+
     def resume_step(self) -> dict:
         """The step that records what a resumed attempt replayed."""
         return {
@@ -68,37 +89,55 @@ class Journal:
         )
 
 
-def journal_steps(run_id):
-    """The run's journal steps, in order, as a queryset (served by the steps'
-    (run, sequence) index; the run's ``journal_begins_after`` is read by the
-    same statement)."""
-    begins_after = AgentRun.objects.filter(pk=run_id).values("journal_begins_after")
-    return RunStep.objects.filter(
-        run_id=run_id, kind__in=_JOURNAL_KINDS, sequence__gt=Subquery(begins_after)
-    ).order_by("sequence")
-
-
 def read_journal(
     run_id,
     *,
     registered: Collection[str],
     disabled: Collection[str],
     max_iterations: int,
+    requested: Collection[str],
 ) -> Journal:
     """The run's journal, ready to replay, in one query. Raises
-    ``JournalUnreplayable`` when it cannot be replayed as it stands."""
-    rows = journal_steps(run_id).values_list(
-        "sequence", "kind", "tool_name", "effect", "result", "error"
+    ``JournalUnreplayable`` when it cannot be replayed as it stands.
+    ``requested``: the tools the run's request names."""
+    begins_after = F("run__journal_begins_after")
+    in_journal = Q(kind__in=_JOURNAL_KINDS, sequence__gt=begins_after)
+    # Non-idempotent writes recorded before the journal begins: a restart is
+    # refused after one, so only a run recorded before attempts resumed has
+    # them (migration 0013).
+    written_before = Q(
+        kind=StepKind.TOOL,
+        effect=ToolEffect.NON_IDEMPOTENT_WRITE,
+        sequence__lte=begins_after,
+    ) & ~Q(idempotency_key="")
+    rows = (
+        RunStep.objects.filter(in_journal | written_before, run_id=run_id)
+        .order_by("sequence")
+        .values_list(
+            "sequence",
+            "kind",
+            "tool_name",
+            "effect",
+            "result",
+            "error",
+            "idempotency_key",
+            "run__journal_begins_after",
+        )
     )
+    run_key = str(run_id)
     turns: list[tuple[int, Turn, list[RecordedOutcome]]] = []
+    outside: dict[str, tuple[int, str]] = {}
+    keys_in_journal: set[str] = set()
     tool_results = writes = tokens = 0
     last_sequence = 0
-    for sequence, kind, tool_name, effect, result, error in rows:
+    for sequence, kind, tool_name, effect, result, error, key, journal_begins_after in rows:
+        if sequence <= journal_begins_after:
+            outside.setdefault(key, (sequence, tool_name))
+            continue
         last_sequence = sequence
         if kind == StepKind.LLM:
             _check_turn_complete(turns, sequence)
-            turn = _recorded_turn(sequence, result)
-            turns.append((sequence, turn, []))
+            turns.append((sequence, _recorded_turn(sequence, result), []))
             tokens += _tokens_of(result)
             continue
         if not turns:
@@ -112,16 +151,24 @@ def read_journal(
                 f"the model turn at step {turn_sequence} asked for",
                 sequence=sequence,
             )
-        asked = turn.tool_calls[len(outcomes)].name
-        if tool_name != asked:
+        call = turn.tool_calls[len(outcomes)]
+        if tool_name != call.name:
             raise JournalUnreplayable(
                 f"step {sequence} records {tool_name!r} where the model turn at step "
-                f"{turn_sequence} asked for {asked!r}",
+                f"{turn_sequence} asked for {call.name!r}",
                 sequence=sequence,
             )
         if effect:  # the tool was planned: its code ran (or an old attempt replayed it)
+            position = f"{len(turns)}.{len(outcomes)}"
+            if key != idempotency_key_for(run_key, position, call.name, call.arguments):
+                raise JournalUnreplayable(
+                    f"step {sequence} records the outcome of another call than the one the "
+                    f"model turn at step {turn_sequence} asked for at its place {position}",
+                    sequence=sequence,
+                )
             _check_tool_available(sequence, tool_name, effect, registered, disabled)
             writes += effect in _WRITES
+            keys_in_journal.add(key)
         outcomes.append(RecordedOutcome(sequence, result, error))
         tool_results += 1
     if len(turns) > max_iterations:
@@ -130,6 +177,16 @@ def read_journal(
             f"more than the run's max_iterations of {max_iterations}",
             sequence=turns[max_iterations][0],
         )
+    if turns:
+        _check_calls_to_go_live(turns[-1], requested, registered, disabled)
+    for key, (sequence, tool_name) in sorted(outside.items(), key=lambda item: item[1]):
+        if key not in keys_in_journal:
+            raise JournalUnreplayable(
+                f"step {sequence} executed the non_idempotent_write {tool_name!r} before the "
+                "journal begins (an attempt that started over, before attempts resumed), and "
+                "the journal does not hold it: resuming could repeat it",
+                sequence=sequence,
+            )
     return Journal(
         turns=tuple(
             RecordedTurn(sequence, turn, tuple(outcomes)) for sequence, turn, outcomes in turns
@@ -193,53 +250,41 @@ def _recorded_turn(sequence: int, result) -> Turn:
     return Turn(content=content, tool_calls=calls)
 
 
+def _unavailable(tool_name, registered, disabled) -> str:
+    """Why a tool can no longer be offered, or ""."""
+    if tool_name not in registered:
+        return "is no longer registered"
+    if tool_name in disabled:
+        return "an operator has disabled since"
+    return ""
+
+
 def _check_tool_available(sequence, tool_name, effect, registered, disabled) -> None:
     """A recorded outcome of a tool that is gone or switched off is not
     replayed: continuing that conversation would contradict the world as an
     operator has since made it."""
-    if tool_name not in registered:
+    why = _unavailable(tool_name, registered, disabled)
+    if why:
         raise JournalUnreplayable(
-            f"step {sequence} records the {effect} tool {tool_name!r}, which is no longer "
-            "registered",
-            sequence=sequence,
-        )
-    if tool_name in disabled:
-        raise JournalUnreplayable(
-            f"step {sequence} records the {effect} tool {tool_name!r}, which an operator "
-            "has disabled since",
+            f"step {sequence} records the {effect} tool {tool_name!r}, which {why}",
             sequence=sequence,
         )
 
 
-@dataclass(frozen=True)
-class JournalSummary:
-    """What a resume of the run would replay, without reading the steps' bodies."""
-
-    last_sequence: int
-    model_turns: int
-    tool_results: int
-    writes: int
-    #: Tools whose recorded outcomes would be replayed.
-    executed_tools: frozenset[str]
-
-
-def summarize_journal(run: AgentRun) -> JournalSummary:
-    """Two aggregate queries over the run's journal steps."""
-    steps = RunStep.objects.filter(
-        run_id=run.pk, kind__in=_JOURNAL_KINDS, sequence__gt=run.journal_begins_after
-    )
-    totals = steps.aggregate(
-        last=Max("sequence"),
-        turns=Count("pk", filter=Q(kind=StepKind.LLM)),
-        results=Count("pk", filter=Q(kind=StepKind.TOOL)),
-        writes=Count("pk", filter=Q(kind=StepKind.TOOL, effect__in=_WRITES)),
-    )
-    executed = steps.filter(kind=StepKind.TOOL).exclude(effect="")
-    names = frozenset(executed.values_list("tool_name", flat=True).distinct())
-    return JournalSummary(
-        last_sequence=totals["last"] or 0,
-        model_turns=totals["turns"],
-        tool_results=totals["results"],
-        writes=totals["writes"],
-        executed_tools=names,
-    )
+def _check_calls_to_go_live(last, requested, registered, disabled) -> None:
+    """A call of the last turn without a recorded outcome goes live. If its
+    tool is a write the run was given and can no longer be offered, it may
+    have run before the attempt stopped: telling the model it was never
+    offered would contradict the world."""
+    turn_sequence, turn, outcomes = last
+    for call in turn.tool_calls[len(outcomes) :]:
+        if call.problem or call.name not in requested:
+            continue
+        why = _unavailable(call.name, registered, disabled)
+        effect = effect_for(call.name)
+        if why and effect.is_write:
+            raise JournalUnreplayable(
+                f"step {turn_sequence}: the model turn asked for the {effect} tool "
+                f"{call.name!r}, whose outcome is not recorded and which {why}",
+                sequence=turn_sequence,
+            )

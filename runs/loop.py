@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from runs.providers import Provider
 from runs.providers.base import ToolCall, Turn
 from runs.vocabulary import StepKind, TerminationReason
+from tools.canonical import NAME_LIMIT, as_journaled, storable_text
 from tools.contract import Tool, ToolContext, ToolError
 from tools.deadline import time_limit
 from tools.effects import ToolEffect
@@ -129,7 +130,7 @@ def run_agent_loop(
     specs = [tool_spec(tool) for tool in tools.values()]
     for iteration in range(1, max_iterations + 1):
         recorded = journal[iteration - 1] if iteration <= len(journal) else None
-        turn = recorded.turn if recorded else provider.next_turn(messages, specs)
+        turn = recorded.turn if recorded else _as_journaled(provider.next_turn(messages, specs))
         replayed = recorded.outcomes if recorded else ()
         if not turn.tool_calls:
             if recorded is None:
@@ -173,6 +174,24 @@ def run_agent_loop(
             observer.after_step(event, next_call=_runnable(planned, index + 1))
             messages.append(_tool_message(call_id, event.result, event.error))
     return LoopOutcome(TerminationReason.MAX_ITERATIONS, "", messages)
+
+
+def _as_journaled(turn: Turn) -> Turn:
+    """The live turn as the journal will hold it (``tools.canonical``): the
+    attempt goes on with what a resumed one would replay."""
+    return Turn(
+        content=storable_text(turn.content),
+        tool_calls=[
+            ToolCall(
+                name=storable_text(call.name)[:NAME_LIMIT],
+                arguments=as_journaled(call.arguments),
+                id=storable_text(call.id),
+                problem=storable_text(call.problem),
+            )
+            for call in turn.tool_calls
+        ],
+        meta=as_journaled(turn.meta),
+    )
 
 
 def _assistant_message(turn: Turn, call_ids: list[str]) -> dict:
@@ -232,16 +251,18 @@ def _execute_call(call: PlannedCall, observer: LoopObserver) -> StepEvent:
         with time_limit(context.timeout_seconds, name):
             result = tool.run(arguments, context)
     except ToolError as error:
-        event.error = str(error) or type(error).__name__
+        event.error = storable_text(str(error) or type(error).__name__)
         return event
     except Exception as error:
         logger.exception("tool %s raised", name)
-        event.error = f"tool {name!r} failed: {type(error).__name__}: {error}"
+        event.error = storable_text(f"tool {name!r} failed: {type(error).__name__}: {error}")
         return event
+    # What the model is told and what the journal records, alike.
+    result = as_journaled(result)
     try:
         json.dumps(result)
     except (TypeError, ValueError) as error:
-        event.error = f"tool {name!r} returned a result that is not JSON: {error}"
+        event.error = storable_text(f"tool {name!r} returned a result that is not JSON: {error}")
     else:
         event.result = result
     return event

@@ -14,7 +14,7 @@ The admin and the API both call them and show their reasons.
 
 from dataclasses import dataclass, field
 
-from runs.journal import JournalSummary, summarize_journal
+from runs.journal import Journal, JournalUnreplayable, read_journal
 from runs.models import AgentRun, WriteReconciliation
 from runs.run_request import InvalidRunRequest, parse_stored_request
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
@@ -36,33 +36,45 @@ class RequeueVerdict:
     allowed: bool
     #: Stable, machine-readable: ``safe``, ``status``, ``request_invalid``,
     #: ``write_in_doubt``, ``write_applied``, ``journal_unreplayable``,
-    #: ``non_idempotent_executed``.
+    #: ``max_iterations_reached``, ``non_idempotent_executed``.
     code: str
     #: Why not, or what it will do.
     reason: str
     #: The tools the run offers, with their effects: what may execute live.
     tools: list[ToolPreview] = field(default_factory=list)
     #: For an allowed requeue: what it resumes from.
-    journal: JournalSummary | None = None
+    journal: Journal | None = None
 
 
 def requeue_safety(run: AgentRun) -> RequeueVerdict:
-    """May ``run`` be requeued (resumed from its journal), and what will that do."""
+    """May ``run`` be requeued (resumed from its journal), and what will that
+    do. The journal is read and checked as the resumed attempt will read it."""
     refused = _refused_for_status_or_doubt(run)
     if refused is not None:
         return refused
-    journal = summarize_journal(run)
-    registered = set(get_registry().names())
-    disabled = disabled_tool_names() & journal.executed_tools
-    for name in sorted(journal.executed_tools):
-        if name not in registered or name in disabled:
-            why = "is no longer registered" if name not in registered else "is disabled"
-            return RequeueVerdict(
-                False,
-                "journal_unreplayable",
-                f"the journal records outcomes of the tool {name!r}, which {why}: a resumed "
-                "attempt would stop there; restart from the beginning instead",
-            )
+    request = parse_stored_request(run.request)
+    try:
+        journal = read_journal(
+            run.pk,
+            registered=get_registry().names(),
+            disabled=disabled_tool_names() & set(request.tools),
+            max_iterations=request.max_iterations,
+            requested=request.tools,
+        )
+    except JournalUnreplayable as error:
+        return RequeueVerdict(
+            False,
+            "journal_unreplayable",
+            f"a resumed attempt would stop at once: {error}",
+        )
+    if len(journal.turns) >= request.max_iterations and journal.ends_with_whole_turn:
+        return RequeueVerdict(
+            False,
+            "max_iterations_reached",
+            f"the journal holds all {request.max_iterations} model turns the run may take "
+            "(max_iterations), each call with its outcome: a resumed attempt would end "
+            "max_iterations again; restart it from the beginning instead",
+        )
     return RequeueVerdict(True, "safe", _resume_plan(run, journal), _tools(run), journal)
 
 
@@ -138,16 +150,19 @@ def _refused_for_status_or_doubt(run: AgentRun) -> RequeueVerdict | None:
     return None
 
 
-def _resume_plan(run: AgentRun, journal: JournalSummary) -> str:
+def _resume_plan(run: AgentRun, journal: Journal) -> str:
     """What a requeue will do, in an operator's words."""
-    if not journal.last_sequence:
+    replays = (
+        f"resumes after step {journal.last_sequence}; replays {journal.writes} writes "
+        f"without repeating them ({journal.model_turns} model turns and "
+        f"{journal.tool_results} tool results in all)"
+    )
+    if not journal:
         plan = "nothing recorded to replay: it runs from the start"
+    elif journal.ends_with_final_answer:
+        plan = f"{replays}; the recorded final answer completes the run, no model call"
     else:
-        plan = (
-            f"resumes after step {journal.last_sequence}; replays {journal.writes} writes "
-            f"without repeating them ({journal.model_turns} model turns and "
-            f"{journal.tool_results} tool results in all); continues live"
-        )
+        plan = f"{replays}; continues live"
     if run.pending_effect:
         # The fenced call's outcome is not recorded: it executes again, live.
         tool = (run.pending_call or {}).get("tool", "the fenced write")

@@ -5,6 +5,7 @@ optionally ``max_iterations``. Anything else, or anything malformed, is
 refused with ``InvalidRunRequest`` naming the problem.
 """
 
+import math
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -12,6 +13,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from runs.providers import PROVIDER_KINDS
+from tools.canonical import storable_text
 from tools.enabled import disabled_tool_names
 from tools.registry import get_registry
 
@@ -64,6 +66,9 @@ def _schema_problem(schema: dict, value, prefix: str = "") -> str | None:
 
 def parse_run_request(data) -> RunRequest:
     """Check ``data`` and return the request it describes, or raise."""
+    problem = _unstorable(data)
+    if problem:
+        raise InvalidRunRequest(problem)
     provider_class = _check_shape(data, _REQUEST_SCHEMA)
     problem = provider_class.configuration_problem()
     if problem:
@@ -87,6 +92,28 @@ def parse_run_request(data) -> RunRequest:
     return RunRequest(
         prompt=data["prompt"], tools=tools, provider=data["provider"], max_iterations=max_iterations
     )
+
+
+def _unstorable(value, path: str = "") -> str | None:
+    """Where ``value`` holds what the database cannot store (a NUL, a lone
+    surrogate, NaN or an infinity), or None."""
+    where = path or "request"
+    if isinstance(value, str):
+        if storable_text(value) != value:
+            return f"{where}: contains a character that cannot be stored (NUL or a lone surrogate)"
+    elif isinstance(value, float) and not math.isfinite(value):
+        return f"{where}: {value} is not a JSON number"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            problem = _unstorable(str(key), where) or _unstorable(item, f"{path}/{key}".lstrip("/"))
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            problem = _unstorable(item, f"{path}/{index}".lstrip("/"))
+            if problem:
+                return problem
+    return None
 
 
 #: A stored request is one ``RunRequest.as_json`` wrote: every field present.

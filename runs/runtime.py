@@ -96,6 +96,7 @@ def run_queued(run_id) -> None:
         requeue_count=claimed.requeue_count,
         resumed=claimed.resumed,
         disabled_tools=claimed.disabled_tools,
+        recorded_steps=1 if claimed.request_recorded else 0,
     )
 
 
@@ -148,6 +149,7 @@ def _resumption(lease: Lease, stored: dict, disabled: frozenset[str]) -> tuple[R
         registered=get_registry().names(),
         disabled=disabled,
         max_iterations=request.max_iterations,
+        requested=request.tools,
     )
     return request, journal
 
@@ -160,12 +162,17 @@ def _execute(
     requeue_count: int,
     resumed: bool,
     disabled_tools: frozenset[str],
+    recorded_steps: int = 0,
 ) -> None:
     """Drive the loop under ``lease``. A queued run's claim recorded its
-    request step; an interactive run records it here. A re-executed run
-    resumes: it replays its journal and goes live after it (G12)."""
+    request step (``recorded_steps``); an interactive run records it here. A
+    re-executed run resumes: it replays its journal and goes live after it
+    (G12)."""
     execution = LeasedExecution(
-        lease, settings.NRLLM_LEASE_SECONDS, settings.NRLLM_OPERATION_MARGIN_SECONDS
+        lease,
+        settings.NRLLM_LEASE_SECONDS,
+        settings.NRLLM_OPERATION_MARGIN_SECONDS,
+        recorded_steps=recorded_steps,
     )
     try:
         if resumed:
@@ -202,7 +209,9 @@ def _execute(
     if execution.settled:
         return  # the final answer's record settled the run
     if outcome.reason == TerminationReason.COMPLETED:
-        transitions.settle(lease, RunStatus.COMPLETED, outcome.reason, output=outcome.output)
+        # A replayed final answer, or one whose record the database refused:
+        # settled as ``finish`` settles, so a pending cancel still wins (G9).
+        transitions.finish(lease, [], output=outcome.output)
     else:
         transitions.settle(lease, RunStatus.FAILED, outcome.reason)
 

@@ -1,5 +1,6 @@
 """Small builders and waiting helpers shared by the tests."""
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -71,3 +72,55 @@ def manage(*args: str, env: dict, stdin: str | None = None) -> subprocess.Comple
         text=True,
         timeout=120,
     )
+
+
+@contextlib.contextmanager
+def step_inserts_held(condition: str, *, lock: int = 4242):
+    """While active, inserting a step where ``condition`` (SQL on ``NEW``)
+    holds waits for an advisory lock this test holds: a worker is stopped
+    right before that step is durable. Yields ``(waiting, end_the_wait)``:
+    the backends waiting, and a function that terminates them (as the
+    server would once it notices their client died)."""
+    from django.db import connection
+
+    from runs.models import RunStep
+
+    function = "nrllm_hold_step_insert"
+    table = RunStep._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [lock])
+        cursor.execute(
+            f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger AS $$ BEGIN "
+            f"PERFORM pg_advisory_lock({lock}); PERFORM pg_advisory_unlock({lock}); "
+            "RETURN NEW; END $$ LANGUAGE plpgsql"
+        )
+        # DDL takes no parameters; the conditions are the tests' own.
+        cursor.execute(
+            f"CREATE TRIGGER {function} BEFORE INSERT ON {table} "
+            f"FOR EACH ROW WHEN ({condition}) EXECUTE FUNCTION {function}()"
+        )
+
+    def waiting():
+        with connection.cursor() as cursor:
+            # This database's only: tests on other xdist workers hold the
+            # same lock number in databases of their own on the same server.
+            cursor.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND objid = %s AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())",
+                [lock],
+            )
+            return [row[0] for row in cursor.fetchall()]
+
+    def end_the_wait():
+        with connection.cursor() as cursor:
+            for pid in waiting():
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    try:
+        yield waiting, end_the_wait
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS {function} ON {table}")
+            cursor.execute(f"DROP FUNCTION IF EXISTS {function}()")
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [lock])

@@ -16,20 +16,17 @@ import contextlib
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
-from runs.models import RunStep
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from tests.drifting_model import openai_request
-from tests.helpers import wait_until
+from tests.helpers import step_inserts_held, wait_until
 from tools.models import Note, OutboxNotification
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
 
 TOOLS = ["http_get", "put_webhook", "post_webhook", "send_notification", "upsert_note"]
-HOLD_LOCK = 4242
 
 # (where the worker is when it is killed, how the run must end)
 CRASH_POINTS = [
@@ -84,49 +81,6 @@ def plan_for(http_server, crash_point: str) -> list[dict]:
     ]
 
 
-@contextlib.contextmanager
-def step_records_held(tool_name: str):
-    """While active, the record of ``tool_name``'s step waits for a lock this
-    test holds: the worker is stopped after the tool ran, before its step
-    is durable. Yields a function that ends the wait by terminating the
-    waiting backend (as the server would once it notices its client died)."""
-    function = "nrllm_hold_step_insert"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(%s)", [HOLD_LOCK])
-        cursor.execute(
-            f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger AS $$ BEGIN "
-            f"PERFORM pg_advisory_lock({HOLD_LOCK}); PERFORM pg_advisory_unlock({HOLD_LOCK}); "
-            "RETURN NEW; END $$ LANGUAGE plpgsql"
-        )
-        cursor.execute(
-            f"CREATE TRIGGER {function} BEFORE INSERT ON {RunStep._meta.db_table} "
-            # DDL takes no parameters; the name is one of this module's own.
-            f"FOR EACH ROW WHEN (NEW.tool_name = '{tool_name}') EXECUTE FUNCTION {function}()"
-        )
-
-    def waiting_backends():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                "AND objid = %s",
-                [HOLD_LOCK],
-            )
-            return [row[0] for row in cursor.fetchall()]
-
-    def end_the_wait():
-        with connection.cursor() as cursor:
-            for pid in waiting_backends():
-                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-
-    try:
-        yield waiting_backends, end_the_wait
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f"DROP TRIGGER IF EXISTS {function} ON {RunStep._meta.db_table}")
-            cursor.execute(f"DROP FUNCTION IF EXISTS {function}()")
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [HOLD_LOCK])
-
-
 @pytest.mark.parametrize(("crash_point", "expected"), CRASH_POINTS)
 def test_a_sigkill_at_each_step_boundary_never_repeats_a_write_nor_a_recorded_turn(
     crash_point, expected, drifting_model, http_server, workers, settings
@@ -139,8 +93,9 @@ def test_a_sigkill_at_each_step_boundary_never_repeats_a_write_nor_a_recorded_tu
             held_turn = int(crash_point.rsplit(" ", 1)[1])
             drifting_model.hold_turn(held_turn)
         elif crash_point.startswith("record of"):
+            tool = crash_point.removeprefix("record of ")
             waiting, end_the_wait = stack.enter_context(
-                step_records_held(crash_point.removeprefix("record of "))
+                step_inserts_held(f"NEW.tool_name = '{tool}'")
             )
         worker = workers.start(NRLLM_LEASE_SECONDS=2)
         if held_turn is not None:

@@ -15,6 +15,7 @@ from runs.requeue_safety import requeue_safety
 from runs.run_request import parse_run_request
 from runs.runtime import enqueue, run_queued
 from tests.helpers import answer, call, scripted
+from tools.contract import idempotency_key_for
 from tools.models import ToolSetting
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,11 +112,29 @@ def test_the_write_audit_page_shows_an_unreplayable_journal_that_holds_a_write(
 
 def journal_of(*steps):
     """A running run whose journal is ``steps`` (kind, result/tool), recorded
-    through the guarded transitions, then requeued for a retry."""
+    through the guarded transitions, then requeued for a retry. An executed
+    outcome gets the idempotency key of the call at its place, as the
+    runtime gives it; ``"key": "other"`` gives it another call's."""
     request = parse_run_request(scripted(answer(), tools=["search_notes"])).as_json()
     agent_run = transitions.create_queued_run(request, "p")
     lease = transitions.claim(agent_run.pk, "w", 60).lease
+    turns, outcomes = [], 0
     for step in steps:
+        step = dict(step)
+        if step["kind"] == "llm":
+            turns.append(step["result"].get("tool_calls") or [])
+            outcomes = 0
+        elif turns and outcomes < len(turns[-1]):
+            asked = turns[-1][outcomes]
+            arguments = (
+                {"query": "another"} if step.pop("key", "") == "other" else asked["arguments"]
+            )
+            position = f"{len(turns)}.{outcomes}"
+            step["idempotency_key"] = idempotency_key_for(
+                lease.run_id, position, asked["name"], arguments
+            )
+            outcomes += 1
+        step.pop("key", None)
         outcome = transitions.record_step(lease, 60, step, clear_fence=False)
         assert outcome.persisted
     assert transitions.requeue_for_retry(
@@ -129,8 +148,8 @@ def turn(*names, content=""):
     return {"kind": "llm", "result": {"content": content, "tool_calls": calls}}
 
 
-def outcome(name="search_notes", effect="read_only"):
-    return {"kind": "tool", "tool_name": name, "effect": effect, "result": {"matches": []}}
+def outcome(name="search_notes", effect="read_only", **extra):
+    return {"kind": "tool", "tool_name": name, "effect": effect, "result": {"matches": []}, **extra}
 
 
 @pytest.mark.parametrize(
@@ -158,6 +177,11 @@ def outcome(name="search_notes", effect="read_only"):
             [{"kind": "llm", "result": {"tool_calls": "not a list"}}],
             "step 2: the recorded model turn is not in the shape of one",
         ),
+        (
+            [turn("search_notes", "search_notes"), outcome(key="other")],
+            "step 3 records the outcome of another call than the one the model turn at step 2 "
+            "asked for at its place 1.0",
+        ),
     ],
 )
 def test_a_journal_with_a_hole_or_a_contradiction_is_never_replayed(steps, why):
@@ -165,7 +189,9 @@ def test_a_journal_with_a_hole_or_a_contradiction_is_never_replayed(steps, why):
     with pytest.raises(
         JournalUnreplayable, match="^" + why.replace("(", r"\(").replace(")", r"\)")
     ):
-        read_journal(agent_run.pk, registered={"search_notes"}, disabled=(), max_iterations=5)
+        read_journal(
+            agent_run.pk, registered={"search_notes"}, disabled=(), max_iterations=5, requested=()
+        )
     run_queued(agent_run.pk)
     agent_run.refresh_from_db()
     assert (agent_run.termination_reason, agent_run.error_message) == ("journal_unreplayable", why)
@@ -174,7 +200,9 @@ def test_a_journal_with_a_hole_or_a_contradiction_is_never_replayed(steps, why):
 def test_a_journal_longer_than_the_iteration_cap_is_refused():
     agent_run = journal_of(turn("search_notes"), outcome(), turn("search_notes"), outcome())
     with pytest.raises(JournalUnreplayable, match="more than the run's max_iterations of 1"):
-        read_journal(agent_run.pk, registered={"search_notes"}, disabled=(), max_iterations=1)
+        read_journal(
+            agent_run.pk, registered={"search_notes"}, disabled=(), max_iterations=1, requested=()
+        )
 
 
 def resumable_run(turns: int) -> AgentRun:

@@ -206,7 +206,7 @@ class _RunAction(BaseAPIView):
     verdict = None
 
     def get_permissions(self):
-        if self.request.method == "GET":
+        if self.request.method in ("GET", "HEAD"):
             return [permissions.VIEW_RUNS()]
         return super().get_permissions()
 

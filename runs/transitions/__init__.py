@@ -37,7 +37,13 @@ from runs.transitions.reaping import (
     reap_dead_letter,
     reap_requeue,
 )
-from runs.transitions.steps import NextCall, RecordOutcome, record_step, record_steps
+from runs.transitions.steps import (
+    NextCall,
+    RecordOutcome,
+    attempt_step_count,
+    record_step,
+    record_steps,
+)
 
 __all__ = [
     "CancelOutcome",
@@ -49,6 +55,7 @@ __all__ = [
     "Reaping",
     "StaleLease",
     "append_operator_step",
+    "attempt_step_count",
     "begin_interactive",
     "cancel",
     "cancel_requested",

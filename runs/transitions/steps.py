@@ -4,10 +4,11 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, JSONField, Value
 from django.db.models.expressions import Case, When
 
+from runs.models import RunStep
 from runs.step_journal import record_steps_in_one_statement
 from runs.transitions._common import (
     Lease,
@@ -26,7 +27,11 @@ class RecordOutcome(enum.Enum):
     #: Persisted, and an operator has asked to cancel the run.
     PERSISTED_CANCEL_REQUESTED = "persisted_cancel_requested"
     LEASE_LOST = "lease_lost"
+    #: The database refused the statement: nothing was recorded.
     FAILED = "failed"
+    #: The connection broke before the database answered: the statement may
+    #: have committed or not (``attempt_step_count`` tells which).
+    UNKNOWN = "unknown"
 
     @property
     def persisted(self) -> bool:
@@ -72,7 +77,8 @@ def record_steps(
     With ``next_call`` the same UPDATE stamps the next call's fence instead —
     unless a cancel was requested, which the outcome then reports and the
     call never runs. A database error rolls back everything and returns
-    ``FAILED`` (G2).
+    ``FAILED`` (G2) — or ``UNKNOWN`` when the connection broke, since the
+    statement may have committed before it did.
     """
     last = steps[-1] if steps else {}
     try:
@@ -112,10 +118,25 @@ def record_steps(
             error,
         )
         _drop_broken_connection()
+        if isinstance(error, OperationalError | InterfaceError):
+            return RecordOutcome.UNKNOWN
         return RecordOutcome.FAILED
     if cancel_at is not None:
         return RecordOutcome.PERSISTED_CANCEL_REQUESTED
     return RecordOutcome.PERSISTED
+
+
+#: The kinds of step an attempt records itself (the claim's request step
+#: included); reaper and operator steps may carry its token too.
+_ATTEMPT_KINDS = (StepKind.REQUEST, StepKind.RESUME, StepKind.LLM, StepKind.TOOL)
+
+
+def attempt_step_count(lease: Lease) -> int:
+    """How many steps the attempt holding ``lease`` has recorded: after an
+    ``UNKNOWN`` record, whether its steps are there. Raises DatabaseError."""
+    return RunStep.objects.filter(
+        run_id=lease.run_id, lease_token=lease.token, kind__in=_ATTEMPT_KINDS
+    ).count()
 
 
 def _record_changes(
