@@ -54,23 +54,21 @@ def old_run(status, *, last_attempt_reached_the_write=False):
         recipient="ops", message="v2 shipped", run_id=run.pk, idempotency_key=notify_key
     )
     result = {"notification_id": sent.pk, "recipient": "ops"}
+    searched = {
+        "kind": "tool",
+        "tool_name": "search_notes",
+        "effect": "read_only",
+        "arguments": SEARCH,
+        "result": {"matches": []},
+        "idempotency_key": search_key,
+    }
     # What the old code recorded. Attempt 1: search, notify, then the model
     # call for turn 3 failed (server_error, retried). Attempt 2 started over:
     # search again, then its model call for turn 2 failed (retried again).
     history = [
         (1, {"kind": "request", "arguments": request}),
         (1, {"kind": "llm", "result": llm(("search_notes", SEARCH))}),
-        (
-            1,
-            {
-                "kind": "tool",
-                "tool_name": "search_notes",
-                "effect": "read_only",
-                "arguments": SEARCH,
-                "result": {"matches": []},
-                "idempotency_key": search_key,
-            },
-        ),
+        (1, searched),
         (1, {"kind": "llm", "result": llm(("send_notification", NOTIFY))}),
         (
             1,
@@ -85,17 +83,7 @@ def old_run(status, *, last_attempt_reached_the_write=False):
         ),
         (2, {"kind": "request", "arguments": request}),
         (2, {"kind": "llm", "result": llm(("search_notes", SEARCH))}),
-        (
-            2,
-            {
-                "kind": "tool",
-                "tool_name": "search_notes",
-                "effect": "read_only",
-                "arguments": SEARCH,
-                "result": {"matches": []},
-                "idempotency_key": search_key,
-            },
-        ),
+        (2, searched),
     ]
     if last_attempt_reached_the_write:
         replayed = {**history[4][1], "replay_of": 5}

@@ -210,6 +210,7 @@ class _RunAction(BaseAPIView):
             return [permissions.VIEW_RUNS()]
         return super().get_permissions()
 
+    @extend_schema(responses={200: VerdictSerializer, **errors(404)})
     def get(self, request, pk):
         if type(self).verdict is None:
             return self.http_method_not_allowed(request)
@@ -250,19 +251,12 @@ class RunCancel(_RunAction):
     perform_action = staticmethod(operator_actions.cancel)
 
 
-_VERDICT_SCHEMA = extend_schema(responses={200: VerdictSerializer, **errors(404)})
-
-
 class RunRequeue(_RunAction):
     """Requeue: the run resumes from its journal (GET: what that would do)."""
 
     permission_classes = [permissions.REQUEUE]
     perform_action = staticmethod(operator_actions.requeue)
     verdict = staticmethod(requeue_safety)
-
-    @_VERDICT_SCHEMA
-    def get(self, request, pk):
-        return super().get(request, pk)
 
 
 class RunRestart(_RunAction):
@@ -271,7 +265,3 @@ class RunRestart(_RunAction):
     permission_classes = [permissions.REQUEUE]
     perform_action = staticmethod(operator_actions.restart)
     verdict = staticmethod(restart_safety)
-
-    @_VERDICT_SCHEMA
-    def get(self, request, pk):
-        return super().get(request, pk)
