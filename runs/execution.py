@@ -45,8 +45,10 @@ class LeasedExecution:
         #: Steps this attempt has recorded (the claim's request step included).
         self._recorded = recorded_steps
         #: A record's connection broke before the database answered, and the
-        #: database could not yet be asked whether the unwritten steps landed.
+        #: database could not yet be asked whether the first ``_doubtful``
+        #: unwritten steps — the ones that record carried — landed.
         self._in_doubt = False
+        self._doubtful = 0
         #: The call the last record renewed the lease for, and its idempotency key.
         self._renewed_for: tuple[PlannedCall, str] | None = None
         #: Steps the database refused (fail-soft: reads, model turns), in
@@ -75,23 +77,31 @@ class LeasedExecution:
         key = idempotency_key_for(self.lease.run_id, call.position, call.tool.name, call.arguments)
         renewal = self._renewal_for(call, key)
         lease_seconds = self._lease_seconds_for(call)
-        if self._unwritten:
-            # The steps still unwritten go first, with this call's renewal.
-            outcome = self._record([], lease_seconds, renewal)
+        try:
+            # The steps still unwritten go first, with this call's renewal;
+            # None: nothing was left to write (a doubt resolved as landed).
+            outcome = self._record([], lease_seconds, renewal) if self._unwritten else None
             if outcome is RecordOutcome.PERSISTED:
                 return self._context(call, key)
             if outcome is RecordOutcome.LEASE_LOST:
                 self._stop_for_lost_renewal(before=call.tool.name)
-            if call.tool.effect.is_write:
+            if outcome is RecordOutcome.FAILED and call.tool.effect.is_write:
                 raise StepsNotDurable(
                     f"the {call.tool.effect} tool {call.tool.name!r} did not start: "
                     f"{len(self._unwritten)} earlier step(s) of the run could not be recorded"
                 )
             # A read may run over the gap; the steps wait for the next record.
-        if not transitions.renew_lease(
-            self.lease, lease_seconds, fence=renewal.fence, call=renewal.call
-        ):
-            self._stop_for_lost_renewal(before=call.tool.name)
+            if not transitions.renew_lease(
+                self.lease, lease_seconds, fence=renewal.fence, call=renewal.call
+            ):
+                self._stop_for_lost_renewal(before=call.tool.name)
+        except (StepsNotDurable, RunCancelled, DatabaseError) as error:
+            # The tool has not started: a fence a statement may have stamped
+            # for it must not leave a write in doubt that never ran. If the
+            # database is away now, the runtime tries again when it settles.
+            if renewal.fence and not self._withdraw_fence(key):
+                error.unstarted_call = key
+            raise
         return self._context(call, key)
 
     def after_step(self, event: StepEvent, next_call: PlannedCall | None = None) -> None:
@@ -137,13 +147,15 @@ class LeasedExecution:
         ``cancelled`` when a cancel won). If the database refused the step,
         nothing is settled: the run goes on to an ordinary settle without it.
         """
+        final = _step_fields(event)
         if self._in_doubt and not self._resolve_doubt():
-            # Whether the unwritten steps landed is still unknown: writing
-            # them again could record them twice in the run's last record.
-            self._unwritten = []
-        steps = [*self._unwritten, _step_fields(event)]
-        with metrics.STEP_RECORD_SECONDS.time():
-            outcome = transitions.finish(self.lease, steps, output=output)
+            # Whether earlier steps landed is still unknown: nothing is
+            # written after them (the journal stays a prefix, G12).
+            outcome, steps = FinishOutcome.FAILED, [*self._unwritten, final]
+        else:
+            steps = [*self._unwritten, final]
+            with metrics.STEP_RECORD_SECONDS.time():
+                outcome = transitions.finish(self.lease, steps, output=output)
         if outcome is FinishOutcome.LEASE_LOST:
             raise LeaseLost()
         if outcome is FinishOutcome.FAILED:
@@ -168,10 +180,13 @@ class LeasedExecution:
         next_call: NextCall | None,
         *,
         clear_fence: bool = False,
-    ) -> RecordOutcome:
+    ) -> RecordOutcome | None:
         """Record the unwritten steps and then ``steps``, all or none; raise
         ``RunCancelled`` when they were recorded and a cancel is pending. On
-        ``FAILED`` every one of them is left unwritten, in order.
+        ``FAILED`` every one of them is left unwritten, in order; None when
+        nothing was left to record (then nothing was renewed either: a
+        statement carrying no step could not be told apart, in doubt, from
+        one that never arrived).
 
         A record whose connection broke may have committed: before anything
         is written again the database is asked how many steps this attempt
@@ -180,6 +195,8 @@ class LeasedExecution:
             self._unwritten.extend(steps)  # the database is still away
             return RecordOutcome.FAILED
         steps = [*self._unwritten, *steps]
+        if not steps:
+            return None
         with metrics.STEP_RECORD_SECONDS.time():
             outcome = transitions.record_steps(
                 self.lease, lease_seconds, steps, clear_fence=clear_fence, next_call=next_call
@@ -190,12 +207,14 @@ class LeasedExecution:
             self._unwritten = steps
             if outcome is RecordOutcome.FAILED:
                 return outcome
-            self._in_doubt = True
+            self._in_doubt, self._doubtful = True, len(steps)
             if not self._resolve_doubt() or self._unwritten:
                 return RecordOutcome.FAILED
-            # It had committed. Its renewal did too, but whether a cancel is
-            # pending is the database's to say.
+            # It had committed, its renewal and fence with it; whether a
+            # cancel is pending is the database's to say.
             if transitions.cancel_requested(self.lease):
+                if next_call is not None and next_call.fence:
+                    self._withdraw_fence(next_call.call["idempotency_key"])
                 raise RunCancelled()
             return RecordOutcome.PERSISTED
         self._landed(steps)
@@ -204,26 +223,42 @@ class LeasedExecution:
         return outcome
 
     def _resolve_doubt(self) -> bool:
-        """Ask the database whether the unwritten steps were recorded after
-        all; False if it cannot answer yet. Raises ``LeaseLost`` when its
-        count fits neither answer: another attempt holds this token."""
+        """Ask the database whether the steps the record in doubt carried
+        landed after all; False if it cannot answer yet. Raises ``LeaseLost``
+        when its count fits neither answer: another attempt holds this token.
+
+        (Should the statement in doubt still be running in a backend that
+        outlived its client and commit after this count, its steps would be
+        in the journal twice; ``read_journal`` refuses such a journal rather
+        than replay it.)"""
         try:
             count = transitions.attempt_step_count(self.lease)
         except DatabaseError:
             logger.warning("run=%s cannot tell yet whether its steps landed", self.lease.run_id)
             return False
         self._in_doubt = False
-        if count == self._recorded + len(self._unwritten):
+        if count == self._recorded + self._doubtful:
             logger.warning(
                 "run=%s lease_token=%s: %d step(s) landed although the database did not say so",
                 self.lease.run_id,
                 self.lease.token,
-                len(self._unwritten),
+                self._doubtful,
             )
-            self._landed(self._unwritten)
+            landed, self._unwritten = (
+                self._unwritten[: self._doubtful],
+                self._unwritten[self._doubtful :],
+            )
+            self._count(landed)
+            self._recorded += len(landed)
         elif count != self._recorded:
             raise LeaseLost()
         return True
+
+    def _withdraw_fence(self, key: str) -> bool:
+        """Withdraw the fence stamped for the call with ``key``, which did not
+        start; False if the database is away (the fence stays: a write in
+        doubt an operator reconciles, the safe side)."""
+        return withdraw_unstarted_fence(self.lease, key)
 
     def _landed(self, steps: list[dict]) -> None:
         self._count(steps)
@@ -282,6 +317,17 @@ class LeasedExecution:
             before,
         )
         raise LeaseLost()
+
+
+def withdraw_unstarted_fence(lease: Lease, key: str) -> bool:
+    """``transitions.withdraw_fence``, never raising; False if the database
+    could not be asked."""
+    try:
+        transitions.withdraw_fence(lease, key)
+    except DatabaseError:
+        logger.warning("run=%s fence of a call that did not start left up", lease.run_id)
+        return False
+    return True
 
 
 def _step_fields(event: StepEvent) -> dict:

@@ -22,6 +22,7 @@ from runs.loop import RecordedOutcome, RecordedTurn
 from runs.models import RunStep
 from runs.providers.base import ToolCall, Turn
 from runs.vocabulary import StepKind
+from tools.canonical import token_count
 from tools.contract import idempotency_key_for
 from tools.effects import ToolEffect
 from tools.registry import effect_for
@@ -34,9 +35,12 @@ class JournalUnreplayable(Exception):
     """The journal cannot be replayed without contradicting it; the message
     names the step (or the stored request) and why."""
 
-    def __init__(self, message: str, *, sequence: int | None = None):
+    def __init__(self, message: str, *, sequence: int | None = None, write: dict | None = None):
         super().__init__(message)
         self.sequence = sequence
+        #: A write call whose outcome is not recorded, as a fence names one
+        #: (effect, tool, arguments, idempotency key): it may have run.
+        self.write = write
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,12 @@ class Journal:
 
     @property
     def ends_with_whole_turn(self) -> bool:
-        """Every call of the last turn has its outcome: the next thing is a model turn."""
-        return bool(self.turns) and len(self.turns[-1].outcomes) == len(
-            self.turns[-1].turn.tool_calls
-        )
+        """The last turn asked for calls and every one has its outcome: the
+        next thing would be a model turn."""
+        if not self.turns:
+            return False
+        last = self.turns[-1]
+        return bool(last.turn.tool_calls) and len(last.outcomes) == len(last.turn.tool_calls)
 
     def resume_step(self) -> dict:
         """The step that records what a resumed attempt replayed."""
@@ -178,7 +184,7 @@ def read_journal(
             sequence=turns[max_iterations][0],
         )
     if turns:
-        _check_calls_to_go_live(turns[-1], requested, registered, disabled)
+        _check_calls_to_go_live(turns[-1], len(turns), run_key, requested, registered, disabled)
     for key, (sequence, tool_name) in sorted(outside.items(), key=lambda item: item[1]):
         if key not in keys_in_journal:
             raise JournalUnreplayable(
@@ -202,7 +208,7 @@ def _tokens_of(result) -> int:
     usage = result.get("usage") if isinstance(result, dict) else None
     if not isinstance(usage, dict):
         return 0
-    return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+    return token_count(usage.get("prompt_tokens")) + token_count(usage.get("completion_tokens"))
 
 
 def _check_turn_complete(turns: list, sequence: int) -> None:
@@ -271,20 +277,28 @@ def _check_tool_available(sequence, tool_name, effect, registered, disabled) -> 
         )
 
 
-def _check_calls_to_go_live(last, requested, registered, disabled) -> None:
+def _check_calls_to_go_live(last, turn_number, run_key, requested, registered, disabled) -> None:
     """A call of the last turn without a recorded outcome goes live. If its
     tool is a write the run was given and can no longer be offered, it may
     have run before the attempt stopped: telling the model it was never
     offered would contradict the world."""
     turn_sequence, turn, outcomes = last
-    for call in turn.tool_calls[len(outcomes) :]:
+    for index in range(len(outcomes), len(turn.tool_calls)):
+        call = turn.tool_calls[index]
         if call.problem or call.name not in requested:
             continue
         why = _unavailable(call.name, registered, disabled)
         effect = effect_for(call.name)
         if why and effect.is_write:
+            key = idempotency_key_for(run_key, f"{turn_number}.{index}", call.name, call.arguments)
             raise JournalUnreplayable(
                 f"step {turn_sequence}: the model turn asked for the {effect} tool "
                 f"{call.name!r}, whose outcome is not recorded and which {why}",
                 sequence=turn_sequence,
+                write={
+                    "effect": effect.value,
+                    "tool": call.name,
+                    "arguments": call.arguments,
+                    "idempotency_key": key,
+                },
             )

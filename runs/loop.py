@@ -180,13 +180,13 @@ def _as_journaled(turn: Turn) -> Turn:
     """The live turn as the journal will hold it (``tools.canonical``): the
     attempt goes on with what a resumed one would replay."""
     return Turn(
-        content=storable_text(turn.content),
+        content=storable_text(turn.content or ""),
         tool_calls=[
             ToolCall(
-                name=storable_text(call.name)[:NAME_LIMIT],
+                name=storable_text(call.name or "")[:NAME_LIMIT],
                 arguments=as_journaled(call.arguments),
-                id=storable_text(call.id),
-                problem=storable_text(call.problem),
+                id=storable_text(call.id or ""),
+                problem=storable_text(call.problem or ""),
             )
             for call in turn.tool_calls
         ],
@@ -202,7 +202,12 @@ def _assistant_message(turn: Turn, call_ids: list[str]) -> dict:
             {
                 "id": call_id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                # Sorted, as the journal returns them: a resumed attempt
+                # tells the model the very turn the first one did.
+                "function": {
+                    "name": call.name,
+                    "arguments": json.dumps(call.arguments, sort_keys=True),
+                },
             }
             for call_id, call in zip(call_ids, turn.tool_calls, strict=True)
         ],

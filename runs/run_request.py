@@ -85,6 +85,9 @@ def parse_run_request(data) -> RunRequest:
 
     cap = settings.NRLLM_MAX_ITERATIONS
     max_iterations = data.get("max_iterations", cap)
+    if not isinstance(max_iterations, int):
+        # JSON Schema calls 2.0 an integer; a range of iterations does not.
+        raise InvalidRunRequest(f"max_iterations: {max_iterations!r} is not a whole number")
     if max_iterations > cap:
         raise InvalidRunRequest(
             f"max_iterations: {max_iterations} is above the limit of {cap} (NRLLM_MAX_ITERATIONS)"

@@ -15,7 +15,7 @@ from django.db import DatabaseError, transaction
 
 from runs import dispatch, transitions
 from runs.errors import LeaseLost, RunCancelled
-from runs.execution import LeasedExecution
+from runs.execution import LeasedExecution, withdraw_unstarted_fence
 from runs.failures import classify
 from runs.journal import Journal, JournalUnreplayable, read_journal
 from runs.loop import StepEvent, run_agent_loop
@@ -197,7 +197,8 @@ def _execute(
         LEASES_LOST.inc()
         logger.warning("run=%s lease_token=%s lost; settling nothing", lease.run_id, lease.token)
         return
-    except RunCancelled:
+    except RunCancelled as cancel:
+        _withdraw_unstarted(lease, cancel)
         transitions.settle(lease, RunStatus.CANCELLED, TerminationReason.CANCELLED)
         return
     except JournalUnreplayable as error:
@@ -234,11 +235,22 @@ def _dead_letter_unreplayable(lease: Lease, error: JournalUnreplayable) -> None:
             failure_class="",
             error_type="JournalUnreplayable",
             error_message=str(error),
+            # A write whose outcome is not recorded may have run: it stands
+            # as the write in question, as an interrupted one does.
+            fence=error.write,
         )
     except DatabaseError:
         # Left running without a fence; the reaper requeues it and the next
         # attempt meets the same journal.
         logger.exception("run=%s could not be dead-lettered", lease.run_id)
+
+
+def _withdraw_unstarted(lease: Lease, error: Exception) -> None:
+    """The tool the attempt stopped before did not start: a fence still
+    standing for it would leave a write in doubt that never ran (G6)."""
+    key = getattr(error, "unstarted_call", None)
+    if key is not None:
+        withdraw_unstarted_fence(lease, key)
 
 
 def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count: int) -> None:
@@ -251,6 +263,9 @@ def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count:
     logger.warning(
         "run=%s lease_token=%s failed: %s (%s)", lease.run_id, lease.token, error, failure_class
     )
+    if isinstance(error, DatabaseError):
+        transitions.recover_connection()
+    _withdraw_unstarted(lease, error)
     try:
         if mode == RunMode.INTERACTIVE:
             reason = (

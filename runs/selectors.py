@@ -58,7 +58,10 @@ def write_audit_runs(limit: int = 200):
             Q(error_type="AuditPersistenceFailed")
             | Q(termination_reason=TerminationReason.WRITE_INTERRUPTED)
             | Q(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
-            | (Q(termination_reason=TerminationReason.JOURNAL_UNREPLAYABLE) & executed_a_write)
+            | (
+                Q(termination_reason=TerminationReason.JOURNAL_UNREPLAYABLE)
+                & (executed_a_write | ~Q(pending_effect=""))
+            )
         )
         .select_related("reconciliation", "reconciliation__operator")
         .order_by("-created_at")[:limit]

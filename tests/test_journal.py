@@ -274,3 +274,23 @@ def test_the_migration_begins_an_old_runs_journal_at_its_last_attempt():
         cursor.execute(migration.LAST_ATTEMPTS_CONVERSATION)
     assert fresh(old).journal_begins_after == 5  # attempt 2's llm is step 6
     assert fresh(completed).journal_begins_after == 0
+
+
+def test_the_verdict_reads_the_journal_once_whatever_its_length(settings):
+    settings.NRLLM_MAX_ITERATIONS = 100
+    costs = []
+    for turns in (3, 30):
+        agent_run = AgentRun.objects.get(
+            pk=enqueue(
+                scripted(
+                    *[call("search_notes", query=f"q{index}") for index in range(turns)],
+                    {"error": "auth"},
+                    tools=["search_notes"],
+                    max_iterations=turns + 1,
+                )
+            ).pk
+        )
+        with CaptureQueriesContext(connection) as queries:
+            assert requeue_safety(agent_run).allowed
+        costs.append(len(queries))
+    assert costs[0] == costs[1] <= 3

@@ -1,140 +1,60 @@
-"""G12 when a record commits but its reply never reaches the worker (the
-connection drops after the server committed: a network blip, a failover, a
-proxy restart). The worker cannot know whether the steps landed; it asks
-the database before it writes anything again, so no step is ever recorded
-twice and the journal stays a prefix of what the attempt did.
+"""G2, G6 and G12 when the database connection breaks around a record: a
+statement that committed but whose reply never came (a network blip, a
+failover, a proxy restart), one that never reached the server, and the
+database away for a while after. The worker cannot know what landed; it
+asks the database before it writes anything again, so no step is ever
+recorded twice, the journal stays a prefix of what the attempt did, a write
+never starts without its fence, and a write that never started is never
+left in doubt.
 
-The fault is real: a TCP proxy between this process and PostgreSQL forwards
-the statement, lets the server commit it, and closes the connection instead
-of passing the reply on.
+The faults are real, at the wire: ``tests.db_proxy`` between this process
+(or a real rqworker) and PostgreSQL.
 """
 
-import socket
 import threading
 
 import pytest
 from django.db import connection
 
-from runs.faults import _refusing_trigger
+from runs import operator_actions, transitions
 from runs.models import AgentRun, RunStep
+from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run_queued
-from tests.helpers import answer, call, scripted
+from tests.db_proxy import FaultProxy, Rule, proxied_connection
+from tests.helpers import answer, call, scripted, wait_until
+from tests.test_crash_recovery import later
 from tools.models import Note, OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
-
-
-class AckDroppingProxy:
-    """Forwards PostgreSQL connections; the first client message that
-    contains ``marker`` reaches the server, but its reply (up to the
-    ReadyForQuery that follows the commit) is swallowed and the client's
-    connection closed."""
-
-    def __init__(self, upstream: tuple[str, int], marker: bytes):
-        self.upstream = upstream
-        self.marker = marker
-        self.armed = threading.Event()
-        self.dropped = threading.Event()
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(50)
-        self.port = self.listener.getsockname()[1]
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            state = {"drop": False}
-            threading.Thread(target=self._up, args=(client, server, state), daemon=True).start()
-            threading.Thread(target=self._down, args=(client, server, state), daemon=True).start()
-
-    def _up(self, client, server, state):
-        tail = b""
-        while True:
-            try:
-                data = client.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                _close(server)
-                return
-            with self._lock:
-                if self.armed.is_set() and self.marker in tail + data:
-                    self.armed.clear()
-                    state["drop"] = True
-            tail = data[-len(self.marker) :]
-            try:
-                server.sendall(data)
-            except OSError:
-                return
-
-    def _down(self, client, server, state):
-        swallowed = b""
-        while True:
-            try:
-                data = server.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                _close(client)
-                return
-            if state["drop"]:
-                swallowed += data
-                if READY_FOR_QUERY in swallowed:
-                    # Committed; the worker never hears of it.
-                    _close(client)
-                    _close(server)
-                    self.dropped.set()
-                    return
-                continue
-            try:
-                client.sendall(data)
-            except OSError:
-                return
-
-    def close(self):
-        _close(self.listener)
-
-
-def _close(sock):
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
-
 
 @pytest.fixture
-def proxied(queue):
-    """This process's database connection goes through the proxy."""
-    settings_dict = connection.settings_dict
-    upstream = (settings_dict["HOST"], int(settings_dict["PORT"]))
-    proxy = AckDroppingProxy(upstream, b"ZZMARK")
-    connection.close()
-    original = settings_dict["PORT"]
-    settings_dict["PORT"] = str(proxy.port)
-    yield proxy
-    connection.close()
-    settings_dict["PORT"] = original
-    proxy.close()
+def proxy(queue):
+    """This process's database connection goes through the proxy (and a
+    retry's job waits in Redis, for the test to run)."""
+    with proxied_connection() as fault:
+        yield fault
 
 
 def fresh(agent_run):
     return AgentRun.objects.get(pk=agent_run.pk)
 
 
-def test_a_read_step_whose_commit_reply_was_lost_is_not_written_twice(proxied):
-    """A read's record commits but its reply is lost; the write that follows
-    and its turn are recorded; the next model call fails (retryable). The
-    retry resumes and finishes, and the journal holds each step once."""
+def journal_of(agent_run):
+    return list(
+        RunStep.objects.filter(run=agent_run)
+        .order_by("sequence")
+        .values_list("kind", "tool_name", "lease_token")
+    )
+
+
+# --- a record that committed unheard ------------------------------------------
+
+
+def test_a_read_step_whose_commit_reply_was_lost_is_not_written_twice(proxy):
+    """A read's record commits unheard; the write that follows and its turn
+    are recorded; the next model call fails (retryable). The retry resumes
+    and finishes, and the journal holds each step once."""
     Note.objects.create(slug="release", body="v2 is ready ZZMARK")
     agent_run = enqueue(
         scripted(
@@ -145,30 +65,29 @@ def test_a_read_step_whose_commit_reply_was_lost_is_not_written_twice(proxied):
             tools=["search_notes", "send_notification"],
         )
     )
-    proxied.armed.set()
+    rule = proxy.add(Rule(b"ZZMARK", "drop_reply"))
     run_queued(agent_run.pk)  # attempt 1
-    assert proxied.dropped.is_set(), "the proxy never dropped a reply"
+    assert rule.fired.is_set(), "the proxy never dropped a reply"
     assert fresh(agent_run).status == "queued"  # requeued for the retry
-    searches = RunStep.objects.filter(run=agent_run, kind="tool", tool_name="search_notes")
-    journal = list(
-        RunStep.objects.filter(run=agent_run, kind__in=["llm", "tool"])
-        .order_by("sequence")
-        .values_list("sequence", "kind", "tool_name")
-    )
-    assert [kind for _, kind, _ in journal] == ["llm", "tool", "llm", "tool"], journal
+    assert [kind for kind, _, _ in journal_of(agent_run)] == [
+        "request",
+        "llm",
+        "tool",
+        "llm",
+        "tool",
+    ]
     run_queued(agent_run.pk)  # attempt 2: the retry
     agent_run = fresh(agent_run)
+    assert agent_run.status == "completed", agent_run.error_message
     assert OutboxNotification.objects.count() == 1
-    # The search ran once; its step must be in the journal once.
-    assert searches.count() == 1, journal
-    assert agent_run.status == "completed", (agent_run.termination_reason, agent_run.error_message)
+    assert agent_run.steps.filter(tool_name="search_notes").count() == 1
 
 
-def test_a_read_whose_reply_was_lost_is_never_replayed_as_another_calls_outcome(proxied):
-    """One turn calls search_notes twice (different queries). The first
-    record's reply is lost, the second call's record is refused, then the
-    model call fails. The retry replays the first search and runs the second
-    live: each call's outcome is its own."""
+def test_a_read_whose_reply_was_lost_is_never_replayed_as_another_calls_outcome(proxy):
+    """One turn calls search_notes twice. The first record commits unheard,
+    the second never reaches the server, then the model call fails. The
+    retry replays the first search and runs the second live: each call's
+    outcome is its own."""
     Note.objects.create(slug="release", body="v2 is ready ZZMARK")
     Note.objects.create(slug="other", body="unrelated")
     agent_run = enqueue(
@@ -176,7 +95,7 @@ def test_a_read_whose_reply_was_lost_is_never_replayed_as_another_calls_outcome(
             {
                 "tool_calls": [
                     {"name": "search_notes", "arguments": {"query": "release"}},
-                    {"name": "search_notes", "arguments": {"query": "other"}},
+                    {"name": "search_notes", "arguments": {"query": "other ZZOTHER"}},
                 ]
             },
             {"error": "server_error", "attempts": 1},
@@ -184,33 +103,23 @@ def test_a_read_whose_reply_was_lost_is_never_replayed_as_another_calls_outcome(
             tools=["search_notes"],
         )
     )
-    proxied.armed.set()
-    with _refusing_trigger(
-        "probe_refuse_other",
-        "INSERT",
-        RunStep._meta.db_table,
-        "NEW.kind = 'tool' AND NEW.arguments ->> 'query' = 'other'",
-        "second search's step refused (injected fault)",
-    ):
-        run_queued(agent_run.pk)  # attempt 1
-    assert proxied.dropped.is_set()
+    proxy.add(Rule(b"ZZMARK", "drop_reply"))
+    second = proxy.add(Rule(b'"matches": []', "kill_before"))
+    run_queued(agent_run.pk)  # attempt 1
+    assert second.fired.is_set()
     assert fresh(agent_run).status == "queued"
     run_queued(agent_run.pk)  # attempt 2
     agent_run = fresh(agent_run)
     assert agent_run.status == "completed", agent_run.error_message
     searches = list(
-        RunStep.objects.filter(run=agent_run, kind="tool")
-        .order_by("sequence")
-        .values_list("arguments", "lease_token")
+        agent_run.steps.filter(kind="tool").order_by("sequence").values_list("arguments", flat=True)
     )
-    assert searches == [({"query": "release"}, 1), ({"query": "other"}, 2)]
+    assert searches == [{"query": "release"}, {"query": "other ZZOTHER"}]
 
 
 def test_a_resume_step_whose_commit_reply_was_lost_is_recorded_and_counted_once(
-    proxied, drifting_model
+    proxy, drifting_model
 ):
-    """The resume step's record commits but its reply is lost: the attempt
-    finds it recorded and goes on; the tokens replay saved count once."""
     from tests.drifting_model import openai_request
     from tests.fake_openai import error
 
@@ -219,36 +128,258 @@ def test_a_resume_step_whose_commit_reply_was_lost_is_recorded_and_counted_once(
     agent_run = enqueue(
         openai_request("look", [{"calls": [search]}, {"answer": "found"}], ["search_notes"])
     )
-    proxied.marker = b"resumed after step"
     run_queued(agent_run.pk)  # attempt 1: turn 0 and its search recorded, turn 1 fails
     assert fresh(agent_run).status == "queued"
-    proxied.armed.set()
+    rule = proxy.add(Rule(b"resumed after step", "drop_reply"))
     run_queued(agent_run.pk)  # attempt 2: resumes
-    assert proxied.dropped.is_set()
+    assert rule.fired.is_set()
     agent_run = fresh(agent_run)
-    resumes = list(agent_run.steps.filter(kind="resume").values_list("sequence", "lease_token"))
     assert agent_run.status == "completed"
-    assert len(resumes) == 1, resumes
+    assert agent_run.steps.filter(kind="resume").count() == 1
     assert agent_run.tokens_saved_by_replay == 18  # turn 0: 11 prompt + 7 completion
 
 
-def test_a_write_whose_record_committed_unheard_goes_on_instead_of_failing_its_audit(proxied):
-    """The write's own record commits, its reply is lost: asked, the
-    database says the step is there, so the audit did not fail (G2) and the
-    run goes on; the notification was sent once and recorded once."""
+def test_a_write_whose_record_committed_unheard_goes_on_instead_of_failing_its_audit(proxy):
+    """Asked, the database says the write's step is there: its audit did not
+    fail (G2), and the run goes on; the notification was sent once."""
     agent_run = enqueue(
         scripted(
-            call("send_notification", recipient="ops", message="v2 shipped ZZMARK"),
+            call("send_notification", recipient="ops", message="v2 shipped"),
             answer("sent"),
             tools=["send_notification"],
         )
     )
-    proxied.marker = b"notification_id"
-    proxied.armed.set()
+    rule = proxy.add(Rule(b"notification_id", "drop_reply"))
     run_queued(agent_run.pk)
-    assert proxied.dropped.is_set()
+    assert rule.fired.is_set()
     agent_run = fresh(agent_run)
     assert (agent_run.status, agent_run.output) == ("completed", "sent")
     assert OutboxNotification.objects.count() == 1
     assert agent_run.steps.filter(kind="tool").count() == 1
     assert agent_run.pending_effect == ""
+
+
+def test_the_flush_before_a_write_whose_reply_was_lost_lets_the_write_run_once(proxy):
+    """A read step's record never reaches the server; the flush before the
+    write (that read step and the write's fence) commits unheard: the
+    attempt finds it, runs the write once, with its fence, and records
+    every step once."""
+    Note.objects.create(slug="release", body="v2 ZZR")
+    agent_run = enqueue(
+        scripted(
+            {
+                "tool_calls": [
+                    {"name": "search_notes", "arguments": {"query": "release"}},
+                    {"name": "send_notification", "arguments": {"recipient": "o", "message": "m"}},
+                ]
+            },
+            answer("done"),
+            tools=["search_notes", "send_notification"],
+        )
+    )
+    first = proxy.add(Rule(b"ZZR", "kill_before"))
+    second = proxy.add(Rule(b"ZZR", "drop_reply"))
+    run_queued(agent_run.pk)
+    assert first.fired.is_set() and second.fired.is_set()
+    agent_run = fresh(agent_run)
+    assert agent_run.status == "completed"
+    assert OutboxNotification.objects.count() == 1
+    assert [(kind, tool) for kind, tool, _ in journal_of(agent_run)] == [
+        ("request", ""),
+        ("llm", ""),
+        ("tool", "search_notes"),
+        ("tool", "send_notification"),
+        ("llm", ""),
+    ]
+
+
+def test_a_final_answer_whose_reply_was_lost_is_recorded_once(proxy):
+    agent_run = enqueue(scripted(answer("ZZF done"), tools=[]))
+    rule = proxy.add(Rule(b"ZZF", "drop_reply"))
+    run_queued(agent_run.pk)
+    assert rule.fired.is_set()
+    agent_run = fresh(agent_run)
+    assert (agent_run.status, agent_run.output) == ("completed", "ZZF done")
+    assert agent_run.steps.filter(kind="llm").count() == 1
+
+
+# --- the database away after a record in doubt -----------------------------------
+
+
+def test_a_step_recorded_while_an_earlier_one_is_in_doubt_is_not_a_lost_lease(proxy):
+    """A read's record commits unheard; the database is then away for the
+    count, the heartbeat, the next turn's record and its heartbeat. The
+    attempt still holds its lease: it finds the read step there, writes the
+    turn after it and goes on."""
+    Note.objects.create(slug="release", body="v2 is ready ZZMARK")
+    agent_run = enqueue(
+        scripted(
+            call("search_notes", query="release"),
+            call("search_notes", query="again"),
+            answer("done"),
+            tools=["search_notes"],
+        )
+    )
+    rule = proxy.add(Rule(b"ZZMARK", "drop_reply", then_refuse=4))
+    run_queued(agent_run.pk)
+    assert rule.fired.is_set() and proxy.refused == 4
+    agent_run = fresh(agent_run)
+    assert (agent_run.status, agent_run.termination_reason) == ("completed", "completed")
+    assert [(kind, tool) for kind, tool, _ in journal_of(agent_run)] == [
+        ("request", ""),
+        ("llm", ""),
+        ("tool", "search_notes"),
+        ("llm", ""),
+        ("tool", "search_notes"),
+        ("llm", ""),
+    ]
+
+
+def test_a_write_that_never_started_is_never_left_a_write_in_doubt(proxy):
+    """The turn that asks for a non-idempotent write is recorded (stamping
+    the write's fence) unheard, and the database is away for a while. The
+    write either runs once, fenced, or does not start — and then its fence
+    is withdrawn and the run is retried, not dead-lettered for an operator
+    to reconcile a write that never ran."""
+    agent_run = enqueue(
+        scripted(
+            call("send_notification", recipient="ops", message="v2 ZZW2"),
+            answer("done"),
+            tools=["send_notification"],
+        )
+    )
+    rule = proxy.add(Rule(b"ZZW2", "drop_reply", then_refuse=4))
+    run_queued(agent_run.pk)
+    assert rule.fired.is_set()
+    agent_run = fresh(agent_run)
+    sent = OutboxNotification.objects.count()
+    if sent:
+        assert (sent, agent_run.status) == (1, "completed")
+    else:
+        assert (agent_run.status, agent_run.error_type) == ("queued", "StepsNotDurable")
+        assert agent_run.pending_effect == ""
+        run_queued(agent_run.pk)  # the retry
+        assert fresh(agent_run).status == "completed"
+        assert OutboxNotification.objects.count() == 1
+
+
+def test_the_final_answer_is_not_recorded_after_a_hole(proxy):
+    """A turn's record never reaches the server and the database stays away
+    through its (refused) call and the final answer: nothing is written
+    after the hole, though the run completes."""
+    agent_run = enqueue(
+        scripted(
+            {"tool_calls": [{"name": "no_such_tool", "arguments": {"q": "ZZK"}}]},
+            answer("done"),
+            tools=["search_notes"],
+        )
+    )
+    rule = proxy.add(Rule(b"ZZK", "kill_before", then_refuse=5))
+    run_queued(agent_run.pk)
+    assert rule.fired.is_set()
+    agent_run = fresh(agent_run)
+    kinds = [(kind, tool) for kind, tool, _ in journal_of(agent_run)]
+    assert kinds in (
+        [("request", "")],
+        [("request", ""), ("llm", ""), ("tool", "no_such_tool"), ("llm", "")],
+    ), kinds
+
+
+def test_a_cancel_after_an_unheard_fence_stamp_leaves_no_write_in_doubt(proxy):
+    """The turn asking for a non-idempotent write stamps its fence unheard,
+    and an operator's cancel lands before the worker asks the database: the
+    write does not start, its fence is withdrawn, the run ends cancelled."""
+    agent_run = enqueue(
+        scripted(
+            call("send_notification", recipient="ops", message="v2 ZZC"),
+            answer("done"),
+            tools=["send_notification"],
+        )
+    )
+
+    def cancel_now():
+        def cancel():
+            transitions.cancel(agent_run.pk)
+            connection.close()
+
+        canceller = threading.Thread(target=cancel)
+        canceller.start()
+        canceller.join()
+
+    rule = proxy.add(Rule(b"ZZC", "drop_reply", on_fire=cancel_now))
+    run_queued(agent_run.pk)
+    assert rule.fired.is_set()
+    agent_run = fresh(agent_run)
+    assert OutboxNotification.objects.count() == 0
+    assert (agent_run.status, agent_run.pending_effect) == ("cancelled", "")
+
+
+def _cancel_when_running(run_id):
+    try:
+        wait_until(
+            lambda: AgentRun.objects.filter(pk=run_id, status="running").exists(),
+            what="running",
+        )
+        transitions.cancel(run_id)
+    finally:
+        connection.close()
+
+
+@pytest.mark.worker
+def test_a_non_idempotent_write_is_never_sent_unfenced_nor_twice_after_a_broken_renewal(
+    workers, http_server, operator
+):
+    """A resumed attempt's resume step commits unheard, the database is away
+    for the count and the heartbeat, and the renewal that would stamp the
+    write's fence never reaches the server: the write must not start
+    without its fence, and a real worker killed mid-write and the reaper
+    after it must not lead to a second POST."""
+    url = http_server.url("/hold")
+    post = {"name": "post_webhook", "arguments": {"url": url, "payload": {"v": "ZZW"}}}
+    agent_run = enqueue(
+        {
+            "prompt": "notify",
+            "tools": ["post_webhook"],
+            "provider": {
+                "kind": "scripted",
+                "turns": [{"tool_calls": [post], "delay_seconds": 1.5}, {"content": "sent"}],
+            },
+        }
+    )
+    # Attempt 1, here: a cancel wins while the model thinks; the turn asking
+    # for the write is recorded, no fence stamped. An operator requeues.
+    canceller = threading.Thread(target=_cancel_when_running, args=(agent_run.pk,))
+    canceller.start()
+    run_queued(agent_run.pk)
+    canceller.join()
+    assert (fresh(agent_run).status, fresh(agent_run).pending_effect) == ("cancelled", "")
+    assert operator_actions.requeue(fresh(agent_run), operator, "resume").ok
+
+    # Attempt 2: a real worker whose connections go through the proxy.
+    settings_dict = connection.settings_dict
+    proxy = FaultProxy((settings_dict["HOST"], int(settings_dict["PORT"])))
+    proxy.add(Rule(b"resumed after step", "drop_reply", then_refuse=2))
+    renewal = proxy.add(Rule(b"ZZW", "kill_before"))
+    port = f":{settings_dict['PORT']}/"
+    workers.env = {
+        **workers.env,
+        "DATABASE_URL": workers.env["DATABASE_URL"].replace(port, f":{proxy.port}/"),
+    }
+    worker = workers.start()
+    try:
+        wait_until(renewal.fired.is_set, what="the renewal cut off")
+        if http_server.held.wait(timeout=5):
+            # It started after all: then only with its fence standing.
+            assert fresh(agent_run).pending_effect == "non_idempotent_write"
+        workers.kill(worker)
+    finally:
+        http_server.release.set()
+        proxy.close()
+
+    decision = reap_stale_runs(as_of=later()).decisions.get(str(agent_run.pk), "")
+    if decision.startswith("requeued"):
+        run_queued(agent_run.pk)  # attempt 3: the automatic path resumes
+    posts = [r for r in http_server.posts() if r.path == "/hold"]
+    assert len(posts) <= 1, (decision, fresh(agent_run).status)
+    if fresh(agent_run).status == "completed":
+        assert len(posts) == 1

@@ -30,6 +30,19 @@ def storable_text(text: str) -> str:
     return _UNSTORABLE.sub(REPLACEMENT, text) if _UNSTORABLE.search(text) else text
 
 
+def token_count(value) -> int:
+    """A provider's token count as the run's totals may add it: a whole
+    number from 0 to 10**8, 0 for anything else (the totals are database
+    integers: a negative or absurd count must not make a record fail)."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        count = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return min(max(count, 0), 10**8)
+
+
 def as_journaled(value):
     """``value`` (JSON-like) as the journal will give it back.
 

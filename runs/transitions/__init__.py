@@ -8,7 +8,7 @@ by someone else — matches nothing and so changes nothing (G4–G6, G9).
 The modules of this package are split by concern; import from the package.
 """
 
-from runs.transitions._common import Lease, db_time
+from runs.transitions._common import Lease, db_time, recover_connection
 from runs.transitions.ending import (
     CancelOutcome,
     FinishOutcome,
@@ -27,6 +27,7 @@ from runs.transitions.lease import (
     create_queued_run,
     heartbeat,
     renew_lease,
+    withdraw_fence,
 )
 from runs.transitions.operators import append_operator_step, operator_requeue, operator_restart
 from runs.transitions.reaping import (
@@ -72,9 +73,11 @@ __all__ = [
     "reap_cancelled",
     "reap_dead_letter",
     "reap_requeue",
+    "recover_connection",
     "record_step",
     "record_steps",
     "renew_lease",
     "requeue_for_retry",
     "settle",
+    "withdraw_fence",
 ]

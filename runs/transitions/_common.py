@@ -133,6 +133,12 @@ def _back_in_queue(delay_seconds: float = 0) -> dict:
     }
 
 
+def recover_connection() -> None:
+    """After an attempt failed on a database error: the next statement (its
+    settle) reconnects instead of failing on a dead socket."""
+    _drop_broken_connection()
+
+
 def _drop_broken_connection() -> bool:
     """After a database error, drop the connection if it is dead so the next
     statement reconnects instead of failing on a closed socket forever.

@@ -33,14 +33,21 @@ def settle(
     failure_class: str = "",
     error_type: str = "",
     error_message: str = "",
+    fence: dict | None = None,
 ) -> bool:
     """Move a running run to a terminal status; a late settle changes nothing (G9).
 
     The write fence is left as it stands: a run that ends with a fence up has
-    a write in doubt, and that must stay visible.
+    a write in doubt, and that must stay visible. ``fence`` (``effect``,
+    ``tool``, ``arguments``, ``idempotency_key``) stands it again for a call
+    that may have run although its fence was cleared since (G12).
     """
     if status not in RunStatus.terminal():
         raise ValueError(f"settle needs a terminal status, not {status!r}")
+    standing = {}
+    if fence is not None:
+        call = {key: fence[key] for key in ("tool", "arguments", "idempotency_key")}
+        standing = {"pending_effect": fence["effect"], "pending_call": call}
     matched = _owned(lease).update(
         **_ended(
             status,
@@ -49,6 +56,7 @@ def settle(
             failure_class=failure_class,
             error_type=error_type,
             error_message=error_message,
+            **standing,
         )
     )
     if matched:
@@ -131,9 +139,16 @@ def finish(lease: Lease, steps: Sequence[dict], *, output: str) -> FinishOutcome
 
 
 def dead_letter(
-    lease: Lease, reason: str, *, failure_class: str, error_type: str, error_message: str
+    lease: Lease,
+    reason: str,
+    *,
+    failure_class: str,
+    error_type: str,
+    error_message: str,
+    fence: dict | None = None,
 ) -> bool:
-    """Fail a queued run for good and open a dead letter, atomically."""
+    """Fail a queued run for good and open a dead letter, atomically
+    (``fence``: as ``settle``'s)."""
     with transaction.atomic():
         if not settle(
             lease,
@@ -142,6 +157,7 @@ def dead_letter(
             failure_class=failure_class,
             error_type=error_type,
             error_message=error_message,
+            fence=fence,
         ):
             return False
         DeadLetter.objects.create(

@@ -182,6 +182,18 @@ def renew_lease(
     )
 
 
+def withdraw_fence(lease: Lease, key: str) -> bool:
+    """Clear the fence if it was stamped for the call whose idempotency key
+    is ``key``: the caller knows that call did not start (G6)."""
+    # Called after a failure, which may have broken the connection.
+    _drop_broken_connection()
+    return bool(
+        _owned(lease)
+        .filter(pending_call__idempotency_key=key)
+        .update(pending_effect="", pending_call=None)
+    )
+
+
 def heartbeat(lease: Lease, lease_seconds: float) -> bool:
     """Extend the lease at a step boundary; False if the lease is lost."""
     return bool(_owned(lease).update(lease_expires_at=_expiry(lease_seconds)))

@@ -20,6 +20,7 @@ from runs.transitions._common import (
     logger,
 )
 from runs.vocabulary import StepKind
+from tools.canonical import token_count
 
 
 class RecordOutcome(enum.Enum):
@@ -182,14 +183,17 @@ def _usage_values(steps: Sequence[dict]) -> dict:
             continue
         if step.get("kind") == StepKind.LLM and "usage" in result:
             usage = result.get("usage") or {}
+            if not isinstance(usage, dict):
+                usage = {}
             for key, amount in (
                 ("prompt_tokens", usage.get("prompt_tokens")),
                 ("completion_tokens", usage.get("completion_tokens")),
                 ("latency_ms", result.get("latency_ms")),
             ):
-                values[key] = values.get(key, 0) + int(amount or 0)
+                values[key] = values.get(key, 0) + token_count(amount)
         elif step.get("kind") == StepKind.RESUME and result.get("tokens_saved"):
-            values["tokens_saved"] = values.get("tokens_saved", 0) + int(result["tokens_saved"])
+            saved = token_count(result["tokens_saved"])
+            values["tokens_saved"] = values.get("tokens_saved", 0) + saved
     return values
 
 
