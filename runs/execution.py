@@ -213,9 +213,12 @@ class LeasedExecution:
             # It had committed, its renewal and fence with it; whether a
             # cancel is pending is the database's to say.
             if transitions.cancel_requested(self.lease):
+                cancelled = RunCancelled()
                 if next_call is not None and next_call.fence:
-                    self._withdraw_fence(next_call.call["idempotency_key"])
-                raise RunCancelled()
+                    key = next_call.call["idempotency_key"]
+                    if not self._withdraw_fence(key):
+                        cancelled.unstarted_call = key
+                raise cancelled
             return RecordOutcome.PERSISTED
         self._landed(steps)
         if outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED:
