@@ -5,6 +5,7 @@ optionally ``max_iterations``. Anything else, or anything malformed, is
 refused with ``InvalidRunRequest`` naming the problem.
 """
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -97,9 +98,20 @@ def parse_run_request(data) -> RunRequest:
     )
 
 
-def _unstorable(value, path: str = "") -> str | None:
+def _unstorable(value) -> str | None:
     """Where ``value`` holds what the database cannot store (a NUL, a lone
     surrogate, NaN or an infinity), or None."""
+    try:
+        # One pass in C: what would need looking into shows in the escapes.
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return _unstorable_at(value)
+    if "\\u0000" in text or "\\ud" in text:  # a NUL, or a surrogate (maybe a whole pair)
+        return _unstorable_at(value)
+    return None
+
+
+def _unstorable_at(value, path: str = "") -> str | None:
     where = path or "request"
     if isinstance(value, str):
         if storable_text(value) != value:
@@ -108,12 +120,14 @@ def _unstorable(value, path: str = "") -> str | None:
         return f"{where}: {value} is not a JSON number"
     elif isinstance(value, dict):
         for key, item in value.items():
-            problem = _unstorable(str(key), where) or _unstorable(item, f"{path}/{key}".lstrip("/"))
+            problem = _unstorable_at(str(key), where) or _unstorable_at(
+                item, f"{path}/{key}".lstrip("/")
+            )
             if problem:
                 return problem
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            problem = _unstorable(item, f"{path}/{index}".lstrip("/"))
+            problem = _unstorable_at(item, f"{path}/{index}".lstrip("/"))
             if problem:
                 return problem
     return None

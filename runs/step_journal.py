@@ -18,6 +18,7 @@ The transitions package calls these on PostgreSQL and does the same with
 the ORM elsewhere; only it decides when.
 """
 
+import functools
 import json
 from collections.abc import Sequence
 
@@ -209,21 +210,13 @@ def _run_then_steps(
     wait_for_flush=True,
 ):
     values = {}
-    selects = []
     for index, step in enumerate(steps):
         # The usual single step keeps unsuffixed names: one statement text.
-        suffix = "" if len(steps) == 1 else f"_{index}"
-        back = len(steps) - 1 - index
-        values.update(_step_values(step, suffix))
-        # The request step's arguments are the stored request the UPDATE returned.
-        arguments = "request" if arguments_from_request else f"%(arguments{suffix})s::jsonb"
-        selects.append(
-            _SELECT_STEP.format(back=f" - {back}" if back else "", n=suffix, arguments=arguments)
-        )
+        _add_step_values(values, step, "" if len(steps) == 1 else f"_{index}")
     columns = f"run.*, {also_select}" if also_select else "run.*"
     sql = f"WITH run AS ({update_sql})"
-    if selects:
-        sql += f", step AS ({_INSERT_STEPS} {' UNION ALL '.join(selects)} RETURNING 1)"
+    if steps:
+        sql += f", step AS ({_insert_steps(len(steps), arguments_from_request)} RETURNING 1)"
     sql += f" SELECT {columns} FROM run"
     if not wait_for_flush and not connection.in_atomic_block:
         # Alone, the statement is its transaction, and a setting local to it
@@ -242,13 +235,26 @@ def _run_then_steps(
         return cursor.fetchone()
 
 
-def _step_values(step: dict, suffix: str) -> dict:
-    values = {}
-    for column in _STEP_COLUMNS:
+@functools.cache
+def _insert_steps(count: int, arguments_from_request: bool) -> str:
+    """The INSERT of ``count`` steps (built once per shape: a step is recorded
+    on the hot path)."""
+    selects = []
+    for index in range(count):
+        suffix = "" if count == 1 else f"_{index}"
+        back = count - 1 - index
+        # The request step's arguments are the stored request the UPDATE returned.
+        arguments = "request" if arguments_from_request else f"%(arguments{suffix})s::jsonb"
+        selects.append(
+            _SELECT_STEP.format(back=f" - {back}" if back else "", n=suffix, arguments=arguments)
+        )
+    return f"{_INSERT_STEPS} {' UNION ALL '.join(selects)}"
+
+
+def _add_step_values(values: dict, step: dict, suffix: str) -> None:
+    for column in ("arguments", "result"):
         value = step.get(column)
-        if column in ("arguments", "result"):
-            value = None if value is None else json.dumps(value)
-        elif column != "kind":
-            value = value or ""
-        values[column + suffix] = value
-    return values
+        values[column + suffix] = None if value is None else json.dumps(value)
+    values["kind" + suffix] = step.get("kind")
+    for column in ("tool_name", "effect", "error", "idempotency_key"):
+        values[column + suffix] = step.get(column) or ""
