@@ -251,3 +251,27 @@ def test_a_restart_replays_nothing_and_asks_the_model_from_the_first_turn(drifti
     assert agent_run.journal_begins_after == restart.sequence
     queries = [step.arguments for step in agent_run.steps.filter(kind="tool")]
     assert len(queries) == 2 and queries[0] != queries[1]  # the model worded it anew
+
+
+@pytest.mark.worker
+def test_a_redispatched_run_whose_job_redis_lost_resumes_without_repeating_its_write(
+    drifting_model, workers, queue, settings
+):
+    """The retry's job is lost (Redis restarted without persistence): the
+    reaper dispatches the queued run again, and that attempt resumes too."""
+    settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
+    drifting_model.fail_turn(1, error(500))
+    plan = [{"calls": [NOTIFY]}, {"answer": "sent (take {take})"}]
+    agent_run = enqueue(openai_request("ship it", plan, ["send_notification"]))
+    workers.run_burst()  # attempt 1: the write, then a 500; the retry waits in Redis
+    assert fresh(agent_run).status == "queued"
+    queue.connection.flushdb()
+
+    report = reap_stale_runs(as_of=later(3600))
+    assert report.decisions[str(agent_run.pk)].startswith("redispatched")
+    workers.run_burst()
+    agent_run.refresh_from_db()
+    assert agent_run.status == "completed"
+    assert OutboxNotification.objects.count() == 1
+    assert drifting_model.requests_by_turn == {0: 1, 1: 2}
+    assert agent_run.steps.filter(kind="resume").count() == 1
