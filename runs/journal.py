@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from django.db.models import F, Q
 
-from runs.loop import RecordedOutcome, RecordedTurn
+from runs.loop import RecordedOutcome, RecordedTurn, StepEvent
 from runs.models import RunStep
 from runs.providers.base import ToolCall, Turn
 from runs.vocabulary import StepKind
@@ -74,11 +74,11 @@ class Journal:
         last = self.turns[-1]
         return bool(last.turn.tool_calls) and len(last.outcomes) == len(last.turn.tool_calls)
 
-    def resume_step(self) -> dict:
+    def resume_event(self) -> StepEvent:
         """The step that records what a resumed attempt replayed."""
-        return {
-            "kind": StepKind.RESUME,
-            "result": {
+        return StepEvent(
+            kind=StepKind.RESUME,
+            result={
                 "resumed_after": self.last_sequence,
                 "model_turns": len(self.turns),
                 "tool_results": self.tool_results,
@@ -86,7 +86,7 @@ class Journal:
                 "tokens_saved": self.tokens,
                 "summary": self.describe(),
             },
-        }
+        )
 
     def describe(self) -> str:
         return (

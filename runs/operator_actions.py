@@ -6,6 +6,7 @@ through a guarded transition, is recorded on the run's step stream (who,
 when, what, why) and in the admin log (G11). None of them edits a step.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.contrib.admin.models import CHANGE, LogEntry
@@ -64,7 +65,7 @@ def restart(run: AgentRun, operator, note: str = "") -> ActionResult:
 class _BackInQueue:
     action: str
     done: str  # the result's code, and the word the messages use
-    transition: object
+    transition: Callable[..., bool]
 
 
 _REQUEUE = _BackInQueue("requeue", "requeued", transitions.operator_requeue)

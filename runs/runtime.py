@@ -18,7 +18,7 @@ from runs.errors import LeaseLost, RunCancelled
 from runs.execution import LeasedExecution, withdraw_unstarted_fence
 from runs.failures import classify
 from runs.journal import Journal, JournalUnreplayable, read_journal
-from runs.loop import StepEvent, run_agent_loop
+from runs.loop import run_agent_loop
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
 from runs.models import AgentRun
 from runs.providers import ProviderError, build_provider
@@ -218,12 +218,11 @@ def _execute(
 
 
 def _note_resume(execution: LeasedExecution, journal: Journal) -> None:
-    resume = journal.resume_step()
     logger.info("run=%s %s", execution.lease.run_id, journal.describe())
     RESUMES.inc()
     REPLAYED_STEPS.labels(StepKind.LLM).inc(len(journal.turns))
     REPLAYED_STEPS.labels(StepKind.TOOL).inc(journal.tool_results)
-    execution.record_resume(StepEvent(kind=resume["kind"], result=resume["result"]))
+    execution.record_resume(journal.resume_event())
 
 
 def _dead_letter_unreplayable(lease: Lease, error: JournalUnreplayable) -> None:

@@ -57,6 +57,36 @@ def test_metrics_report_runs_steps_and_doubt(settings):
     assert "nrllm_step_record_seconds_bucket" in after
 
 
+@pytest.mark.django_db(transaction=True)
+def test_metrics_count_resumed_attempts_and_the_steps_they_replayed(settings):
+    from runs.runtime import enqueue
+
+    settings.NRLLM_METRICS_TOKEN = "t"
+
+    def scrape():
+        text = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer t").content.decode()
+        lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] != "#")
+        return {name: float(value) for name, value in lines.items()}
+
+    before = scrape()
+    enqueue(
+        scripted(
+            call("search_notes", query="x"),
+            {"error": "server_error", "attempts": 1},
+            answer(),
+            tools=["search_notes"],
+        )
+    )
+    after = scrape()
+
+    def grown(name):
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert grown("nrllm_resumes_total") == 1
+    assert grown('nrllm_replayed_steps_total{kind="llm"}') == 1
+    assert grown('nrllm_replayed_steps_total{kind="tool"}') == 1
+
+
 def test_state_changes_log_json_lines_with_run_lease_and_step_sequence(caplog):
     with caplog.at_level(logging.INFO, logger="runs.transitions"):
         agent_run = run(
