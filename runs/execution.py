@@ -169,10 +169,6 @@ class LeasedExecution:
         """The first step of an interactive run: what it was asked to do."""
         self.after_step(StepEvent(kind=StepKind.REQUEST, arguments=request))
 
-    def record_resume(self, event: StepEvent) -> None:
-        """A resumed attempt's account of what it replayed, before it goes live."""
-        self.after_step(event)
-
     def _record(
         self,
         steps: list[dict],

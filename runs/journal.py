@@ -21,11 +21,12 @@ from django.db.models import F, Q
 from runs.loop import RecordedOutcome, RecordedTurn, StepEvent
 from runs.models import RunStep
 from runs.providers.base import ToolCall, Turn
+from runs.run_request import RunRequest
 from runs.vocabulary import StepKind
 from tools.canonical import token_count
 from tools.contract import idempotency_key_for
 from tools.effects import ToolEffect
-from tools.registry import effect_for
+from tools.registry import effect_for, get_registry
 
 _JOURNAL_KINDS = (StepKind.LLM, StepKind.TOOL)
 _WRITES = (ToolEffect.IDEMPOTENT_WRITE, ToolEffect.NON_IDEMPOTENT_WRITE)
@@ -35,9 +36,8 @@ class JournalUnreplayable(Exception):
     """The journal cannot be replayed without contradicting it; the message
     names the step (or the stored request) and why."""
 
-    def __init__(self, message: str, *, sequence: int | None = None, write: dict | None = None):
+    def __init__(self, message: str, *, write: dict | None = None):
         super().__init__(message)
-        self.sequence = sequence
         #: A write call whose outcome is not recorded, as a fence names one
         #: (effect, tool, arguments, idempotency key): it may have run.
         self.write = write
@@ -147,22 +147,18 @@ def read_journal(
             tokens += _tokens_of(result)
             continue
         if not turns:
-            raise JournalUnreplayable(
-                f"step {sequence}: a tool result before any model turn", sequence=sequence
-            )
+            raise JournalUnreplayable(f"step {sequence}: a tool result before any model turn")
         turn_sequence, turn, outcomes = turns[-1]
         if len(outcomes) >= len(turn.tool_calls):
             raise JournalUnreplayable(
                 f"step {sequence}: more tool results than the {len(turn.tool_calls)} calls "
                 f"the model turn at step {turn_sequence} asked for",
-                sequence=sequence,
             )
         call = turn.tool_calls[len(outcomes)]
         if tool_name != call.name:
             raise JournalUnreplayable(
                 f"step {sequence} records {tool_name!r} where the model turn at step "
                 f"{turn_sequence} asked for {call.name!r}",
-                sequence=sequence,
             )
         if effect:  # the tool was planned: its code ran (or an old attempt replayed it)
             position = f"{len(turns)}.{len(outcomes)}"
@@ -170,7 +166,6 @@ def read_journal(
                 raise JournalUnreplayable(
                     f"step {sequence} records the outcome of another call than the one the "
                     f"model turn at step {turn_sequence} asked for at its place {position}",
-                    sequence=sequence,
                 )
             _check_tool_available(sequence, tool_name, effect, registered, disabled)
             writes += effect in _WRITES
@@ -181,7 +176,6 @@ def read_journal(
         raise JournalUnreplayable(
             f"step {turns[max_iterations][0]}: the journal holds {len(turns)} model turns, "
             f"more than the run's max_iterations of {max_iterations}",
-            sequence=turns[max_iterations][0],
         )
     if turns:
         _check_calls_to_go_live(turns[-1], len(turns), run_key, requested, registered, disabled)
@@ -191,7 +185,6 @@ def read_journal(
                 f"step {sequence} executed the non_idempotent_write {tool_name!r} before the "
                 "journal begins (an attempt that started over, before attempts resumed), and "
                 "the journal does not hold it: resuming could repeat it",
-                sequence=sequence,
             )
     return Journal(
         turns=tuple(
@@ -201,6 +194,18 @@ def read_journal(
         tool_results=tool_results,
         writes=writes,
         tokens=tokens,
+    )
+
+
+def read_journal_of(run_id, request: RunRequest, *, disabled: Collection[str]) -> Journal:
+    """``read_journal`` as a resumed attempt reads it: the tools registered
+    now, the run's request's tools and iteration cap."""
+    return read_journal(
+        run_id,
+        registered=get_registry().names(),
+        disabled=disabled,
+        max_iterations=request.max_iterations,
+        requested=request.tools,
     )
 
 
@@ -219,14 +224,12 @@ def _check_turn_complete(turns: list, sequence: int) -> None:
     if not turn.tool_calls:
         raise JournalUnreplayable(
             f"step {sequence}: a model turn after the final answer at step {turn_sequence}",
-            sequence=sequence,
         )
     if len(outcomes) < len(turn.tool_calls):
         raise JournalUnreplayable(
             f"step {sequence}: the model turn at step {turn_sequence} asked for "
             f"{len(turn.tool_calls)} calls, but the journal records {len(outcomes)} "
             "outcomes before the next turn (a gap)",
-            sequence=sequence,
         )
 
 
@@ -246,12 +249,10 @@ def _recorded_turn(sequence: int, result) -> Turn:
     except (AttributeError, KeyError, TypeError):
         raise JournalUnreplayable(
             f"step {sequence}: the recorded model turn is not in the shape of one",
-            sequence=sequence,
         ) from None
     if not isinstance(content, str) or not all(isinstance(call.name, str) for call in calls):
         raise JournalUnreplayable(
             f"step {sequence}: the recorded model turn is not in the shape of one",
-            sequence=sequence,
         )
     return Turn(content=content, tool_calls=calls)
 
@@ -273,7 +274,6 @@ def _check_tool_available(sequence, tool_name, effect, registered, disabled) -> 
     if why:
         raise JournalUnreplayable(
             f"step {sequence} records the {effect} tool {tool_name!r}, which {why}",
-            sequence=sequence,
         )
 
 
@@ -294,7 +294,6 @@ def _check_calls_to_go_live(last, turn_number, run_key, requested, registered, d
             raise JournalUnreplayable(
                 f"step {turn_sequence}: the model turn asked for the {effect} tool "
                 f"{call.name!r}, whose outcome is not recorded and which {why}",
-                sequence=turn_sequence,
                 write={
                     "effect": effect.value,
                     "tool": call.name,

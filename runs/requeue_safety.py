@@ -14,13 +14,13 @@ The admin and the API both call them and show their reasons.
 
 from dataclasses import dataclass, field
 
-from runs.journal import Journal, JournalUnreplayable, read_journal
+from runs.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.models import AgentRun, WriteReconciliation
-from runs.run_request import InvalidRunRequest, parse_stored_request
+from runs.run_request import InvalidRunRequest, RunRequest, parse_stored_request
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from tools.effects import ToolEffect
 from tools.enabled import disabled_tool_names
-from tools.registry import effect_for, get_registry
+from tools.registry import effect_for
 
 REQUEUEABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 
@@ -49,17 +49,12 @@ class RequeueVerdict:
 def requeue_safety(run: AgentRun) -> RequeueVerdict:
     """May ``run`` be requeued (resumed from its journal), and what will that
     do. The journal is read and checked as the resumed attempt will read it."""
-    refused = _refused_for_status_or_doubt(run)
+    refused, request = _refused_for_status_or_doubt(run)
     if refused is not None:
         return refused
-    request = parse_stored_request(run.request)
     try:
-        journal = read_journal(
-            run.pk,
-            registered=get_registry().names(),
-            disabled=disabled_tool_names() & set(request.tools),
-            max_iterations=request.max_iterations,
-            requested=request.tools,
+        journal = read_journal_of(
+            run.pk, request, disabled=disabled_tool_names() & set(request.tools)
         )
     except JournalUnreplayable as error:
         return RequeueVerdict(
@@ -80,7 +75,7 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
 
 def restart_safety(run: AgentRun) -> RequeueVerdict:
     """May ``run`` be restarted from the beginning, replaying nothing."""
-    refused = _refused_for_status_or_doubt(run)
+    refused, _ = _refused_for_status_or_doubt(run)
     if refused is not None:
         return refused
     executed = (
@@ -112,23 +107,25 @@ def _tools(run: AgentRun) -> list[ToolPreview]:
     return [ToolPreview(name, effect_for(name).value) for name in run.request.get("tools", [])]
 
 
-def _refused_for_status_or_doubt(run: AgentRun) -> RequeueVerdict | None:
+def _refused_for_status_or_doubt(run: AgentRun) -> tuple[RequeueVerdict | None, RunRequest]:
+    """Why the run may be neither requeued nor restarted (or None), and its
+    stored request, parsed (once: a long script costs milliseconds)."""
     if run.status not in REQUEUEABLE:
         return RequeueVerdict(
             False,
             "status",
             f"only failed or cancelled runs can be requeued; this run is {run.status}",
-        )
+        ), None
     try:
-        parse_stored_request(run.request)
+        request = parse_stored_request(run.request)
     except InvalidRunRequest as error:
         return RequeueVerdict(
             False,
             "request_invalid",
             f"the stored request no longer parses ({error}): the run cannot run again",
-        )
+        ), None
     if run.pending_effect != ToolEffect.NON_IDEMPOTENT_WRITE:
-        return None
+        return None, request
     # The run ended (status checked above) with its fence on a
     # non-idempotent write: it may or may not have landed, and its outcome
     # is not in the journal.
@@ -139,15 +136,15 @@ def _refused_for_status_or_doubt(run: AgentRun) -> RequeueVerdict | None:
             False,
             "write_in_doubt",
             f"the non_idempotent_write {tool!r} may have landed; reconcile it first",
-        )
+        ), request
     if reconciliation.outcome == ReconciliationOutcome.APPLIED:
         return RequeueVerdict(
             False,
             "write_applied",
             f"{reconciliation.operator} reconciled the write {tool!r} as applied, and its "
             "outcome is not in the journal: running the run again would repeat it",
-        )
-    return None
+        ), request
+    return None, request
 
 
 def _resume_plan(run: AgentRun, journal: Journal) -> str:

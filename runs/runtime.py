@@ -17,7 +17,7 @@ from runs import dispatch, transitions
 from runs.errors import LeaseLost, RunCancelled
 from runs.execution import LeasedExecution, withdraw_unstarted_fence
 from runs.failures import classify
-from runs.journal import Journal, JournalUnreplayable, read_journal
+from runs.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.loop import run_agent_loop
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
 from runs.models import AgentRun
@@ -144,14 +144,7 @@ def _resumption(lease: Lease, stored: dict, disabled: frozenset[str]) -> tuple[R
         request = parse_stored_request(stored)
     except InvalidRunRequest as error:
         raise JournalUnreplayable(f"the stored request no longer parses: {error}") from None
-    journal = read_journal(
-        lease.run_id,
-        registered=get_registry().names(),
-        disabled=disabled,
-        max_iterations=request.max_iterations,
-        requested=request.tools,
-    )
-    return request, journal
+    return request, read_journal_of(lease.run_id, request, disabled=disabled)
 
 
 def _execute(
@@ -222,7 +215,7 @@ def _note_resume(execution: LeasedExecution, journal: Journal) -> None:
     RESUMES.inc()
     REPLAYED_STEPS.labels(StepKind.LLM).inc(len(journal.turns))
     REPLAYED_STEPS.labels(StepKind.TOOL).inc(journal.tool_results)
-    execution.record_resume(journal.resume_event())
+    execution.after_step(journal.resume_event())
 
 
 def _dead_letter_unreplayable(lease: Lease, error: JournalUnreplayable) -> None:

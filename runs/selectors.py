@@ -15,6 +15,13 @@ from tools.effects import ToolEffect
 # in doubt.
 
 
+#: A tool step whose write tool's code ran (its idempotency key is set).
+EXECUTED_WRITE = Q(
+    kind=StepKind.TOOL,
+    effect__in=[ToolEffect.IDEMPOTENT_WRITE, ToolEffect.NON_IDEMPOTENT_WRITE],
+) & ~Q(idempotency_key="")
+
+
 def writes_in_doubt(queryset):
     """The runs of ``queryset`` with a write in doubt."""
     return queryset.filter(
@@ -46,13 +53,7 @@ def write_audit_runs(limit: int = 200):
     """Runs whose write audit failed, runs dead-lettered ``write_interrupted``,
     runs with a non-idempotent fence standing, and runs that executed a write
     but whose journal could not be replayed, newest first."""
-    executed_a_write = Exists(
-        RunStep.objects.filter(
-            run=OuterRef("pk"),
-            kind=StepKind.TOOL,
-            effect__in=[ToolEffect.IDEMPOTENT_WRITE, ToolEffect.NON_IDEMPOTENT_WRITE],
-        ).exclude(idempotency_key="")
-    )
+    executed_a_write = Exists(RunStep.objects.filter(EXECUTED_WRITE, run=OuterRef("pk")))
     return (
         AgentRun.objects.filter(
             Q(error_type="AuditPersistenceFailed")

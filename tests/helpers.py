@@ -3,6 +3,7 @@
 import contextlib
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,30 @@ def wait_until(predicate, *, timeout=20.0, interval=0.05, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def cancelled_once(run_id, when, *, what="the moment to cancel"):
+    """While the block runs (an attempt, say), an operator cancels ``run_id``
+    from another thread as soon as ``when()`` holds; the thread is joined as
+    the block ends."""
+    from django.db import connection
+
+    from runs import transitions
+
+    def cancel():
+        try:
+            wait_until(when, what=what)
+            transitions.cancel(run_id)
+        finally:
+            connection.close()
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    try:
+        yield
+    finally:
+        canceller.join()
 
 
 def collected(path) -> dict:
@@ -121,6 +146,8 @@ def step_inserts_held(condition: str, *, lock: int = 4242):
         yield waiting, end_the_wait
     finally:
         with connection.cursor() as cursor:
+            # Unlocked first: a step still waiting goes in (the test let it
+            # wait, not end), and the DROP does not wait on it for ever.
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [lock])
             cursor.execute(f"DROP TRIGGER IF EXISTS {function} ON {table}")
             cursor.execute(f"DROP FUNCTION IF EXISTS {function}()")
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [lock])

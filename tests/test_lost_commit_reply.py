@@ -21,7 +21,9 @@ from runs.models import AgentRun, RunStep
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run_queued
 from tests.db_proxy import FaultProxy, Rule, proxied_connection
-from tests.helpers import answer, call, scripted, wait_until
+from tests.drifting_model import openai_request, scripted_request
+from tests.fake_openai import error
+from tests.helpers import answer, call, cancelled_once, scripted, wait_until
 from tests.test_crash_recovery import later
 from tools.models import Note, OutboxNotification
 
@@ -51,20 +53,33 @@ def journal_of(agent_run):
 # --- a record that committed unheard ------------------------------------------
 
 
-def test_a_read_step_whose_commit_reply_was_lost_is_not_written_twice(proxy):
+@pytest.mark.parametrize("model", ["scripted", "drifting"])
+def test_a_read_step_whose_commit_reply_was_lost_is_not_written_twice(proxy, model, request):
     """A read's record commits unheard; the write that follows and its turn
     are recorded; the next model call fails (retryable). The retry resumes
-    and finishes, and the journal holds each step once."""
+    and finishes, and the journal holds each step once — also when the model
+    words the retried turn anew."""
     Note.objects.create(slug="release", body="v2 is ready ZZMARK")
-    agent_run = enqueue(
-        scripted(
-            call("search_notes", query="release"),
-            call("send_notification", recipient="ops", message="v2 shipped"),
-            {"error": "server_error", "attempts": 1},
-            answer("done"),
-            tools=["search_notes", "send_notification"],
-        )
-    )
+    plan = [
+        {"calls": [{"name": "search_notes", "arguments": {"query": "release"}}]},
+        {
+            "calls": [
+                {
+                    "name": "send_notification",
+                    "arguments": {"recipient": "ops", "message": "v2 {take}"},
+                }
+            ]
+        },
+        {"answer": "done"},
+    ]
+    tools = ["search_notes", "send_notification"]
+    if model == "drifting":
+        drifting = request.getfixturevalue("drifting_model")
+        drifting.fail_turn(2, error(500))
+        agent_run = enqueue(openai_request("ship", plan, tools))
+    else:
+        server_error = {"error": "server_error", "attempts": 1}
+        agent_run = enqueue(scripted_request("ship", plan, tools, before={2: server_error}))
     rule = proxy.add(Rule(b"ZZMARK", "drop_reply"))
     run_queued(agent_run.pk)  # attempt 1
     assert rule.fired.is_set(), "the proxy never dropped a reply"
@@ -81,6 +96,8 @@ def test_a_read_step_whose_commit_reply_was_lost_is_not_written_twice(proxy):
     assert agent_run.status == "completed", agent_run.error_message
     assert OutboxNotification.objects.count() == 1
     assert agent_run.steps.filter(tool_name="search_notes").count() == 1
+    if model == "drifting":
+        assert drifting.requests_by_turn == {0: 1, 1: 1, 2: 2}
 
 
 def test_a_read_whose_reply_was_lost_is_never_replayed_as_another_calls_outcome(proxy):
@@ -120,9 +137,6 @@ def test_a_read_whose_reply_was_lost_is_never_replayed_as_another_calls_outcome(
 def test_a_resume_step_whose_commit_reply_was_lost_is_recorded_and_counted_once(
     proxy, drifting_model
 ):
-    from tests.drifting_model import openai_request
-    from tests.fake_openai import error
-
     search = {"name": "search_notes", "arguments": {"query": "v2 (take {take})"}}
     drifting_model.fail_turn(1, error(500))
     agent_run = enqueue(
@@ -314,17 +328,6 @@ def test_a_cancel_after_an_unheard_fence_stamp_leaves_no_write_in_doubt(proxy):
     assert (agent_run.status, agent_run.pending_effect) == ("cancelled", "")
 
 
-def _cancel_when_running(run_id):
-    try:
-        wait_until(
-            lambda: AgentRun.objects.filter(pk=run_id, status="running").exists(),
-            what="running",
-        )
-        transitions.cancel(run_id)
-    finally:
-        connection.close()
-
-
 @pytest.mark.worker
 def test_a_non_idempotent_write_is_never_sent_unfenced_nor_twice_after_a_broken_renewal(
     workers, http_server, operator
@@ -348,10 +351,9 @@ def test_a_non_idempotent_write_is_never_sent_unfenced_nor_twice_after_a_broken_
     )
     # Attempt 1, here: a cancel wins while the model thinks; the turn asking
     # for the write is recorded, no fence stamped. An operator requeues.
-    canceller = threading.Thread(target=_cancel_when_running, args=(agent_run.pk,))
-    canceller.start()
-    run_queued(agent_run.pk)
-    canceller.join()
+    running = AgentRun.objects.filter(pk=agent_run.pk, status="running")
+    with cancelled_once(agent_run.pk, running.exists, what="running"):
+        run_queued(agent_run.pk)
     assert (fresh(agent_run).status, fresh(agent_run).pending_effect) == ("cancelled", "")
     assert operator_actions.requeue(fresh(agent_run), operator, "resume").ok
 

@@ -4,7 +4,6 @@ resume can and cannot do, a write in doubt whose tool is gone, an
 interactive run an operator requeues, and model text in refusals."""
 
 import threading
-import time
 
 import pytest
 from django.db import connection
@@ -15,7 +14,13 @@ from runs.models import AgentRun, RunStep
 from runs.requeue_safety import requeue_safety
 from runs.run_request import parse_run_request
 from runs.runtime import enqueue, run, run_queued
-from tests.helpers import answer, call, scripted
+from tests.helpers import (
+    answer,
+    call,
+    cancelled_once,
+    scripted,
+    wait_until,
+)
 from tools.contract import Tool
 from tools.models import Note, OutboxNotification, ToolSetting
 
@@ -82,6 +87,52 @@ def test_a_request_the_database_could_not_store_is_refused_naming_where(api):
     assert AgentRun.objects.count() == 0
 
 
+def test_a_cancel_during_a_resume_that_replays_the_final_answer_wins(queue, operator):
+    """G9: a cancel wins over a final answer, also a replayed one. A run
+    cancelled as its final answer came in is requeued; a cancel requested
+    while its resumed attempt writes the resume step still wins."""
+    request = parse_run_request(scripted(answer("the answer"))).as_json()
+    agent_run = transitions.create_queued_run(request, "p")
+    lease = transitions.claim(agent_run.pk, "w", 60).lease
+    assert transitions.cancel(agent_run.pk) is transitions.CancelOutcome.REQUESTED
+    final = {"kind": "llm", "result": {"content": "the answer", "tool_calls": []}}
+    assert transitions.finish(lease, [final], output="the answer") is (
+        transitions.FinishOutcome.CANCELLED
+    )
+    verdict = requeue_safety(fresh(agent_run))
+    assert "the recorded final answer completes the run, no model call" in verdict.reason
+    assert operator_actions.requeue(fresh(agent_run), operator, "again").ok
+
+    outcome = {}
+
+    def cancel_while_the_resume_step_is_written():
+        # The cancel waits on the run row the resume step's statement holds,
+        # and commits right after it: the attempt learns of it only at the
+        # settle of its replayed final answer.
+        try:
+            wait_until(_a_resume_step_sleeping, what="the resume step being written")
+            outcome["cancel"] = transitions.cancel(agent_run.pk)
+        finally:
+            connection.close()
+
+    with _slow_resume_step(seconds=3):
+        canceller = threading.Thread(target=cancel_while_the_resume_step_is_written)
+        canceller.start()
+        run_queued(agent_run.pk)
+        canceller.join()
+    assert outcome["cancel"] is transitions.CancelOutcome.REQUESTED
+    assert fresh(agent_run).status == "cancelled"
+
+
+def _a_resume_step_sleeping() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event = 'PgSleep'"
+        )
+        return cursor.fetchone()[0] > 0
+
+
 class _slow_resume_step:
     """A resume step's INSERT takes ``seconds`` (a slow disk, a lock wait)."""
 
@@ -103,40 +154,6 @@ class _slow_resume_step:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP TRIGGER IF EXISTS nrllm_slow_resume ON {RunStep._meta.db_table}")
             cursor.execute("DROP FUNCTION IF EXISTS nrllm_slow_resume()")
-
-
-def test_a_cancel_during_a_resume_that_replays_the_final_answer_wins(queue, operator):
-    """G9: a cancel wins over a final answer, also a replayed one. A run
-    cancelled as its final answer came in is requeued; a cancel requested
-    while its resumed attempt writes the resume step still wins."""
-    request = parse_run_request(scripted(answer("the answer"))).as_json()
-    agent_run = transitions.create_queued_run(request, "p")
-    lease = transitions.claim(agent_run.pk, "w", 60).lease
-    assert transitions.cancel(agent_run.pk) is transitions.CancelOutcome.REQUESTED
-    final = {"kind": "llm", "result": {"content": "the answer", "tool_calls": []}}
-    assert transitions.finish(lease, [final], output="the answer") is (
-        transitions.FinishOutcome.CANCELLED
-    )
-    verdict = requeue_safety(fresh(agent_run))
-    assert "the recorded final answer completes the run, no model call" in verdict.reason
-    assert operator_actions.requeue(fresh(agent_run), operator, "again").ok
-
-    outcome = {}
-
-    def cancel_while_the_resume_step_is_written():
-        time.sleep(0.5)
-        try:
-            outcome["cancel"] = transitions.cancel(agent_run.pk)
-        finally:
-            connection.close()
-
-    with _slow_resume_step(seconds=1.5):
-        canceller = threading.Thread(target=cancel_while_the_resume_step_is_written)
-        canceller.start()
-        run_queued(agent_run.pk)
-        canceller.join()
-    assert outcome["cancel"] is transitions.CancelOutcome.REQUESTED
-    assert fresh(agent_run).status == "cancelled"
 
 
 def test_a_replayed_final_answer_completes_the_run_without_a_model_call(queue, operator):
@@ -354,19 +371,6 @@ def test_odd_token_counts_from_a_provider_never_fail_a_record(fake_openai):
     assert (agent_run.prompt_tokens, agent_run.completion_tokens) == (0, 10**8)
 
 
-def _cancel_after_the_first_tool_step(run_id):
-    try:
-        from tests.helpers import wait_until
-
-        wait_until(
-            lambda: RunStep.objects.filter(run_id=run_id, kind="tool").exists(),
-            what="the tool step",
-        )
-        transitions.cancel(run_id)
-    finally:
-        connection.close()
-
-
 @pytest.mark.parametrize("max_iterations", [2, 3])
 def test_a_recorded_final_answer_at_the_cap_is_what_a_resume_completes_with(max_iterations, queue):
     Note.objects.create(slug="plan", body="ship v2")
@@ -378,10 +382,9 @@ def test_a_recorded_final_answer_at_the_cap_is_what_a_resume_completes_with(max_
             max_iterations=max_iterations,
         )
     )
-    canceller = threading.Thread(target=_cancel_after_the_first_tool_step, args=(agent_run.pk,))
-    canceller.start()
-    run_queued(agent_run.pk)
-    canceller.join()
+    tool_step = RunStep.objects.filter(run_id=agent_run.pk, kind="tool")
+    with cancelled_once(agent_run.pk, tool_step.exists, what="the tool step"):
+        run_queued(agent_run.pk)
     agent_run = fresh(agent_run)
     assert agent_run.status == "cancelled"
     verdict = requeue_safety(agent_run)

@@ -8,9 +8,8 @@ from django.utils import timezone
 from runs.admin.display import shortened
 from runs.models import AgentRun, DeadLetter, ProviderCircuit
 from runs.operator_actions import write_in_question
-from runs.selectors import write_audit_runs, writes_in_doubt
+from runs.selectors import EXECUTED_WRITE, write_audit_runs, writes_in_doubt
 from runs.vocabulary import StepKind
-from tools.effects import ToolEffect
 
 
 def overview() -> dict:
@@ -57,10 +56,6 @@ def attempts(run: AgentRun) -> list[dict]:
     """Per attempt (lease token), oldest first: when it started, what it
     replayed from the journal (its resume step) and what it did live. Two
     queries, however many steps the run has."""
-    executed_write = Q(
-        kind=StepKind.TOOL,
-        effect__in=[ToolEffect.IDEMPOTENT_WRITE, ToolEffect.NON_IDEMPOTENT_WRITE],
-    ) & ~Q(idempotency_key="")
     rows = (
         run.steps.filter(kind__in=[StepKind.REQUEST, StepKind.RESUME, StepKind.LLM, StepKind.TOOL])
         .values("lease_token")
@@ -70,7 +65,7 @@ def attempts(run: AgentRun) -> list[dict]:
             started=Min("created_at"),
             model_turns=Count("pk", filter=Q(kind=StepKind.LLM)),
             tool_calls=Count("pk", filter=Q(kind=StepKind.TOOL)),
-            writes=Count("pk", filter=executed_write),
+            writes=Count("pk", filter=EXECUTED_WRITE),
         )
         .order_by("lease_token")
     )
