@@ -2,8 +2,10 @@
 
 A tool is a class with ``name``, ``description``, a JSON-Schema
 ``parameters``, a class attribute ``effect`` (default ``READ_ONLY``) and
-``run(arguments, context)``. It returns a JSON-serialisable result or raises
-``ToolError`` with a message the model may read.
+``run(arguments, context)``. It returns a JSON-serialisable result, raises
+``ToolError`` with a message the model may read, or, for a write that may
+have taken effect without the tool being able to tell, raises
+``ToolOutcomeUnknown``.
 """
 
 import hashlib
@@ -16,6 +18,21 @@ from tools.effects import ToolEffect
 
 class ToolError(Exception):
     """A failure the tool reports to the model; the run goes on."""
+
+
+class ToolOutcomeUnknown(Exception):
+    """The tool cannot tell whether its write took effect: the request may
+    have reached the world (a timeout or a broken connection after it was
+    sent). Raise it only then; a failure known to have changed nothing is a
+    ``ToolError``.
+
+    The runtime takes the write to be in doubt. A ``non_idempotent_write``
+    stops its run, which is dead-lettered ``write_interrupted`` with the call
+    standing for an operator to reconcile, and is never retried
+    automatically. An ``idempotent_write`` is retried like a lost connection
+    (class ``connection``), with the same idempotency key. A ``read_only``
+    tool that raises it reports an ordinary tool error.
+    """
 
 
 @dataclass(frozen=True)
