@@ -12,7 +12,7 @@ GENERATE_RUNS = """
 INSERT INTO runs_agentrun (id, request, prompt, status, termination_reason, failure_class,
   error_type, error_message, output, mode, lease_owner, lease_token, pending_effect,
   requeue_count, step_count, prompt_tokens, completion_tokens, llm_latency_ms,
-  journal_begins_after, tokens_saved_by_replay, created_at)
+  journal_begins_after, tokens_saved_by_replay, dispatch_count, created_at)
 SELECT md5('run' || i)::uuid,
   jsonb_build_object('prompt', 'p' || i, 'tools',
     CASE WHEN i %% 3 = 0 THEN '["send_notification"]'::jsonb ELSE '["read_note"]'::jsonb END,
@@ -24,7 +24,7 @@ SELECT md5('run' || i)::uuid,
   CASE WHEN i %% 5 = 3 THEN 'auth' ELSE '' END, '', '', '',
   CASE WHEN i %% 2 = 0 THEN 'queued' ELSE 'interactive' END, '', 1,
   CASE WHEN i %% 1000 = 0 THEN 'non_idempotent_write' ELSE '' END, i %% 4, %(steps)s, 0, 0, 0,
-  0, 0, now() - (i || ' seconds')::interval
+  0, 0, i %% 4, now() - (i || ' seconds')::interval
 FROM generate_series(1, %(runs)s) AS i
 """
 GENERATE_STEPS = """

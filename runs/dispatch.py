@@ -32,13 +32,15 @@ def run_queue() -> Queue:
     return Queue(settings.NRLLM_QUEUE_NAME, connection=_redis(settings.REDIS_URL))
 
 
-def job_id_for(run_id, requeue_count: int) -> str:
-    """One job id per run and attempt, so the reaper can ask Redis whether the
-    job that should wake a queued run still exists."""
-    return f"run-{run_id}-{requeue_count}"
+def job_id_for(run_id, dispatch_count: int) -> str:
+    """The id of the job that wakes a run queued for the ``dispatch_count``-th
+    time, so the reaper can ask Redis whether it still exists. Never the
+    same twice for a run: RQ keeps an old job key's expiry, and a job saved
+    under a finished job's id could vanish with it."""
+    return f"run-{run_id}-{dispatch_count}"
 
 
-def dispatch(run_id, *, requeue_count: int = 0, delay_seconds: float = 0) -> None:
+def dispatch(run_id, *, dispatch_count: int = 0, delay_seconds: float = 0) -> None:
     """Wake a worker for ``run_id``; raises if the job cannot be enqueued."""
     if not settings.REDIS_URL:
         from runs.runtime import run_queued
@@ -46,7 +48,7 @@ def dispatch(run_id, *, requeue_count: int = 0, delay_seconds: float = 0) -> Non
         run_queued(run_id)
         return
     queue = run_queue()
-    options = {**JOB_OPTIONS, "job_id": job_id_for(run_id, requeue_count)}
+    options = {**JOB_OPTIONS, "job_id": job_id_for(run_id, dispatch_count)}
     if delay_seconds > 0:
         queue.enqueue_in(timedelta(seconds=delay_seconds), JOB_FUNCTION, str(run_id), **options)
     else:
@@ -54,13 +56,13 @@ def dispatch(run_id, *, requeue_count: int = 0, delay_seconds: float = 0) -> Non
 
 
 def dispatch_many(runs: list[tuple[str, int]]) -> None:
-    """Wake a worker for each ``(run_id, requeue_count)`` now, in one Redis
+    """Wake a worker for each ``(run_id, dispatch_count)`` now, in one Redis
     pipeline (the reaper's requeues); raises if the pipeline fails."""
     if not runs:
         return
     if not settings.REDIS_URL:
-        for run_id, requeue_count in runs:
-            dispatch(run_id, requeue_count=requeue_count)
+        for run_id, dispatch_count in runs:
+            dispatch(run_id, dispatch_count=dispatch_count)
         return
     queue = run_queue()
     queue.enqueue_many(
@@ -71,9 +73,9 @@ def dispatch_many(runs: list[tuple[str, int]]) -> None:
                 timeout=JOB_OPTIONS["job_timeout"],
                 result_ttl=JOB_OPTIONS["result_ttl"],
                 failure_ttl=JOB_OPTIONS["failure_ttl"],
-                job_id=job_id_for(run_id, requeue_count),
+                job_id=job_id_for(run_id, dispatch_count),
             )
-            for run_id, requeue_count in runs
+            for run_id, dispatch_count in runs
         ]
     )
 

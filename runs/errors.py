@@ -6,8 +6,33 @@ class AuditPersistenceFailed(Exception):
 
     Deliberately carries no ``failure_class``: the classifier maps it to
     ``unknown``, which is not retryable, so the write is never re-executed by
-    an automatic retry (G3).
+    an automatic retry (G3). ``call`` is the fenced call (tool, arguments,
+    idempotency key), for the fence to say that its audit failed.
     """
+
+    def __init__(self, message: str, *, call: dict | None = None):
+        super().__init__(message)
+        self.call = call
+
+
+class WriteOutcomeUnknown(Exception):
+    """A write tool ran and nobody can tell whether its write took effect
+    (G13): it raised ``ToolOutcomeUnknown``, was stopped at its time limit,
+    or failed in a way it did not report as a ``ToolError``.
+
+    The attempt stops with the write's fence standing, and its outcome is
+    not recorded: the model is told nothing. Class ``connection``, so an
+    ``idempotent_write`` is retried (the resumed attempt runs the call again
+    with the same idempotency key) while a ``non_idempotent_write`` — whose
+    fence forbids any retry (G8) — is dead-lettered ``write_interrupted``
+    for an operator to reconcile.
+    """
+
+    failure_class = "connection"
+
+    def __init__(self, message: str, *, effect: str):
+        super().__init__(message)
+        self.effect = effect
 
 
 class LeaseLost(Exception):

@@ -136,7 +136,12 @@ class LeasedExecution:
             metrics.AUDIT_FAILURES.labels(event.effect).inc()
             raise AuditPersistenceFailed(
                 f"the {event.effect} tool {event.tool_name!r} executed but its step "
-                f"could not be persisted (idempotency key {event.idempotency_key})"
+                f"could not be persisted (idempotency key {event.idempotency_key})",
+                call={
+                    "tool": event.tool_name,
+                    "arguments": event.arguments,
+                    "idempotency_key": event.idempotency_key,
+                },
             )
         self._heartbeat_after_unrecorded_step()
 

@@ -20,12 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from runs.errors import WriteOutcomeUnknown
 from runs.providers import Provider
 from runs.providers.base import ToolCall, Turn
 from runs.vocabulary import StepKind, TerminationReason
 from tools.canonical import NAME_LIMIT, as_journaled, storable_text
-from tools.contract import Tool, ToolContext, ToolError
-from tools.deadline import time_limit
+from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
+from tools.deadline import ToolTimeout, time_limit
 from tools.effects import ToolEffect
 from tools.validation import argument_errors
 
@@ -241,6 +242,14 @@ def _runnable(planned: list, index: int) -> PlannedCall | None:
     return None
 
 
+def _outcome_unknown(tool: Tool, context: ToolContext, error: Exception) -> WriteOutcomeUnknown:
+    return WriteOutcomeUnknown(
+        f"the {tool.effect} tool {tool.name!r} cannot tell whether its write took effect "
+        f"(idempotency key {context.idempotency_key}): {type(error).__name__}: {error}",
+        effect=tool.effect.value,
+    )
+
+
 def _execute_call(call: PlannedCall, observer: LoopObserver) -> StepEvent:
     tool, name, arguments = call.tool, call.tool.name, call.arguments
     context = observer.before_tool(call)
@@ -255,11 +264,25 @@ def _execute_call(call: PlannedCall, observer: LoopObserver) -> StepEvent:
     try:
         with time_limit(context.timeout_seconds, name):
             result = tool.run(arguments, context)
+    except ToolTimeout as error:
+        if tool.effect.is_write:
+            # Stopped mid-call: the write may have gone out.
+            raise _outcome_unknown(tool, context, error) from error
+        event.error = storable_text(str(error))
+        return event
     except ToolError as error:
         event.error = storable_text(str(error) or type(error).__name__)
         return event
+    except ToolOutcomeUnknown as error:
+        if tool.effect.is_write:
+            raise _outcome_unknown(tool, context, error) from error
+        event.error = storable_text(f"tool {name!r}: outcome unknown: {error}")
+        return event
     except Exception as error:
         logger.exception("tool %s raised", name)
+        if tool.effect.is_write:
+            # Not reported as a ToolError: nothing says the write did not land.
+            raise _outcome_unknown(tool, context, error) from error
         event.error = storable_text(f"tool {name!r} failed: {type(error).__name__}: {error}")
         return event
     # What the model is told and what the journal records, alike.

@@ -50,6 +50,11 @@ class AgentRun(models.Model):
     pending_call = models.JSONField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     requeue_count = models.PositiveIntegerField(default=0)
+    #: Grows every time the run is put in the queue (created, retried,
+    #: reaped, redispatched, requeued by an operator): its wake-up job is
+    #: ``run-<id>-<dispatch_count>``, so no job id is ever used twice for a
+    #: run, whatever resets the retry budget.
+    dispatch_count = models.PositiveIntegerField(default=0)
     #: When a ``queued`` run is due (later than now while a retry backs off);
     #: the reaper re-dispatches a run long past due whose job Redis lost.
     available_at = models.DateTimeField(null=True, blank=True)
@@ -104,6 +109,23 @@ class AgentRun(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.id} ({self.status})"
+
+    @property
+    def reconciliation(self) -> "WriteReconciliation | None":
+        """The reconciliation of the write in question as the run stands now
+        (its fence: this attempt's lease token and the call's idempotency
+        key), or None. One made for an earlier write does not count. Lists
+        prefetch ``reconciliations``; otherwise this is one query."""
+        if not self.pending_effect:
+            return None
+        key = (self.pending_call or {}).get("idempotency_key", "")
+        for reconciliation in self.reconciliations.all():
+            if (reconciliation.lease_token, reconciliation.idempotency_key) == (
+                self.lease_token,
+                key,
+            ):
+                return reconciliation
+        return None
 
     @property
     def is_terminal(self) -> bool:
@@ -181,9 +203,17 @@ class DeadLetter(models.Model):
 
 
 class WriteReconciliation(models.Model):
-    """An operator's finding on a write left in doubt: did it land or not."""
+    """An operator's finding on one write left in doubt: did it land or not.
 
-    run = models.OneToOneField(AgentRun, on_delete=models.CASCADE, related_name="reconciliation")
+    It is bound to that write — the attempt that left it in doubt (its lease
+    token) and the call's idempotency key — and settles only that one: a
+    later write left in doubt, or the same call left in doubt again by a
+    later attempt, is in doubt again.
+    """
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="reconciliations")
+    #: The attempt whose fence stood on the write (the run's lease token then).
+    lease_token = models.PositiveIntegerField()
     outcome = models.CharField(max_length=16, choices=ReconciliationOutcome.choices)
     note = models.TextField()
     #: The write in question, as the fence (or the step) showed it then.
@@ -194,6 +224,15 @@ class WriteReconciliation(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # Two operators reconciling one write at once: one of them wins.
+            models.UniqueConstraint(
+                fields=["run", "lease_token", "idempotency_key"],
+                name="reconciliation_one_per_write",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.outcome} for run {self.run_id}"

@@ -79,28 +79,39 @@ def _back_in_queue(run: AgentRun, operator, note: str, how: _BackInQueue, verdic
         return ActionResult(False, verdict.code, verdict.reason)
     with transaction.atomic():
         step = _step(operator, how.action, note, verdict=verdict.reason, previous=run.status)
-        if not how.transition(
+        dispatch_count = how.transition(
             run.pk, seen_status=run.status, seen_step_count=run.step_count, step=step
-        ):
+        )
+        if dispatch_count is None:
             return ActionResult(
                 False, "changed", f"the run changed since it was checked ({how.done} already?)"
             )
         _resolve_dead_letters(run.pk, operator, Resolution.REQUEUED, note)
         _log(operator, AgentRun.objects.filter(pk=run.pk), f"{how.done.title()}. {note}".strip())
-        transaction.on_commit(lambda: dispatch_or_fail(run.pk, requeue_count=0))
+        transaction.on_commit(lambda: dispatch_or_fail(run.pk, dispatch_count=dispatch_count))
     return ActionResult(True, how.done, f"{how.done}: {verdict.reason}")
 
 
 def cancel(run: AgentRun, operator, note: str = "") -> ActionResult:
     """Cancel through the runtime's cancel: at once if queued, at the next step
-    boundary if running."""
-    outcome = transitions.cancel(run.pk)
-    if outcome in (CancelOutcome.TERMINAL, CancelOutcome.NOT_FOUND):
-        return ActionResult(False, "not_cancellable", f"the run has already ended ({run.status})")
-    if outcome is CancelOutcome.ALREADY_REQUESTED:
-        return ActionResult(False, "already_requested", "a cancel is already pending")
-    transitions.append_operator_step(run.pk, _step(operator, "cancel", note, outcome=outcome.value))
-    _log(operator, AgentRun.objects.filter(pk=run.pk), f"Cancel ({outcome.value}). {note}".strip())
+    boundary if running. The cancel, its operator step and its log entry
+    commit together or not at all (G11)."""
+    with transaction.atomic():
+        outcome = transitions.cancel(run.pk)
+        if outcome in (CancelOutcome.TERMINAL, CancelOutcome.NOT_FOUND):
+            return ActionResult(
+                False, "not_cancellable", f"the run has already ended ({run.status})"
+            )
+        if outcome is CancelOutcome.ALREADY_REQUESTED:
+            return ActionResult(False, "already_requested", "a cancel is already pending")
+        transitions.append_operator_step(
+            run.pk, _step(operator, "cancel", note, outcome=outcome.value)
+        )
+        _log(
+            operator,
+            AgentRun.objects.filter(pk=run.pk),
+            f"Cancel ({outcome.value}). {note}".strip(),
+        )
     detail = (
         "cancelled"
         if outcome is CancelOutcome.CANCELLED
@@ -131,14 +142,33 @@ def reconcile(run: AgentRun, operator, outcome: str, note: str) -> ActionResult:
         )
     call = write_in_question(run)
     with transaction.atomic():
+        # Bound to the write the operator was shown: the run's fence as it
+        # stood then, still standing (locked until commit, so it cannot be
+        # requeued or stamped anew in between).
+        still_in_question = (
+            AgentRun.objects.select_for_update()
+            .filter(
+                pk=run.pk,
+                status__in=RunStatus.terminal(),
+                lease_token=run.lease_token,
+                pending_effect=run.pending_effect,
+                pending_call__idempotency_key=call.get("idempotency_key", ""),
+            )
+            .exists()
+        )
+        if not still_in_question:
+            return ActionResult(
+                False, "changed", "the run changed since it was shown: look at its write again"
+            )
         _, created = WriteReconciliation.objects.get_or_create(
             run=run,
+            lease_token=run.lease_token,
+            idempotency_key=call.get("idempotency_key", ""),
             defaults={
                 "outcome": outcome,
                 "note": note,
                 "tool_name": call.get("tool", ""),
                 "arguments": call.get("arguments"),
-                "idempotency_key": call.get("idempotency_key", ""),
                 "operator": operator,
             },
         )

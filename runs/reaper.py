@@ -20,7 +20,7 @@ from runs.dispatch import job_id_for, live_job_ids
 from runs.metrics import REAPER_DECISIONS
 from runs.models import AgentRun
 from runs.transitions import Reaping, StaleLease, db_time
-from runs.vocabulary import DeadLetterReason, RunStatus, StepKind
+from runs.vocabulary import DeadLetterReason, RunMode, RunStatus, StepKind, TerminationReason
 from tools.effects import ToolEffect
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 REQUEUE = "requeued"
 DEAD_LETTER = "dead_lettered"
 CANCEL = "cancelled"
+ABANDON = "abandoned"
 REDISPATCH = "redispatched"
 
 
@@ -38,7 +39,13 @@ class ReapDecision:
 
 
 def decide_reap(
-    *, pending_effect: str, requeue_count: int, max_requeues: int, cancel_requested: bool
+    *,
+    pending_effect: str,
+    audit_failed: bool = False,
+    interactive: bool = False,
+    requeue_count: int,
+    max_requeues: int,
+    cancel_requested: bool,
 ) -> ReapDecision:
     """What to do with a run whose lease expired, and why."""
     if pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
@@ -46,6 +53,14 @@ def decide_reap(
         return ReapDecision(DEAD_LETTER, DeadLetterReason.WRITE_INTERRUPTED)
     if cancel_requested:
         return ReapDecision(CANCEL, "cancel requested")
+    if interactive:
+        # Its caller is gone (killed, interrupted): no worker may finish
+        # what the caller started, and perhaps stopped on purpose.
+        return ReapDecision(ABANDON, TerminationReason.ABANDONED)
+    if audit_failed:
+        # A write executed and its step could not be recorded (G3): its
+        # settle failed too, and a retry would run it again.
+        return ReapDecision(DEAD_LETTER, DeadLetterReason.NOT_RETRYABLE)
     if requeue_count >= max_requeues:
         return ReapDecision(DEAD_LETTER, DeadLetterReason.RETRIES_EXHAUSTED)
     return ReapDecision(REQUEUE, "lease expired; safe to run again")
@@ -61,7 +76,7 @@ class ReapReport:
         return sum(1 for outcome in self.decisions.values() if outcome.startswith(action))
 
     def summary(self) -> str:
-        actions = (REQUEUE, DEAD_LETTER, CANCEL, REDISPATCH)
+        actions = (REQUEUE, DEAD_LETTER, CANCEL, ABANDON, REDISPATCH)
         counts = ", ".join(f"{action} {self.count(action)}" for action in actions)
         return f"{counts}, left to a live worker {self.lost_races}"
 
@@ -71,54 +86,67 @@ class ReapReport:
 CHUNK_SIZE = 100
 
 
+_STALE_FIELDS = (
+    "id",
+    "mode",
+    "lease_token",
+    "lease_owner",
+    "lease_expires_at",
+    "pending_effect",
+    "pending_call",
+    "requeue_count",
+    "cancel_requested_at",
+)
+
+
 def reap_stale_runs(*, as_of: datetime | None = None, batch_size: int = 1000) -> ReapReport:
     """One reaper pass. ``as_of`` replaces the database's "now" (for tests)."""
     report = ReapReport()
     now = as_of if as_of is not None else db_time()
-    stale_runs = (
-        AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
-        .order_by("lease_expires_at")
-        .values(
-            "id",
-            "lease_token",
-            "lease_owner",
-            "lease_expires_at",
-            "pending_effect",
-            "requeue_count",
-            "cancel_requested_at",
-        )[:batch_size]
-    )
-    stale_runs = list(stale_runs)
+    stale = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+    stale_runs = list(stale.order_by("lease_expires_at").values(*_STALE_FIELDS)[:batch_size])
+    lost = []
     for start in range(0, len(stale_runs), CHUNK_SIZE):
-        _reap_chunk(stale_runs[start : start + CHUNK_SIZE], as_of, report)
+        lost += _reap_chunk(stale_runs[start : start + CHUNK_SIZE], as_of, report)
+    if lost:
+        # A run that changed between the look and the UPDATE (a fence, a
+        # cancel) is decided again on what it is now, once in this pass.
+        again = list(stale.filter(pk__in=lost).values(*_STALE_FIELDS))
+        report.lost_races -= len(again)
+        _reap_chunk(again, as_of, report)
     _redispatch_lost_jobs(as_of, batch_size, report)
     return report
 
 
-def _reap_chunk(runs: list[dict], as_of, report: ReapReport) -> None:
+def _reap_chunk(runs: list[dict], as_of, report: ReapReport) -> list[str]:
     """Decide each run, then carry out each decision for its whole group in
-    one transition; requeued runs are dispatched in one pipeline after commit."""
+    one transition; requeued runs are dispatched in one pipeline after
+    commit. Returns the runs that changed before the reaper's UPDATE."""
     groups: dict[ReapDecision, list[Reaping]] = {}
     for run in runs:
         decision = decide_reap(
             pending_effect=run["pending_effect"],
+            audit_failed=bool((run["pending_call"] or {}).get(transitions.AUDIT_FAILED)),
+            interactive=run["mode"] == RunMode.INTERACTIVE,
             requeue_count=run["requeue_count"],
             max_requeues=settings.NRLLM_MAX_REQUEUES,
             cancel_requested=run["cancel_requested_at"] is not None,
         )
         groups.setdefault(decision, []).append(_reaping(run, decision))
-    requeue_counts = {str(run["id"]): run["requeue_count"] for run in runs}
+    lost = []
     with transaction.atomic():
         for decision, reapings in groups.items():
             if decision.action == REQUEUE:
                 reaped = transitions.reap_requeue(reapings, as_of)
-                requeued = [(run_id, requeue_counts[run_id] + 1) for run_id in reaped]
-                transaction.on_commit(functools.partial(_dispatch_many, requeued))
+                transaction.on_commit(functools.partial(_dispatch_many, reaped))
             elif decision.action == CANCEL:
                 reaped = transitions.reap_cancelled(reapings, as_of)
+            elif decision.action == ABANDON:
+                reaped = transitions.reap_abandoned(reapings, as_of)
             else:
                 reaped = transitions.reap_dead_letter(reapings, as_of, reason=decision.reason)
-            _report(decision, reapings, reaped, report)
+            lost += _report(decision, reapings, [run_id for run_id, _ in reaped], report)
+    return lost
 
 
 def _reaping(run: dict, decision: ReapDecision) -> Reaping:
@@ -140,16 +168,28 @@ def _reaping(run: dict, decision: ReapDecision) -> Reaping:
             f"lease of {run['lease_owner']} (token {run['lease_token']}) expired at "
             f"{run['lease_expires_at'].isoformat()} with fence {run['pending_effect']!r}"
         )
-    return Reaping(StaleLease(str(run["id"]), run["lease_token"]), step, error)
+    seen = StaleLease(
+        str(run["id"]),
+        run["lease_token"],
+        pending_effect=run["pending_effect"],
+        pending_call=run["pending_call"],
+        cancel_requested=run["cancel_requested_at"] is not None,
+        requeue_count=run["requeue_count"],
+    )
+    return Reaping(seen, step, error)
 
 
-def _report(decision: ReapDecision, reapings: list[Reaping], reaped: list[str], report) -> None:
-    done = set(reaped)
+def _report(
+    decision: ReapDecision, reapings: list[Reaping], reaped: list[str], report
+) -> list[str]:
+    """Count and log what was done; returns the runs that were not reaped."""
+    done, lost = set(reaped), []
     for reaping in reapings:
         run_id = reaping.stale.run_id
         if run_id not in done:
             report.lost_races += 1
-            logger.info("reaper: run=%s renewed or taken before the reaper acted", run_id)
+            lost.append(run_id)
+            logger.info("reaper: run=%s renewed or changed before the reaper acted", run_id)
             continue
         report.decisions[run_id] = f"{decision.action}: {decision.reason}"
         REAPER_DECISIONS.labels(decision.action).inc()
@@ -160,6 +200,7 @@ def _report(decision: ReapDecision, reapings: list[Reaping], reaped: list[str], 
             decision.action,
             decision.reason,
         )
+    return lost
 
 
 def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
@@ -168,24 +209,29 @@ def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
     waiting = list(
         AgentRun.objects.filter(status=RunStatus.QUEUED, available_at__lt=cutoff)
         .order_by("available_at")
-        .values_list("id", "requeue_count")[:batch_size]
+        .values_list("id", "dispatch_count")[:batch_size]
     )
     live = live_job_ids(
         [job_id_for(run_id, count) for run_id, count in waiting],
         grace_seconds=threshold,
     )
-    for run_id, requeue_count in waiting:
-        if job_id_for(run_id, requeue_count) in live:
+    for run_id, dispatch_count in waiting:
+        if job_id_for(run_id, dispatch_count) in live:
             continue
         step = {
             "kind": StepKind.REAPER,
             "result": {"decision": REDISPATCH, "reason": "queued run had no job in Redis"},
         }
-        if transitions.note_redispatch(run_id, step):
+        # Re-checked in its UPDATE: still queued, for the same job, still
+        # long past due, no cancel (G7).
+        dispatched = transitions.note_redispatch(
+            run_id, seen_dispatch=dispatch_count, due_before=cutoff, step=step
+        )
+        if dispatched is not None:
             report.decisions[str(run_id)] = f"{REDISPATCH}: no job in Redis"
             REAPER_DECISIONS.labels(REDISPATCH).inc()
             logger.warning("reaper: run=%s redispatched (its job was lost)", run_id)
-            _dispatch_after_commit(run_id, requeue_count)
+            _dispatch_after_commit(run_id, dispatched)
 
 
 def _dispatch_many(runs: list[tuple[str, int]]) -> None:
@@ -194,7 +240,9 @@ def _dispatch_many(runs: list[tuple[str, int]]) -> None:
     dispatch_many_or_fail(runs)
 
 
-def _dispatch_after_commit(run_id, requeue_count: int) -> None:
+def _dispatch_after_commit(run_id, dispatch_count: int) -> None:
     from runs.runtime import dispatch_or_fail
 
-    transaction.on_commit(functools.partial(dispatch_or_fail, run_id, requeue_count=requeue_count))
+    transaction.on_commit(
+        functools.partial(dispatch_or_fail, run_id, dispatch_count=dispatch_count)
+    )

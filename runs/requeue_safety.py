@@ -15,7 +15,7 @@ The admin and the API both call them and show their reasons.
 from dataclasses import dataclass, field
 
 from runs.journal import Journal, JournalUnreplayable, read_journal_of
-from runs.models import AgentRun, WriteReconciliation
+from runs.models import AgentRun
 from runs.run_request import InvalidRunRequest, RunRequest, parse_stored_request
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from tools.effects import ToolEffect
@@ -130,7 +130,9 @@ def _refused_for_status_or_doubt(run: AgentRun) -> tuple[RequeueVerdict | None, 
     # non-idempotent write: it may or may not have landed, and its outcome
     # is not in the journal.
     tool = (run.pending_call or {}).get("tool", "a non-idempotent write")
-    reconciliation = WriteReconciliation.objects.filter(run=run).first()
+    # Only a reconciliation of this very write counts: one made for an
+    # earlier write in doubt settles that write, not this one.
+    reconciliation = run.reconciliation
     if reconciliation is None:
         return RequeueVerdict(
             False,

@@ -9,14 +9,15 @@ import logging
 import os
 import secrets
 import socket
+import time
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from runs import dispatch, transitions
-from runs.errors import LeaseLost, RunCancelled
+from runs.errors import AuditPersistenceFailed, LeaseLost, RunCancelled, WriteOutcomeUnknown
 from runs.execution import LeasedExecution, withdraw_unstarted_fence
-from runs.failures import classify
+from runs.failures import classify, is_retryable
 from runs.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.loop import run_agent_loop
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
@@ -31,6 +32,7 @@ from runs.run_request import (
 )
 from runs.transitions import Lease
 from runs.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
+from tools.effects import ToolEffect
 from tools.registry import get_registry
 
 logger = logging.getLogger(__name__)
@@ -51,31 +53,46 @@ def enqueue(request_data) -> AgentRun:
     # One INSERT, atomic on its own. Inside a caller's transaction the job
     # waits for the caller's commit; outside one, Django runs it at once.
     run = transitions.create_queued_run(run_request.as_json(), run_request.prompt)
-    transaction.on_commit(lambda: dispatch_or_fail(run.pk, requeue_count=0))
+    transaction.on_commit(lambda: dispatch_or_fail(run.pk, dispatch_count=run.dispatch_count))
     return run
 
 
-def dispatch_or_fail(run_id, *, requeue_count: int, delay_seconds: float = 0) -> None:
-    """Dispatch the job; if that fails, fail the run rather than strand it."""
+def dispatch_or_fail(run_id, *, dispatch_count: int, delay_seconds: float = 0) -> None:
+    """Dispatch the job of the run's ``dispatch_count``-th time in the queue.
+
+    The run row is the state (G4): if Redis cannot be reached, the run stays
+    ``queued``, due as it is, and the reaper dispatches it again once its job
+    is missing (G7). Only a failure that trying again would not cure (a
+    configuration error, say) fails the run, with a dead letter.
+    """
     try:
-        dispatch.dispatch(run_id, requeue_count=requeue_count, delay_seconds=delay_seconds)
+        dispatch.dispatch(run_id, dispatch_count=dispatch_count, delay_seconds=delay_seconds)
     except Exception as error:
+        failure_class = classify(error)
+        if is_retryable(failure_class):
+            logger.warning(
+                "run=%s dispatch failed (%s: %s); left queued for the reaper to dispatch again",
+                run_id,
+                type(error).__name__,
+                error,
+            )
+            return
         logger.exception("run=%s dispatch failed", run_id)
         try:
-            transitions.fail_dispatch(run_id, error, classify(error))
+            transitions.fail_dispatch(run_id, dispatch_count, error, failure_class)
         except DatabaseError:
             logger.exception("run=%s could not be marked dispatch_failed", run_id)
 
 
 def dispatch_many_or_fail(runs: list[tuple[str, int]]) -> None:
-    """Dispatch many runs at once; if that fails, dispatch each on its own
-    (failing those that still cannot be dispatched)."""
+    """Dispatch many ``(run_id, dispatch_count)`` at once; if that fails,
+    dispatch each on its own (``dispatch_or_fail``)."""
     try:
         dispatch.dispatch_many(runs)
     except Exception:
         logger.exception("dispatch of %d runs in one pipeline failed; one by one", len(runs))
-        for run_id, requeue_count in runs:
-            dispatch_or_fail(run_id, requeue_count=requeue_count)
+        for run_id, dispatch_count in runs:
+            dispatch_or_fail(run_id, dispatch_count=dispatch_count)
 
 
 def run_queued(run_id) -> None:
@@ -109,16 +126,38 @@ def run(request_data) -> AgentRun:
         worker_identity(),
         settings.NRLLM_LEASE_SECONDS,
     )
-    # parse_run_request has just refused any disabled tool.
-    _execute(
-        lease,
-        run_request.as_json(),
-        RunMode.INTERACTIVE,
-        requeue_count=0,
-        resumed=False,
-        disabled_tools=frozenset(),
-    )
+    try:
+        # parse_run_request has just refused any disabled tool.
+        _execute(
+            lease,
+            run_request.as_json(),
+            RunMode.INTERACTIVE,
+            requeue_count=0,
+            resumed=False,
+            disabled_tools=frozenset(),
+        )
+    except KeyboardInterrupt:
+        # The caller stopped it (Ctrl-C; run_agent turns SIGTERM into this):
+        # nobody finishes the run after it, not even the reaper.
+        _settle_interrupted(lease)
+        raise
     return AgentRun.objects.get(pk=lease.run_id)
+
+
+def _settle_interrupted(lease: Lease) -> None:
+    """End an interactive run its caller interrupted ``cancelled``, the fence
+    as it stands (a write the interrupt may have cut short stays in doubt).
+    If the database cannot be reached, the reaper ends it ``abandoned``."""
+    logger.warning("run=%s interrupted by its caller; settling cancelled", lease.run_id)
+    for _ in range(2):
+        # The interrupt may have cut a statement short: a connection in an
+        # unknown state is dropped, and the settle runs on a new one.
+        transitions.recover_connection(discard=True)
+        try:
+            transitions.settle(lease, RunStatus.CANCELLED, TerminationReason.CANCELLED)
+            return
+        except DatabaseError:
+            logger.exception("run=%s interrupted run could not be settled", lease.run_id)
 
 
 def _stored_request(stored: dict) -> RunRequest:
@@ -245,6 +284,39 @@ def _withdraw_unstarted(lease: Lease, error: Exception) -> None:
         withdraw_unstarted_fence(lease, key)
 
 
+def _interactive_reason(error: Exception) -> str:
+    if isinstance(error, ProviderError):
+        return TerminationReason.PROVIDER_FAILED
+    if isinstance(error, WriteOutcomeUnknown) and error.effect == ToolEffect.NON_IDEMPOTENT_WRITE:
+        return TerminationReason.WRITE_INTERRUPTED
+    return TerminationReason.NOT_RETRYABLE
+
+
+#: How long an attempt whose write audit failed keeps trying to say so on
+#: the fence while the database is away: well inside the lease it holds,
+#: which covered the write's time limit plus the operation margin, so the
+#: reaper cannot act on the run meanwhile.
+AUDIT_MARK_ATTEMPTS = (0.2, 0.5, 1, 2, 4)
+
+
+def _mark_audit_failed(lease: Lease, call: dict) -> None:
+    """Make the failed audit durable on the fence before anything else, so
+    the run is never retried automatically whatever happens to its settle
+    (G3). While the database is away it tries again for a few seconds."""
+    budget = settings.NRLLM_OPERATION_MARGIN_SECONDS / 2
+    for pause in (*AUDIT_MARK_ATTEMPTS, None):
+        try:
+            transitions.mark_audit_failed(lease, call)
+            return
+        except DatabaseError as error:
+            transitions.recover_connection()
+            if pause is None or pause > budget or not is_retryable(classify(error)):
+                logger.error("run=%s failed audit could not be marked: %s", lease.run_id, error)
+                return
+            budget -= pause
+            time.sleep(pause)
+
+
 def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count: int) -> None:
     failure_class = classify(error)
     details = {
@@ -258,14 +330,11 @@ def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count:
     if isinstance(error, DatabaseError):
         transitions.recover_connection()
     _withdraw_unstarted(lease, error)
+    if isinstance(error, AuditPersistenceFailed) and error.call is not None:
+        _mark_audit_failed(lease, error.call)
     try:
         if mode == RunMode.INTERACTIVE:
-            reason = (
-                TerminationReason.PROVIDER_FAILED
-                if isinstance(error, ProviderError)
-                else TerminationReason.NOT_RETRYABLE
-            )
-            transitions.settle(lease, RunStatus.FAILED, reason, **details)
+            transitions.settle(lease, RunStatus.FAILED, _interactive_reason(error), **details)
             return
         pending_effect = (
             AgentRun.objects.filter(pk=lease.run_id).values_list("pending_effect", flat=True).get()
@@ -281,8 +350,9 @@ def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count:
         )
         if decision.requeue:
             delay = decision.delay_seconds
-            if transitions.requeue_for_retry(lease, **details, delay_seconds=delay):
-                dispatch_or_fail(lease.run_id, requeue_count=requeue_count + 1, delay_seconds=delay)
+            dispatch_count = transitions.requeue_for_retry(lease, **details, delay_seconds=delay)
+            if dispatch_count is not None:
+                dispatch_or_fail(lease.run_id, dispatch_count=dispatch_count, delay_seconds=delay)
             return
         transitions.dead_letter(lease, decision.dead_letter_reason, **details)
     except DatabaseError:

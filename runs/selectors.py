@@ -2,9 +2,11 @@
 an index (see ``AgentRun.Meta``)."""
 
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import CharField, Exists, OuterRef, Q, Value
+from django.db.models.fields.json import KT
+from django.db.models.functions import Coalesce
 
-from runs.models import AgentRun, RunStep
+from runs.models import AgentRun, RunStep, WriteReconciliation
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from tools.effects import ToolEffect
 
@@ -23,21 +25,35 @@ EXECUTED_WRITE = Q(
 
 
 def writes_in_doubt(queryset):
-    """The runs of ``queryset`` with a write in doubt."""
-    return queryset.filter(
-        pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE,
-        status__in=RunStatus.terminal(),
-        reconciliation__isnull=True,
+    """The runs of ``queryset`` with a write in doubt: no reconciliation for
+    the write their fence stands on (a reconciliation settles one write)."""
+    reconciled = WriteReconciliation.objects.filter(
+        run=OuterRef("pk"),
+        lease_token=OuterRef("lease_token"),
+        idempotency_key=OuterRef("fenced_key"),
+    )
+    return (
+        queryset.filter(
+            pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE,
+            status__in=RunStatus.terminal(),
+        )
+        .annotate(
+            fenced_key=Coalesce(
+                KT("pending_call__idempotency_key"), Value(""), output_field=CharField()
+            )
+        )
+        .filter(~Exists(reconciled))
     )
 
 
 def is_write_in_doubt(run: AgentRun) -> bool:
-    """Whether ``run`` has a write in doubt (one query for the reconciliation,
-    unless ``select_related("reconciliation")`` fetched it)."""
+    """Whether ``run`` has a write in doubt (one query for its
+    reconciliations, unless ``prefetch_related("reconciliations")`` fetched
+    them)."""
     return (
         run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE
         and run.status in RunStatus.terminal()
-        and not hasattr(run, "reconciliation")
+        and run.reconciliation is None
     )
 
 
@@ -64,6 +80,6 @@ def write_audit_runs(limit: int = 200):
                 & (executed_a_write | ~Q(pending_effect=""))
             )
         )
-        .select_related("reconciliation", "reconciliation__operator")
+        .prefetch_related("reconciliations__operator")
         .order_by("-created_at")[:limit]
     )

@@ -8,11 +8,12 @@ from django.db import models
 
 
 class RunStatus(models.TextChoices):
-    # create_queued_run, requeue_for_retry, reap_requeue, operator_requeue, operator_restart
+    # create_queued_run, requeue_for_retry, reap_requeue, note_redispatch (stays queued),
+    # operator_requeue, operator_restart
     QUEUED = "queued"
     RUNNING = "running"  # claim, begin_interactive
     COMPLETED = "completed"  # settle, finish
-    FAILED = "failed"  # settle, dead_letter, fail_dispatch, reap_dead_letter
+    FAILED = "failed"  # settle, dead_letter, fail_dispatch, reap_dead_letter, reap_abandoned
     CANCELLED = "cancelled"  # cancel, settle, finish, reap_cancelled
 
     @classmethod
@@ -37,6 +38,9 @@ class TerminationReason(models.TextChoices):
     #: improvising (a recorded tool gone or disabled, a request that no
     #: longer parses, a gap): it stops rather than contradict the world.
     JOURNAL_UNREPLAYABLE = "journal_unreplayable"
+    #: An interactive run whose caller stopped renewing its lease (its
+    #: process died or was stopped): the reaper ends it, never a worker.
+    ABANDONED = "abandoned"
 
 
 class FailureClass(models.TextChoices):
@@ -80,6 +84,10 @@ class DeadLetterReason(models.TextChoices):
     RETRIES_EXHAUSTED = "retries_exhausted"
     WRITE_INTERRUPTED = "write_interrupted"
     JOURNAL_UNREPLAYABLE = "journal_unreplayable"
+    #: Its wake-up job could not be enqueued for a reason that trying again
+    #: would not cure (a configuration error, say); a connection failure
+    #: leaves the run queued for the reaper to dispatch again instead.
+    DISPATCH_FAILED = "dispatch_failed"
 
 
 class Resolution(models.TextChoices):

@@ -249,6 +249,16 @@ def fake_openai(settings):
 
 
 @pytest.fixture
+def model(request):
+    """The provider under test, parametrized over ``tests.drifting_model.MODELS``
+    (``indirect=True``): None for ``scripted``, or the drifting model (which
+    needs the fake chat-completions server)."""
+    if request.param == "drifting":
+        return request.getfixturevalue("drifting_model")
+    return None
+
+
+@pytest.fixture
 def drifting_model(fake_openai):
     """The fake server's model words every answer differently (``tests.drifting_model``)."""
     from tests.drifting_model import DriftingModel

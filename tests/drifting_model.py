@@ -136,3 +136,19 @@ def scripted_request(
         "tools": list(tools),
         "provider": {"kind": "scripted", "turns": turns},
     }
+
+
+#: The providers every recovery guarantee is tried with (the ``model`` fixture).
+MODELS = ["scripted", "drifting"]
+
+
+def request_for(model, plan, tools, *, scripted_before=None, scripted_delays=None, **extra):
+    """The run request for ``plan`` on ``model`` ("scripted" or "drifting");
+    ``scripted_before``/``scripted_delays``: ``scripted_request``'s
+    ``before``/``delays``, for the scripted provider only."""
+    if model == "drifting":
+        return openai_request("ship it", plan, tools, **extra)
+    request = scripted_request(
+        "ship it", plan, tools, before=scripted_before, delays=scripted_delays
+    )
+    return {**request, **extra}

@@ -146,7 +146,7 @@ def test_reconcile_from_the_write_audits_page_then_requeue(operator_client):
         {"outcome": "not_applied", "note": "", "next": f"{RUNS}write-audits/"},
     )
     assert response.status_code == 302
-    assert not hasattr(AgentRun.objects.get(pk=agent_run.pk), "reconciliation")  # note required
+    assert AgentRun.objects.get(pk=agent_run.pk).reconciliation is None  # note required
     response = operator_client.post(
         f"{RUNS}{agent_run.pk}/reconcile/",
         {"outcome": "not_applied", "note": "never arrived", "next": "https://evil.example/"},

@@ -3,7 +3,7 @@
 import pytest
 from django.db import transaction
 
-from runs.models import AgentRun
+from runs.models import AgentRun, DeadLetter
 from runs.runtime import enqueue
 from tests.helpers import answer, call, scripted
 
@@ -64,14 +64,25 @@ def test_a_rolled_back_enqueue_dispatches_nothing(queue):
     assert queue.count == 0 and AgentRun.objects.count() == 0
 
 
-def test_a_dispatch_failure_fails_the_run_instead_of_stranding_it(settings):
-    # A Redis that is not there: a closed port on this machine.
+def test_a_dispatch_that_cannot_reach_redis_leaves_the_run_queued_for_the_reaper(settings):
+    # A Redis that is not there: a closed port on this machine. The run row
+    # is the state: the reaper dispatches it again once Redis is back
+    # (tests/test_dispatch_recovery.py).
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     agent_run = enqueue(scripted(answer()))
     agent_run.refresh_from_db()
-    assert (agent_run.status, agent_run.termination_reason, agent_run.failure_class) == (
+    assert (agent_run.status, agent_run.termination_reason) == ("queued", "")
+    assert not DeadLetter.objects.exists()
+
+
+def test_a_dispatch_failure_no_retry_could_cure_fails_the_run_with_a_dead_letter(settings):
+    settings.REDIS_URL = "nosuchscheme://127.0.0.1/0"
+    agent_run = enqueue(scripted(answer()))
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.termination_reason, agent_run.error_type) == (
         "failed",
         "dispatch_failed",
-        "connection",
+        "ValueError",
     )
-    assert agent_run.error_type == "ConnectionError"
+    [dead_letter] = DeadLetter.objects.filter(run=agent_run)
+    assert dead_letter.reason == "dispatch_failed" and "scheme" in dead_letter.error_message

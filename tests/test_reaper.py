@@ -162,7 +162,8 @@ def test_a_queued_run_whose_job_was_lost_is_dispatched_again(queue, settings):
     assert reap_stale_runs(as_of=later(30)).decisions == {}  # not yet past the threshold
     report = reap_stale_runs(as_of=later(120))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
-    assert queue.fetch_job(job_id_for(agent_run.pk, 0)).get_status() == "queued"
+    # A new job, under a new id: the lost one's is never used again.
+    assert queue.fetch_job(job_id_for(agent_run.pk, 1)).get_status() == "queued"
     # Its job is live now: the next pass leaves it alone.
     assert reap_stale_runs(as_of=later(240)).decisions == {}
     assert reaper_steps(AgentRun.objects.get(pk=agent_run.pk))[0]["decision"] == "redispatched"
@@ -207,7 +208,7 @@ def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_dispatched_again(que
     assert queue.fetch_job(job_id).get_status() == "queued"
     report = reap_stale_runs(as_of=later(120))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
-    assert job_id in queue.get_job_ids()
+    assert queue.get_job_ids() == [job_id_for(agent_run.pk, 1)]
 
 
 def test_a_job_deep_in_a_backlog_is_found_and_left_alone(queue, settings):
@@ -226,7 +227,7 @@ def test_a_job_waiting_in_the_scheduled_registry_is_live_until_long_overdue(queu
     settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
     agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
     job_id = job_id_for(agent_run.pk, 0)
-    dispatch(agent_run.pk, requeue_count=0, delay_seconds=30)
+    dispatch(agent_run.pk, dispatch_count=0, delay_seconds=30)
     assert reap_stale_runs(as_of=later(120)).decisions == {}
     # The same job, due 90 seconds ago and still waiting for a scheduler.
     queue.scheduled_job_registry.schedule(
@@ -234,13 +235,13 @@ def test_a_job_waiting_in_the_scheduled_registry_is_live_until_long_overdue(queu
     )
     report = reap_stale_runs(as_of=later(240))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
-    assert job_id in queue.get_job_ids()
+    assert job_id_for(agent_run.pk, 1) in queue.get_job_ids()
 
 
 def test_a_job_lost_from_the_scheduled_registry_is_dispatched_again(queue, settings):
     settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
     agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
-    dispatch(agent_run.pk, requeue_count=0, delay_seconds=30)
+    dispatch(agent_run.pk, dispatch_count=0, delay_seconds=30)
     queue.scheduled_job_registry.remove(job_id_for(agent_run.pk, 0))
     report = reap_stale_runs(as_of=later(120))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
@@ -270,13 +271,13 @@ def test_a_group_reap_checks_each_runs_own_token():
     reclaimed, stale = stale_run(), stale_run()
     seen = [
         Reaping(
-            StaleLease(str(run.pk), run.lease_token),
+            StaleLease(str(run.pk), run.lease_token, requeue_count=run.requeue_count),
             {"kind": "reaper", "result": {"decision": "requeued", "n": i}},
         )
         for i, run in enumerate((reclaimed, stale))
     ]
     AgentRun.objects.filter(pk=reclaimed.pk).update(lease_token=F("lease_token") + 1)
-    assert transitions.reap_requeue(seen, later(120)) == [str(stale.pk)]
+    assert transitions.reap_requeue(seen, later(120)) == [(str(stale.pk), 1)]
     reclaimed.refresh_from_db()
     stale.refresh_from_db()
     assert (reclaimed.status, stale.status) == ("running", "queued")

@@ -15,14 +15,13 @@ from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
 from runs.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue
-from tests.drifting_model import openai_request, scripted_request
+from tests.drifting_model import MODELS, openai_request, request_for
 from tests.fake_openai import error
 from tests.helpers import wait_until
 from tools.models import Note, OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MODELS = ["scripted", "drifting"]
 SHORT_LEASE = {"NRLLM_LEASE_SECONDS": 2}
 NOTIFY = {
     "name": "send_notification",
@@ -38,12 +37,6 @@ def fresh(agent_run):
     return AgentRun.objects.get(pk=agent_run.pk)
 
 
-def request_for(model, plan, tools, *, scripted_before=None, scripted_delays=None):
-    if model == "drifting":
-        return openai_request("ship it", plan, tools)
-    return scripted_request("ship it", plan, tools, before=scripted_before, delays=scripted_delays)
-
-
 def notify_and_post(http_server):
     """A turn that sends a notification and posts a webhook, then an answer."""
     post = {
@@ -51,15 +44,6 @@ def notify_and_post(http_server):
         "arguments": {"url": http_server.url("/release"), "payload": {"text": "v2 (take {take})"}},
     }
     return [{"calls": [NOTIFY, post]}, {"answer": "Done (take {take})."}]
-
-
-@pytest.fixture
-def model(request, settings):
-    """The provider under test: ``scripted``, or the drifting model (which
-    needs the fake chat-completions server)."""
-    if request.param == "drifting":
-        return request.getfixturevalue("drifting_model")
-    return None
 
 
 @pytest.mark.worker

@@ -50,6 +50,8 @@ class RunLifecycle(RuleBasedStateMachine):
         self.fence = ""
         self.cancel_requested = False
         self.requeues = 0
+        #: Times the run was put in the queue: its jobs' ids never repeat.
+        self.dispatches = 0
         self.steps = 0
         self.expired = False
         self.ended_as = None
@@ -203,35 +205,50 @@ class RunLifecycle(RuleBasedStateMachine):
         settled = transitions.settle(lease, status, "completed")
         assert settled == self._current(worker)
         if settled:
-            self._end(status)
+            # A failure with a cancel pending ends cancelled (G9), unless a
+            # non-idempotent write is in doubt.
+            cancel_wins = self.cancel_requested and self.fence != "non_idempotent_write"
+            self._end("cancelled" if status == "failed" and cancel_wins else status)
 
     @rule(worker=WORKERS)
     def requeue_for_retry(self, worker):
         lease = self.leases.get(worker)
         if lease is None:
             return
-        requeued = transitions.requeue_for_retry(
+        dispatch = transitions.requeue_for_retry(
             lease, failure_class="connection", error_type="E", error_message=""
         )
-        assert requeued == (self._current(worker) and self.fence != "non_idempotent_write")
-        if requeued:
+        allowed = self._current(worker) and self.fence != "non_idempotent_write"
+        if allowed and self.cancel_requested:
+            # The cancel wins over the retry (G9).
+            assert dispatch is None
+            self._end("cancelled")
+            return
+        assert (dispatch is not None) == allowed
+        if dispatch is not None:
             self.status, self.owner, self.fence = "queued", "", ""
             self.requeues += 1
+            self.dispatches += 1
+            assert dispatch == self.dispatches
 
     # --- operators, time and the reaper ------------------------------------
 
     def _operator_step(self, transition) -> bool:
         row = AgentRun.objects.get(pk=self.run_id)
-        done = transition(
-            self.run_id,
-            seen_status=row.status,
-            seen_step_count=row.step_count,
-            step={"kind": "operator", "result": {"action": transition.__name__}},
+        done = (
+            transition(
+                self.run_id,
+                seen_status=row.status,
+                seen_step_count=row.step_count,
+                step={"kind": "operator", "result": {"action": transition.__name__}},
+            )
+            is not None
         )
         assert done == (self.status in ("failed", "cancelled"))
         if done:
             self.status, self.owner, self.fence = "queued", "", ""
             self.requeues, self.cancel_requested, self.ended_as = 0, False, None
+            self.dispatches += 1  # a fresh budget, never a job id used before
             self.steps += 1
         return done
 
@@ -289,6 +306,7 @@ class RunLifecycle(RuleBasedStateMachine):
         else:
             self.status, self.owner, self.fence = "queued", "", ""
             self.requeues += 1
+            self.dispatches += 1
         assert len(report.decisions) == 1
 
     # --- what must always hold ----------------------------------------------
@@ -307,6 +325,7 @@ class RunLifecycle(RuleBasedStateMachine):
             self.steps,
         )
         assert (row.cancel_requested_at is not None) == self.cancel_requested
+        assert row.dispatch_count == self.dispatches
 
     @invariant()
     def at_most_one_worker_owns_the_run(self):

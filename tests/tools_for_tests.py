@@ -1,5 +1,6 @@
 """Tool classes the tests register through ``NRLLM_TOOLS``."""
 
+import json
 import os
 import signal
 import time
@@ -8,8 +9,9 @@ from django.db import connection
 
 from runs.models import AgentRun
 from tools.builtin.http import PostWebhook
-from tools.contract import Tool
+from tools.contract import Tool, ToolOutcomeUnknown
 from tools.effects import ToolEffect
+from tools.models import OutboxNotification
 
 _ANY = {"type": "object", "properties": {}, "additionalProperties": True}
 
@@ -145,3 +147,63 @@ class WriteDuringServerCrash(Tool):
         os.kill(int(os.environ["NRLLM_TEST_STALLED_WAL_WRITER"]), signal.SIGKILL)
         time.sleep(600)
         return {"written": True}
+
+
+class UnsureWrite(Tool):
+    """A write that cannot tell whether it landed the first time it is called
+    with an idempotency key: it records the attempt (an outbox row under the
+    key), then raises ``ToolOutcomeUnknown``; called again with that key, it
+    records again and answers."""
+
+    name = "unsure_write"
+    description = "non-idempotent write whose first outcome for a call is unknown"
+    effect = ToolEffect.NON_IDEMPOTENT_WRITE
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        earlier = OutboxNotification.objects.filter(idempotency_key=context.idempotency_key)
+        attempts = earlier.count()
+        OutboxNotification.objects.create(
+            recipient=self.name,
+            message=json.dumps(arguments, sort_keys=True),
+            run_id=context.run_id,
+            idempotency_key=context.idempotency_key,
+        )
+        if attempts == 0:
+            raise ToolOutcomeUnknown("the receiver did not answer after the request went out")
+        return {"attempt": attempts + 1}
+
+
+class UnsureIdempotentWrite(UnsureWrite):
+    name = "unsure_idempotent_write"
+    description = "idempotent write whose first outcome for a call is unknown"
+    effect = ToolEffect.IDEMPOTENT_WRITE
+
+
+class UnsureRead(Tool):
+    name = "unsure_read"
+    description = "read-only tool that cannot tell what it read"
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        raise ToolOutcomeUnknown("the reply was cut off")
+
+
+class SlowWrite(SlowTool):
+    """A non-idempotent write stopped at its time limit: it may have landed."""
+
+    name = "slow_write"
+    description = "non-idempotent write that sleeps past its 1 second limit"
+    effect = ToolEffect.NON_IDEMPOTENT_WRITE
+
+
+class CrashingWrite(Tool):
+    """A non-idempotent write that fails without saying it changed nothing."""
+
+    name = "crashing_write"
+    description = "non-idempotent write that raises an unexpected exception"
+    effect = ToolEffect.NON_IDEMPOTENT_WRITE
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        raise RuntimeError("connection pool exhausted halfway through")

@@ -53,7 +53,7 @@ def _audit_item(run) -> dict:
     from api.serializers import RunSerializer
 
     call = write_in_question(run)
-    reconciliation = getattr(run, "reconciliation", None)
+    reconciliation = run.reconciliation
     return {
         "run": RunSerializer(run).data,
         "tool": call.get("tool", ""),

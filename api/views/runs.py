@@ -52,7 +52,7 @@ def get_run(pk) -> AgentRun:
         run_id = uuid.UUID(str(pk))
     except ValueError:
         raise NotFound(f"{pk!r} is not a run id (a UUID)") from None
-    run = AgentRun.objects.select_related("reconciliation").filter(pk=run_id).first()
+    run = AgentRun.objects.prefetch_related("reconciliations__operator").filter(pk=run_id).first()
     if run is None:
         raise NotFound(f"no run {run_id}")
     return run
@@ -63,7 +63,7 @@ def _body_digest(data) -> str:
 
 
 class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
-    queryset = AgentRun.objects.select_related("reconciliation")
+    queryset = AgentRun.objects.prefetch_related("reconciliations__operator")
     serializer_class = RunSerializer
     pagination_class = NewestFirst
     filterset_class = RunFilter

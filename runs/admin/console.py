@@ -45,8 +45,10 @@ def write_audits(limit: int = 200) -> list[dict]:
                 "run": run,
                 "call": call,
                 "arguments": shortened(call.get("arguments")),
-                "reconciliation": getattr(run, "reconciliation", None),
-                "reconcilable": run.is_terminal and bool(run.pending_effect),
+                "reconciliation": run.reconciliation,
+                "reconcilable": run.is_terminal
+                and bool(run.pending_effect)
+                and run.reconciliation is None,
             }
         )
     return rows

@@ -184,7 +184,7 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
             "verdict": requeue_safety(run),
             "restart_verdict": restart_safety(run),
             "attempts": console.attempts(run),
-            "reconciliation": getattr(run, "reconciliation", None),
+            "reconciliation": run.reconciliation,
             "write_in_question": operator_actions.write_in_question(run),
             "dead_letters": run.dead_letters.all(),
             "can_requeue": self.has_requeue_permission(request),

@@ -20,12 +20,14 @@ from runs.transitions.ending import (
     settle,
 )
 from runs.transitions.lease import (
+    AUDIT_FAILED,
     ClaimedRun,
     begin_interactive,
     cancel_requested,
     claim,
     create_queued_run,
     heartbeat,
+    mark_audit_failed,
     renew_lease,
     withdraw_fence,
 )
@@ -34,6 +36,7 @@ from runs.transitions.reaping import (
     Reaping,
     StaleLease,
     note_redispatch,
+    reap_abandoned,
     reap_cancelled,
     reap_dead_letter,
     reap_requeue,
@@ -47,6 +50,7 @@ from runs.transitions.steps import (
 )
 
 __all__ = [
+    "AUDIT_FAILED",
     "CancelOutcome",
     "ClaimedRun",
     "FinishOutcome",
@@ -67,9 +71,11 @@ __all__ = [
     "fail_dispatch",
     "finish",
     "heartbeat",
+    "mark_audit_failed",
     "note_redispatch",
     "operator_requeue",
     "operator_restart",
+    "reap_abandoned",
     "reap_cancelled",
     "reap_dead_letter",
     "reap_requeue",

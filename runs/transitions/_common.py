@@ -5,7 +5,7 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Now
 
@@ -129,13 +129,21 @@ def _back_in_queue(delay_seconds: float = 0) -> dict:
         "pending_effect": "",
         "pending_call": None,
         "requeue_count": F("requeue_count") + 1,
+        "dispatch_count": F("dispatch_count") + 1,
         "available_at": db_time(delay_seconds),
     }
 
 
-def recover_connection() -> None:
+def recover_connection(*, discard: bool = False) -> None:
     """After an attempt failed on a database error: the next statement (its
-    settle) reconnects instead of failing on a dead socket."""
+    settle) reconnects instead of failing on a dead socket. ``discard``:
+    drop the connection whatever its state (a statement was interrupted)."""
+    if discard and not connection.in_atomic_block:
+        try:
+            connection.close()
+        except DatabaseError:
+            pass  # closed all the same: the next statement reconnects
+        return
     _drop_broken_connection()
 
 

@@ -16,11 +16,12 @@ from runs.transitions._common import (
     _ended,
     _log_change,
     _owned,
+    _update_returning,
     db_time,
     logger,
 )
 from runs.transitions.steps import _usage_totals, _usage_values
-from runs.vocabulary import RunStatus, TerminationReason
+from runs.vocabulary import DeadLetterReason, RunStatus, TerminationReason
 from tools.effects import ToolEffect
 
 
@@ -37,31 +38,56 @@ def settle(
 ) -> bool:
     """Move a running run to a terminal status; a late settle changes nothing (G9).
 
-    The write fence is left as it stands: a run that ends with a fence up has
-    a write in doubt, and that must stay visible. ``fence`` (``effect``,
-    ``tool``, ``arguments``, ``idempotency_key``) stands it again for a call
-    that may have run although its fence was cleared since (G12).
+    A run that would end ``failed`` while a cancel is requested ends
+    ``cancelled`` instead (the failure's details kept): the operator's
+    decision wins — unless its fence stands on a ``non_idempotent_write``,
+    whose doubt must reach the dead letters. The write fence is left as it
+    stands: a run that ends with a fence up has a write in doubt, and that
+    must stay visible. ``fence`` (``effect``, ``tool``, ``arguments``,
+    ``idempotency_key``) stands it again for a call that may have run
+    although its fence was cleared since (G12).
     """
-    if status not in RunStatus.terminal():
-        raise ValueError(f"settle needs a terminal status, not {status!r}")
-    standing = {}
-    if fence is not None:
-        call = {key: fence[key] for key in ("tool", "arguments", "idempotency_key")}
-        standing = {"pending_effect": fence["effect"], "pending_call": call}
-    matched = _owned(lease).update(
-        **_ended(
+    return (
+        _settle(
+            lease,
             status,
             reason,
             output=output,
             failure_class=failure_class,
             error_type=error_type,
             error_message=error_message,
-            **standing,
+            fence=fence,
         )
+        is not None
     )
-    if matched:
-        _log_change("settle", lease.run_id, lease_token=lease.token, status=status, reason=reason)
-    if not matched:
+
+
+def _settle(lease: Lease, status: str, reason: str, *, fence: dict | None, **fields) -> str | None:
+    """``settle``: the status the run ended with, or None if the lease was
+    not this one's any more."""
+    if status not in RunStatus.terminal():
+        raise ValueError(f"settle needs a terminal status, not {status!r}")
+    standing = {}
+    if fence is not None:
+        call = {key: fence[key] for key in ("tool", "arguments", "idempotency_key")}
+        standing = {"pending_effect": fence["effect"], "pending_call": call}
+    ending_status, ending_reason = status, reason
+    if status == RunStatus.FAILED and standing.get("pending_effect") != _NON_IDEMPOTENT:
+        # One UPDATE decides, on the row as it is: a cancel requested a
+        # moment ago is seen, and nothing can come between.
+        cancel_wins = Q(cancel_requested_at__isnull=False)
+        if not standing:
+            cancel_wins &= ~Q(pending_effect=_NON_IDEMPOTENT)
+        ending_status = Case(
+            When(cancel_wins, then=Value(RunStatus.CANCELLED)), default=Value(status)
+        )
+        ending_reason = Case(
+            When(cancel_wins, then=Value(TerminationReason.CANCELLED)), default=Value(reason)
+        )
+    rows = _update_returning(
+        _owned(lease), ("status",), **_ended(ending_status, ending_reason, **fields, **standing)
+    )
+    if not rows:
         logger.warning(
             "settle ignored: run=%s lease_token=%s is no longer this lease's (wanted %s/%s)",
             lease.run_id,
@@ -69,7 +95,13 @@ def settle(
             status,
             reason,
         )
-    return bool(matched)
+        return None
+    (ended,) = rows[0]
+    _log_change("settle", lease.run_id, lease_token=lease.token, status=ended, reason=reason)
+    return ended
+
+
+_NON_IDEMPOTENT = ToolEffect.NON_IDEMPOTENT_WRITE
 
 
 class FinishOutcome(enum.Enum):
@@ -148,26 +180,23 @@ def dead_letter(
     fence: dict | None = None,
 ) -> bool:
     """Fail a queued run for good and open a dead letter, atomically
-    (``fence``: as ``settle``'s)."""
+    (``fence``: as ``settle``'s). A cancel requested meanwhile wins as it
+    does in ``settle``: the run ends ``cancelled``, with no dead letter."""
+    details = {"failure_class": failure_class, "error_type": error_type}
     with transaction.atomic():
-        if not settle(
+        ended = _settle(
             lease,
             RunStatus.FAILED,
             reason,
-            failure_class=failure_class,
-            error_type=error_type,
             error_message=error_message,
             fence=fence,
-        ):
-            return False
-        DeadLetter.objects.create(
-            run_id=lease.run_id,
-            reason=reason,
-            failure_class=failure_class,
-            error_type=error_type,
-            error_message=error_message,
+            **details,
         )
-    return True
+        if ended == RunStatus.FAILED:
+            DeadLetter.objects.create(
+                run_id=lease.run_id, reason=reason, error_message=error_message, **details
+            )
+    return ended is not None
 
 
 def requeue_for_retry(
@@ -177,39 +206,77 @@ def requeue_for_retry(
     error_type: str,
     error_message: str,
     delay_seconds: float = 0,
-) -> bool:
-    """Give a failed attempt back to the queue: ``running → queued``, budget spent +1,
-    due after ``delay_seconds``. Refused while the fence stands on a
-    non-idempotent write: that write may have landed (G8)."""
-    requeued = bool(
-        _owned(lease)
-        .exclude(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
-        .update(
+) -> int | None:
+    """Give a failed attempt back to the queue: ``running → queued``, budget
+    spent +1, due after ``delay_seconds``. Returns its new dispatch number
+    (its job's), or None if it was not requeued.
+
+    Refused while the fence stands on a non-idempotent write: that write may
+    have landed (G8). A cancel requested before the retry wins: the run ends
+    ``cancelled`` instead and is not requeued (G9).
+    """
+    details = {
+        "failure_class": failure_class,
+        "error_type": error_type,
+        "error_message": error_message,
+    }
+    # The cancel first, then the requeue guarded on there being none; a
+    # cancel requested between the two fails the second, and the first,
+    # tried again, ends the run. (A cancel is never withdrawn from a
+    # running run, so twice is enough.)
+    for _ in range(2):
+        if _cancel_instead(lease, details):
+            return None
+        rows = _update_returning(
+            _owned(lease)
+            .filter(cancel_requested_at__isnull=True)
+            .exclude(pending_effect=_NON_IDEMPOTENT),
+            ("dispatch_count",),
             **_back_in_queue(delay_seconds),
-            failure_class=failure_class,
-            error_type=error_type,
-            error_message=error_message,
+            **details,
         )
+        if rows:
+            _log_change("requeue_for_retry", lease.run_id, lease_token=lease.token)
+            return rows[0][0]
+        if not _owned(lease).filter(cancel_requested_at__isnull=False).exists():
+            return None  # lost, or fenced on a non-idempotent write
+    return None
+
+
+def _cancel_instead(lease: Lease, details: dict) -> bool:
+    """End the run ``cancelled`` if a cancel is pending (and no
+    non-idempotent write is in doubt, which ``settle`` keeps for the dead
+    letters); whether it did."""
+    cancelled = bool(
+        _owned(lease)
+        .filter(cancel_requested_at__isnull=False)
+        .exclude(pending_effect=_NON_IDEMPOTENT)
+        .update(**_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED, **details))
     )
-    if requeued:
-        _log_change("requeue_for_retry", lease.run_id, lease_token=lease.token)
-    return requeued
+    if cancelled:
+        _log_change("settle", lease.run_id, lease_token=lease.token, status=RunStatus.CANCELLED)
+    return cancelled
 
 
-def fail_dispatch(run_id, error: BaseException, failure_class: str) -> bool:
-    """A ``queued`` run whose job could not be dispatched fails, rather than
-    waiting for a wake-up that will never come."""
-    return bool(
-        AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-            **_ended(
-                RunStatus.FAILED,
-                TerminationReason.DISPATCH_FAILED,
-                failure_class=failure_class,
-                error_type=type(error).__name__,
-                error_message=str(error),
+def fail_dispatch(run_id, dispatch_count: int, error: BaseException, failure_class: str) -> bool:
+    """A ``queued`` run whose job could not be enqueued, for a reason trying
+    again would not cure, fails with a dead letter rather than wait for a
+    wake-up that will never come. Guarded by the dispatch it was for: a run
+    queued again since (a newer job) is left alone."""
+    details = {
+        "failure_class": failure_class,
+        "error_type": type(error).__name__,
+        "error_message": str(error),
+    }
+    with transaction.atomic():
+        failed = AgentRun.objects.filter(
+            pk=run_id, status=RunStatus.QUEUED, dispatch_count=dispatch_count
+        ).update(**_ended(RunStatus.FAILED, TerminationReason.DISPATCH_FAILED, **details))
+        if failed:
+            DeadLetter.objects.create(
+                run_id=run_id, reason=DeadLetterReason.DISPATCH_FAILED, **details
             )
-        )
-    )
+    return bool(failed)
 
 
 class CancelOutcome(enum.Enum):

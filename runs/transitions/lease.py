@@ -194,6 +194,24 @@ def withdraw_fence(lease: Lease, key: str) -> bool:
     )
 
 
+def mark_audit_failed(lease: Lease, call: dict) -> bool:
+    """Say on the fence standing for ``call`` (tool, arguments, idempotency
+    key, as stamped) that the call executed and its step could not be
+    recorded (G3): whatever happens to the settle after this, the reaper
+    dead-letters the run ``not_retryable`` rather than requeue an
+    ``idempotent_write`` fence. A fence stamped anew, or cleared, drops the
+    mark with the call it belonged to."""
+    return bool(
+        _owned(lease)
+        .filter(pending_call__idempotency_key=call["idempotency_key"])
+        .update(pending_call={**call, AUDIT_FAILED: True})
+    )
+
+
+#: The key of ``pending_call`` that says the call's audit failed.
+AUDIT_FAILED = "audit_failed"
+
+
 def heartbeat(lease: Lease, lease_seconds: float) -> bool:
     """Extend the lease at a step boundary; False if the lease is lost."""
     return bool(_owned(lease).update(lease_expires_at=_expiry(lease_seconds)))

@@ -7,14 +7,17 @@ from runs.models import AgentRun
 from runs.transitions._common import (
     _append_step,
     _log_change,
+    _update_returning,
     db_time,
 )
 from runs.vocabulary import RunStatus
 
 
-def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> bool:
+def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> int | None:
     """``failed``/``cancelled`` → ``queued`` by an operator, with a fresh
-    budget; the next attempt resumes from the journal (G12).
+    budget; the next attempt resumes from the journal (G12). Returns the
+    new job's dispatch number (never one used before: the budget is reset,
+    the dispatch count is not), or None if nothing matched.
 
     Guarded by the status and step count the requeue verdict was made on:
     of two concurrent requeues of one run exactly one matches.
@@ -24,7 +27,7 @@ def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: di
     )
 
 
-def operator_restart(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> bool:
+def operator_restart(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> int | None:
     """``operator_requeue``, but the next attempt starts from the beginning:
     the journal begins after this operator step, so nothing is replayed."""
     # SET sees the old step_count: + 1 is the operator step appended below.
@@ -36,14 +39,16 @@ def operator_restart(run_id, *, seen_status: str, seen_step_count: int, step: di
 
 def _back_in_queue_by_operator(
     action: str, run_id, seen_status: str, seen_step_count: int, step: dict, extra: dict
-) -> bool:
+) -> int | None:
     with transaction.atomic():
-        matched = AgentRun.objects.filter(
-            pk=run_id,
-            status=seen_status,
-            status__in=[RunStatus.FAILED, RunStatus.CANCELLED],
-            step_count=seen_step_count,
-        ).update(
+        rows = _update_returning(
+            AgentRun.objects.filter(
+                pk=run_id,
+                status=seen_status,
+                status__in=[RunStatus.FAILED, RunStatus.CANCELLED],
+                step_count=seen_step_count,
+            ),
+            ("dispatch_count",),
             status=RunStatus.QUEUED,
             termination_reason="",
             failure_class="",
@@ -56,15 +61,17 @@ def _back_in_queue_by_operator(
             pending_call=None,
             cancel_requested_at=None,
             requeue_count=0,
+            dispatch_count=F("dispatch_count") + 1,
             available_at=db_time(),
             finished_at=None,
             step_count=F("step_count") + 1,
             **extra,
         )
-        if matched:
-            sequence, _ = _append_step(run_id, None, step)
-            _log_change(action, run_id, sequence=sequence, status=RunStatus.QUEUED)
-    return bool(matched)
+        if not rows:
+            return None
+        sequence, _ = _append_step(run_id, None, step)
+    _log_change(action, run_id, sequence=sequence, status=RunStatus.QUEUED)
+    return rows[0][0]
 
 
 def append_operator_step(run_id, step: dict) -> bool:

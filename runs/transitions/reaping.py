@@ -23,10 +23,32 @@ from runs.vocabulary import RunStatus, TerminationReason
 
 @dataclass(frozen=True)
 class StaleLease:
-    """What the reaper saw of a run whose lease had expired."""
+    """What the reaper saw of a run whose lease had expired: everything its
+    decision rests on, which its UPDATE checks again (G7)."""
 
     run_id: str
     token: int
+    pending_effect: str = ""
+    pending_call: dict | None = None
+    cancel_requested: bool = False
+    requeue_count: int = 0
+
+    def still_as_seen(self) -> Q:
+        """This run, as it was seen: same attempt, same fence (a fence
+        stamped, withdrawn or marked since must not be cleared by a decision
+        made without it), same cancel request, same budget."""
+        fence = (
+            Q(pending_call__isnull=True)
+            if self.pending_call is None
+            else Q(pending_call=self.pending_call)
+        )
+        return fence & Q(
+            pk=self.run_id,
+            lease_token=self.token,
+            pending_effect=self.pending_effect,
+            cancel_requested_at__isnull=not self.cancel_requested,
+            requeue_count=self.requeue_count,
+        )
 
 
 @dataclass(frozen=True)
@@ -40,12 +62,11 @@ class Reaping:
 
 
 def _still_stale(reapings: list[Reaping], as_of):
-    # Re-checked inside every reaper UPDATE, run by run (its own token): a
-    # worker that renewed after the reaper looked (a slow-but-alive worker)
-    # no longer matches, and keeps its run.
-    seen = functools.reduce(
-        operator.or_, (Q(pk=r.stale.run_id, lease_token=r.stale.token) for r in reapings)
-    )
+    # Re-checked inside every reaper UPDATE, run by run: a worker that
+    # renewed after the reaper looked (a slow-but-alive worker) no longer
+    # matches, and keeps its run; nor does a run whose fence or cancel
+    # changed since the reaper decided (the next pass decides again).
+    seen = functools.reduce(operator.or_, (r.stale.still_as_seen() for r in reapings))
     return AgentRun.objects.filter(
         seen,
         status=RunStatus.RUNNING,
@@ -55,18 +76,19 @@ def _still_stale(reapings: list[Reaping], as_of):
 
 def _reap(reapings: list[Reaping], as_of, changes: dict, dead_letter: dict | None = None):
     """One UPDATE for the whole group, then its steps (and dead letters) in one
-    INSERT each, in one transaction. Returns the ids of the runs it changed."""
+    INSERT each, in one transaction. Returns the ids of the runs it changed,
+    each with its dispatch number as the UPDATE left it."""
     if not reapings:
         return []
     by_run = {r.stale.run_id: r for r in reapings}
     with transaction.atomic():
         rows = _update_returning(
             _still_stale(reapings, as_of),
-            ("id", "step_count"),
+            ("id", "step_count", "dispatch_count"),
             step_count=F("step_count") + 1,
             **changes,
         )
-        reaped = [(str(run_id), sequence) for run_id, sequence in rows]
+        reaped = [(str(run_id), sequence) for run_id, sequence, _ in rows]
         RunStep.objects.bulk_create(
             RunStep(
                 run_id=run_id,
@@ -87,16 +109,17 @@ def _reap(reapings: list[Reaping], as_of, changes: dict, dead_letter: dict | Non
         _log_change(
             "reap", run_id, lease_token=reaping.stale.token, sequence=sequence, decision=decision
         )
-    return [run_id for run_id, _ in reaped]
+    return [(str(run_id), dispatch_count) for run_id, _, dispatch_count in rows]
 
 
-def reap_requeue(reapings: list[Reaping], as_of) -> list[str]:
+def reap_requeue(reapings: list[Reaping], as_of) -> list[tuple[str, int]]:
     """``running → queued`` for stale runs that are safe to run again; returns
-    the ids it requeued (the others were renewed or taken meanwhile)."""
+    the ids it requeued, each with its new dispatch number (the others were
+    renewed, taken or changed meanwhile)."""
     return _reap(reapings, as_of, _back_in_queue())
 
 
-def reap_dead_letter(reapings: list[Reaping], as_of, *, reason: str) -> list[str]:
+def reap_dead_letter(reapings: list[Reaping], as_of, *, reason: str) -> list[tuple[str, int]]:
     """``running → failed`` with a dead letter each; the fence is left standing."""
     details = {"failure_class": "", "error_type": "LeaseExpired"}
     # Each run keeps its own error; one CASE sets them all in the same UPDATE.
@@ -113,19 +136,40 @@ def reap_dead_letter(reapings: list[Reaping], as_of, *, reason: str) -> list[str
     )
 
 
-def reap_cancelled(reapings: list[Reaping], as_of) -> list[str]:
+def reap_cancelled(reapings: list[Reaping], as_of) -> list[tuple[str, int]]:
     """Stale runs an operator asked to cancel end ``cancelled``."""
     return _reap(reapings, as_of, _ended(RunStatus.CANCELLED, TerminationReason.CANCELLED))
 
 
-def note_redispatch(run_id, step: dict) -> bool:
-    """Record on a still-``queued`` run that its lost job was dispatched again."""
+def reap_abandoned(reapings: list[Reaping], as_of) -> list[tuple[str, int]]:
+    """Stale interactive runs end ``failed``/``abandoned``: their caller is
+    gone, and no worker finishes what a caller started (and may have
+    stopped on purpose)."""
+    return _reap(reapings, as_of, _ended(RunStatus.FAILED, TerminationReason.ABANDONED))
+
+
+def note_redispatch(run_id, *, seen_dispatch: int, due_before, step: dict) -> int | None:
+    """Record on a still-``queued`` run that its lost job is dispatched again;
+    returns the new job's dispatch number, or None if the run changed since
+    the reaper looked: claimed, cancelled, queued anew (another job), or no
+    longer due before ``due_before`` (G7)."""
     with transaction.atomic():
-        matched = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-            step_count=F("step_count") + 1, available_at=db_time()
+        rows = _update_returning(
+            AgentRun.objects.filter(
+                pk=run_id,
+                status=RunStatus.QUEUED,
+                dispatch_count=seen_dispatch,
+                available_at__lt=due_before,
+                cancel_requested_at__isnull=True,
+            ),
+            ("lease_token", "dispatch_count"),
+            step_count=F("step_count") + 1,
+            dispatch_count=F("dispatch_count") + 1,
+            available_at=db_time(),
         )
-        if matched:
-            token = AgentRun.objects.filter(pk=run_id).values_list("lease_token", flat=True).get()
-            sequence, _ = _append_step(run_id, token, step)
-            _log_change("redispatch", run_id, lease_token=token, sequence=sequence)
-    return bool(matched)
+        if not rows:
+            return None
+        token, dispatch_count = rows[0]
+        sequence, _ = _append_step(run_id, token, step)
+    _log_change("redispatch", run_id, lease_token=token, sequence=sequence)
+    return dispatch_count

@@ -1,4 +1,5 @@
 import json
+import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -18,10 +19,17 @@ class Command(BaseCommand):
 
     def handle(self, *args, file, **options):
         request = read_request(file)
+        # SIGTERM stops the run as Ctrl-C does: the runtime settles it
+        # cancelled before the process exits, and nothing finishes it later.
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             agent_run = run(request)
         except InvalidRunRequest as error:
             raise CommandError(f"invalid run request: {error}") from None
+        except KeyboardInterrupt:
+            raise CommandError("interrupted: the run was cancelled", returncode=130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         outcome = {
             "id": str(agent_run.pk),
             "status": agent_run.status,
@@ -33,3 +41,7 @@ class Command(BaseCommand):
             "steps": agent_run.step_count,
         }
         self.stdout.write(json.dumps(outcome, indent=2))
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
