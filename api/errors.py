@@ -1,8 +1,15 @@
-"""One error shape for every 4xx: ``{"code": ..., "detail": ...}`` (plus
-``"errors"`` by field for validation failures), never a stack trace."""
+"""One error shape for every 4xx (and a 503 when the database refuses):
+``{"code": ..., "detail": ...}`` (plus ``"errors"`` by field for validation
+failures), never a stack trace."""
 
+import logging
+
+from django.db import DatabaseError
 from rest_framework import exceptions, status
+from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+logger = logging.getLogger(__name__)
 
 
 class Conflict(exceptions.APIException):
@@ -38,6 +45,17 @@ def _first_message(errors) -> str:
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, DatabaseError):
+        # The change was refused or the database is away: the action's
+        # transaction rolled back, so nothing of it happened. Say so, not 500.
+        logger.error("database error in %s: %s", context["request"].path, exc)
+        return Response(
+            {
+                "code": "database_unavailable",
+                "detail": "the database could not complete the request; nothing was changed",
+            },
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+        )
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

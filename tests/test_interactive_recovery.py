@@ -1,0 +1,123 @@
+"""An interactive run is its caller's (G7, G9): interrupted, it ends
+``cancelled``; abandoned (its caller killed), the reaper ends it and no
+worker ever finishes what the caller started. Through real ``run_agent``
+processes, with the ``scripted`` provider and a model that words every
+answer differently."""
+
+import json
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.utils import timezone
+
+from runs import transitions
+from runs.models import AgentRun, RunStep
+from runs.reaper import reap_stale_runs
+from tests.drifting_model import request_for
+from tests.helpers import ROOT, wait_until
+from tools.models import OutboxNotification
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SEARCH = {"name": "search_notes", "arguments": {"query": "release (take {take})"}}
+NOTIFY = {
+    "name": "send_notification",
+    "arguments": {"recipient": "team", "message": "v2 is out (take {take})"},
+}
+# A read, then a slow model turn that asks for a notification: the caller
+# stops the run while the model thinks, before the write.
+PLAN = [{"calls": [SEARCH]}, {"calls": [NOTIFY], "delay_seconds": 6}, {"answer": "Sent."}]
+
+
+def later(seconds=3600):
+    return timezone.now() + timedelta(seconds=seconds)
+
+
+def start_run_agent(model, worker_env) -> subprocess.Popen:
+    """``manage.py run_agent -`` on PLAN, as an operator would start it."""
+    request = request_for(
+        "scripted" if model is None else "drifting", PLAN, ["search_notes", "send_notification"]
+    )
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "run_agent", "-"],
+        cwd=ROOT,
+        env={
+            **worker_env,
+            "NRLLM_OPENAI_BASE_URL": django_settings.NRLLM_OPENAI_BASE_URL,
+            "NRLLM_OPENAI_API_KEY": django_settings.NRLLM_OPENAI_API_KEY,
+        },
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process.stdin.write(json.dumps(request))
+    process.stdin.close()
+    process.stdin = None  # communicate() has nothing more to send
+    return process
+
+
+def the_read_is_recorded():
+    """The run, once its read step is durable (the model is thinking)."""
+    step = RunStep.objects.filter(kind="tool", tool_name="search_notes").first()
+    return step and AgentRun.objects.get(pk=step.run_id)
+
+
+@pytest.mark.parametrize(
+    ("model", "signum"),
+    [("scripted", signal.SIGINT), ("drifting", signal.SIGTERM)],
+    indirect=["model"],
+    ids=["scripted-SIGINT", "drifting-SIGTERM"],
+)
+def test_an_interrupted_run_agent_ends_its_run_cancelled_and_nothing_finishes_it(
+    model, signum, worker_env, queue
+):
+    process = start_run_agent(model, worker_env)
+    agent_run = wait_until(the_read_is_recorded, timeout=30, what="the read")
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr
+    assert "interrupted: the run was cancelled" in stderr
+
+    ended = AgentRun.objects.get(pk=agent_run.pk)
+    assert (ended.status, ended.termination_reason) == ("cancelled", "cancelled")
+    reap_stale_runs(as_of=later())
+    assert AgentRun.objects.get(pk=agent_run.pk).status == "cancelled"
+    assert OutboxNotification.objects.count() == 0 and queue.count == 0
+
+
+@pytest.mark.parametrize("model", ["scripted", "drifting"], indirect=True)
+def test_an_interactive_run_whose_caller_was_killed_is_ended_by_the_reaper_never_finished(
+    model, worker_env, queue
+):
+    process = start_run_agent(model, worker_env)
+    agent_run = wait_until(the_read_is_recorded, timeout=30, what="the read")
+    process.kill()
+    process.communicate(timeout=30)
+    assert AgentRun.objects.get(pk=agent_run.pk).status == "running"
+
+    report = reap_stale_runs(as_of=later())
+    assert report.decisions == {str(agent_run.pk): "abandoned: abandoned"}
+    ended = AgentRun.objects.get(pk=agent_run.pk)
+    assert (ended.status, ended.termination_reason, ended.lease_token) == (
+        "failed",
+        "abandoned",
+        1,
+    )
+    # Not turned into a queued run: no job, no worker, no notification.
+    assert queue.count == 0 and queue.scheduled_job_registry.count == 0
+    assert OutboxNotification.objects.count() == 0
+
+
+def test_an_abandoned_interactive_run_fenced_on_a_non_idempotent_write_is_in_doubt():
+    lease = transitions.begin_interactive({"prompt": "p"}, "p", "gone", 60)
+    call = {"tool": "send_notification", "arguments": {}, "idempotency_key": "k"}
+    assert transitions.renew_lease(lease, 60, fence="non_idempotent_write", call=call)
+    reap_stale_runs(as_of=later())
+    ended = AgentRun.objects.get(pk=lease.run_id)
+    assert (ended.status, ended.termination_reason) == ("failed", "write_interrupted")
+    assert ended.pending_call == call and ended.dead_letters.get().reason == "write_interrupted"
