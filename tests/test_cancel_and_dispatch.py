@@ -187,6 +187,16 @@ def test_a_redispatch_re_checks_the_job_and_the_due_time_it_decided_on(settings)
         == 2
     )
     assert fresh(agent_run).steps.filter(kind="reaper").count() == 1
+    # A queued run with a cancel pending (requeued before retries checked
+    # for one) is ended, not dispatched again.
+    AgentRun.objects.filter(pk=agent_run.pk).update(
+        available_at=later(-7200), cancel_requested_at=timezone.now()
+    )
+    assert (
+        transitions.note_redispatch(agent_run.pk, seen_dispatch=2, due_before=cutoff, step=step)
+        is None
+    )
+    assert fresh(agent_run).status == "cancelled"
 
 
 # --- G4: job ids never repeat; Redis away never strands a run --------------------

@@ -152,16 +152,24 @@ def note_redispatch(run_id, *, seen_dispatch: int, due_before, step: dict) -> in
     """Record on a still-``queued`` run that its lost job is dispatched again;
     returns the new job's dispatch number, or None if the run changed since
     the reaper looked: claimed, cancelled, queued anew (another job), or no
-    longer due before ``due_before`` (G7)."""
+    longer due before ``due_before`` (G7). One with a cancel pending ends
+    ``cancelled`` instead."""
+    seen = AgentRun.objects.filter(
+        pk=run_id,
+        status=RunStatus.QUEUED,
+        dispatch_count=seen_dispatch,
+        available_at__lt=due_before,
+    )
+    # A cancel requested of a running run that was queued again before this
+    # check existed wins over its redispatch (G9).
+    if seen.filter(cancel_requested_at__isnull=False).update(
+        **_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)
+    ):
+        _log_change("cancel", run_id, status=RunStatus.CANCELLED)
+        return None
     with transaction.atomic():
         rows = _update_returning(
-            AgentRun.objects.filter(
-                pk=run_id,
-                status=RunStatus.QUEUED,
-                dispatch_count=seen_dispatch,
-                available_at__lt=due_before,
-                cancel_requested_at__isnull=True,
-            ),
+            seen.filter(cancel_requested_at__isnull=True),
             ("lease_token", "dispatch_count"),
             step_count=F("step_count") + 1,
             dispatch_count=F("dispatch_count") + 1,
