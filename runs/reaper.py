@@ -91,7 +91,10 @@ def reap_stale_runs(*, as_of: datetime | None = None, batch_size: int = 1000) ->
     stale_runs = list(stale_runs)
     for start in range(0, len(stale_runs), CHUNK_SIZE):
         _reap_chunk(stale_runs[start : start + CHUNK_SIZE], as_of, report)
-    _redispatch_lost_jobs(as_of, batch_size, report)
+    if settings.REDIS_URL:
+        # Without Redis no queued run has a job to lose: the embedded worker
+        # executes every queued run once it is due.
+        _redispatch_lost_jobs(as_of, batch_size, report)
     return report
 
 
