@@ -30,15 +30,14 @@ dev-venv: $(VENV)/.dev-installed
 
 ## make run: the app with demo data on SQLite, no Redis: the web server and,
 ## beside it, the embedded worker (delayed retries when due, the reaper).
-## Ctrl-C (or SIGTERM) stops both; the worker finishes the run in hand first,
-## a second Ctrl-C stops it at once.
+## Ctrl-C (or SIGTERM) stops both; the worker finishes the run in hand first.
 run: venv
 	mkdir -p var
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
 	$(PY) manage.py seed_demo
 	@echo "Serving the admin at http://$(RUN_ADDRESS)/admin/ (user: admin)"
-	trap 'kill $$server $$worker 2>/dev/null' INT TERM; \
+	@trap 'kill $$server $$worker 2>/dev/null' INT TERM; \
 	$(PY) manage.py embedded_worker & worker=$$!; \
 	$(PY) manage.py runserver --insecure $(RUN_ADDRESS) & server=$$!; \
 	wait $$server; status=$$?; kill $$worker 2>/dev/null; wait; exit $$status

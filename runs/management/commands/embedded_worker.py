@@ -22,7 +22,7 @@ class Command(BaseCommand):
     help = (
         "The embedded default's worker (no Redis): every --interval seconds one reaper "
         "pass, then the queued runs that are due (delayed retries included), oldest first. "
-        "SIGINT or SIGTERM: finish the run in hand and exit; a second one: exit at once."
+        "SIGINT or SIGTERM: finish the run in hand and exit; a second SIGINT: at once."
     )
 
     def add_arguments(self, parser):
@@ -58,24 +58,26 @@ class Command(BaseCommand):
         self.stdout.write("embedded worker: stopped")
 
     def _stop_on_signals(self, stop: threading.Event) -> None:
-        """The first SIGINT or SIGTERM lets the run in hand finish (a run cut
-        short stays ``running`` until its lease expires); the second is the
-        default action, at once. A SIGINT ignored when the process started
-        stays ignored: a shell starts background jobs that way, so ``make
-        run``'s Ctrl-C stops the web server and leaves stopping this worker
-        to the recipe's trap."""
-        catching = [signal.SIGTERM]
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            catching.append(signal.SIGINT)
+        """SIGTERM or SIGINT lets the run in hand finish, then the worker
+        exits. A second SIGINT (Ctrl-C again) stops it at once: the run cut
+        short stays ``running`` until its lease expires and the reaper
+        requeues it. A second SIGTERM changes nothing: a group kill
+        (``timeout``, a supervisor) and ``make run``'s trap each send one.
+        A SIGINT ignored when the process started stays ignored: a shell
+        starts background jobs so, which leaves stopping this worker under
+        ``make run`` to the recipe's trap."""
+        catch_sigint = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
 
-        def first_signal(signum, frame):
+        def stop_after_the_run_in_hand(signum, frame):
+            if not stop.is_set():
+                self.stderr.write(
+                    f"embedded worker: {signal.Signals(signum).name}: "
+                    "stopping after the run in hand"
+                )
             stop.set()
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            if signal.SIGINT in catching:
+            if catch_sigint:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-            self.stderr.write(
-                f"embedded worker: {signal.Signals(signum).name}: stopping after the run in hand"
-            )
 
-        for signum in catching:
-            signal.signal(signum, first_signal)
+        signal.signal(signal.SIGTERM, stop_after_the_run_in_hand)
+        if catch_sigint:
+            signal.signal(signal.SIGINT, stop_after_the_run_in_hand)
