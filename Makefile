@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 DBOS_VENV := .venv-dbos
 export NRLLM_BENCH_DBOS_PYTHON := $(CURDIR)/$(DBOS_VENV)/bin/python
 PYTEST_ARGS ?=
+# Where `make run` serves: `make run RUN_ADDRESS=127.0.0.1:8001`.
+RUN_ADDRESS ?= 127.0.0.1:8000
 
 .PHONY: run test lint venv dev-venv bench screenshots clean
 
@@ -26,14 +28,19 @@ $(DBOS_VENV)/.installed: bench/requirements-dbos.txt
 venv: $(VENV)/.installed
 dev-venv: $(VENV)/.dev-installed
 
-## make run: the app with demo data on SQLite and in-process execution.
+## make run: the app with demo data on SQLite, no Redis: the web server and,
+## beside it, the embedded worker (delayed retries when due, the reaper).
+## Ctrl-C (or SIGTERM) stops both; the worker finishes the run in hand first.
 run: venv
 	mkdir -p var
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_admin
 	$(PY) manage.py seed_demo
-	@echo "Serving the admin at http://127.0.0.1:8000/admin/ (user: admin)"
-	$(PY) manage.py runserver --insecure 127.0.0.1:8000
+	@echo "Serving the admin at http://$(RUN_ADDRESS)/admin/ (user: admin)"
+	@trap 'kill $$server $$worker 2>/dev/null' INT TERM; \
+	$(PY) manage.py embedded_worker & worker=$$!; \
+	$(PY) manage.py runserver --insecure $(RUN_ADDRESS) & server=$$!; \
+	wait $$server; status=$$?; kill $$worker 2>/dev/null; wait; exit $$status
 
 ## make lint: ruff, the migrations check and the OpenAPI schema check.
 lint: dev-venv

@@ -32,7 +32,22 @@ def database_from_url(url: str, *, conn_max_age: int, prepared_statements: bool)
         # DATABASE_PREPARED_STATEMENTS=false.
         options.update(server_side_binding=True, prepare_threshold=5)
     if database["ENGINE"] == "django.db.backends.sqlite3":
-        # Runs execute in-process beside the web server; wait for the writer
-        # instead of failing with "database is locked".
+        # The embedded default has two writing processes (the web server,
+        # executing new runs in its request threads, and
+        # ``manage.py embedded_worker``). Three settings keep them from
+        # failing each other with "database is locked":
+        # - timeout: a writer waits up to 20 s for the other one's commit;
+        # - IMMEDIATE: a transaction takes the write lock at BEGIN. A
+        #   deferred one that reads first (appending a step reads the step
+        #   count) and then writes gets "locked" at once, without waiting, when
+        #   the other process writes meanwhile (two processes doing that for
+        #   4 s: one committed nothing, every attempt refused at once; with
+        #   IMMEDIATE no attempt was refused);
+        # - WAL: readers (the admin's pages) neither wait for the writer's
+        #   commit nor block it: a reader's p99 under two busy writers went
+        #   from 3.6 ms to 0.13 ms (max 54 ms to 4 ms). synchronous stays FULL:
+        #   a commit the runtime waited for (a write's fence) survives a crash.
         options["timeout"] = 20
+        options["transaction_mode"] = "IMMEDIATE"
+        options["init_command"] = "PRAGMA journal_mode=WAL"
     return database

@@ -1,15 +1,18 @@
 """Waking a worker for a queued run.
 
 With ``REDIS_URL`` a job is enqueued on the RQ queue that ``manage.py
-rqworker`` serves; without it (the embedded default) the run executes
-in-process, in the caller. RQ's own synchronous mode is not used because it
-still needs a Redis server. RQ's retry is never used either: the run row
-decides retries. Jobs get no RQ timeout: a run renews its lease for as long as
-it makes progress, and the lease and the reaper — not RQ — decide when it is
-dead.
+rqworker`` serves; without it (the embedded default) a run due now executes
+in-process, in the caller, and a delayed one (a retry's backoff) is left
+``queued`` for ``manage.py embedded_worker`` to execute when due. RQ's own
+synchronous mode is not used because it still needs a Redis server. RQ's
+retry is never used either: the run row decides retries. Jobs get no RQ
+timeout: a run renews its lease for as long as it makes progress, and the
+lease and the reaper — not RQ — decide when it is dead.
 """
 
+import contextlib
 import functools
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -43,9 +46,7 @@ def job_id_for(run_id, dispatch_count: int) -> str:
 def dispatch(run_id, *, dispatch_count: int = 0, delay_seconds: float = 0) -> None:
     """Wake a worker for ``run_id``; raises if the job cannot be enqueued."""
     if not settings.REDIS_URL:
-        from runs.runtime import run_queued
-
-        run_queued(run_id)
+        _execute_in_caller(run_id, delay_seconds)
         return
     queue = run_queue()
     options = {**JOB_OPTIONS, "job_id": job_id_for(run_id, dispatch_count)}
@@ -61,8 +62,8 @@ def dispatch_many(runs: list[tuple[str, int]]) -> None:
     if not runs:
         return
     if not settings.REDIS_URL:
-        for run_id, dispatch_count in runs:
-            dispatch(run_id, dispatch_count=dispatch_count)
+        for run_id, _dispatch_count in runs:
+            _execute_in_caller(run_id, 0)
         return
     queue = run_queue()
     queue.enqueue_many(
@@ -78,6 +79,39 @@ def dispatch_many(runs: list[tuple[str, int]]) -> None:
             for run_id, dispatch_count in runs
         ]
     )
+
+
+#: Set while ``manage.py embedded_worker`` executes runs: there a run due
+#: now is the worker loop's next to claim, so dispatching it does nothing.
+#: Executing it in the caller would nest it in the reaper's pass (delaying the
+#: rest of the pass by the whole run) or in the attempt whose retry it is.
+_in_embedded_worker: ContextVar[bool] = ContextVar("in_embedded_worker", default=False)
+
+
+@contextlib.contextmanager
+def executing_in_embedded_worker():
+    """While active, the embedded default's dispatch leaves every run to the
+    embedded worker's loop (``runs.embedded_worker``)."""
+    token = _in_embedded_worker.set(True)
+    try:
+        yield
+    finally:
+        _in_embedded_worker.reset(token)
+
+
+def _execute_in_caller(run_id, delay_seconds: float) -> None:
+    """The embedded default's dispatch (no Redis).
+
+    A run due now (a new run, an operator's or the reaper's requeue) executes
+    here, in the caller. A delayed one is left ``queued`` with its
+    ``available_at``: executing it now would ignore its backoff, nested in
+    the attempt that failed; the embedded worker executes it once it is due.
+    """
+    if delay_seconds > 0 or _in_embedded_worker.get():
+        return
+    from runs.runtime import run_queued
+
+    run_queued(run_id)
 
 
 def live_job_ids(job_ids: list[str], *, grace_seconds: float) -> set[str]:

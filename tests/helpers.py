@@ -151,3 +151,21 @@ def step_inserts_held(condition: str, *, lock: int = 4242):
             cursor.execute("SELECT pg_advisory_unlock(%s)", [lock])
             cursor.execute(f"DROP TRIGGER IF EXISTS {function} ON {table}")
             cursor.execute(f"DROP FUNCTION IF EXISTS {function}()")
+
+
+def retried_when_due(*, rounds: int = 10) -> None:
+    """Execute the queued runs' retries as the embedded worker does once their
+    backoff is over, the wait skipped by back-dating ``available_at`` (time
+    controlled, not slept); round after round for retries of retries."""
+    from django.db.models.functions import Now
+
+    from runs.dispatch import executing_in_embedded_worker
+    from runs.embedded_worker import execute_due_runs
+    from runs.models import AgentRun
+    from runs.vocabulary import RunStatus
+
+    with executing_in_embedded_worker():
+        for _ in range(rounds):
+            if not AgentRun.objects.filter(status=RunStatus.QUEUED).update(available_at=Now()):
+                return
+            execute_due_runs(limit=100)

@@ -11,7 +11,7 @@ from playwright.sync_api import expect, sync_playwright
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun
 from runs.runtime import enqueue, run
-from tests.helpers import answer, call, scripted
+from tests.helpers import answer, call, retried_when_due, scripted
 from tools.models import Note
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -68,6 +68,7 @@ def runs_to_operate_on():
             prompt="Announce the release",
         )
     )
+    retried_when_due()
     return {"completed": completed, "safe": safe, "unsafe": unsafe, "resumed": resumed}
 
 

@@ -5,7 +5,10 @@ import io
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.db.models.functions import Now
 
+from runs.dispatch import executing_in_embedded_worker
+from runs.embedded_worker import execute_due_runs
 from runs.models import AgentRun, DeadLetter
 from tools.models import OutboxNotification
 
@@ -14,6 +17,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_seed_demo_executes_the_five_scenarios_once():
     call_command("seed_demo", stdout=io.StringIO())
+    # One run's retry waits its backoff; once it is due (the wait skipped by
+    # back-dating it), the embedded worker's pass executes it.
+    backing_off = AgentRun.objects.filter(status="queued", requeue_count=1)
+    assert backing_off.filter(available_at__gt=Now()).count() == 1
+    backing_off.update(available_at=Now())
+    with executing_in_embedded_worker():
+        assert execute_due_runs(limit=10) == 1
     runs = {run.prompt: run for run in AgentRun.objects.all()}
     assert len(runs) == 5
     by_outcome = sorted(

@@ -1,9 +1,19 @@
 """`make run`'s embedded default: SQLite and in-process execution, no Redis,
 no PostgreSQL. The set-up commands run as `make run` runs them."""
 
+import contextlib
+import json
 import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import uuid
+from datetime import datetime, timedelta
 
-from tests.helpers import manage
+from tests.drifting_model import openai_request
+from tests.fake_openai import error
+from tests.helpers import ROOT, manage, wait_until
 
 
 def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
@@ -18,17 +28,22 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
         assert result.returncode == 0, (command, result.stderr[-2000:])
     seeded = manage("seed_demo", env=env)
     assert "not seeded again" in seeded.stdout
-    listing = manage(
-        "shell",
-        "-c",
-        "from runs.models import AgentRun; "
-        "print(sorted((r.status, r.termination_reason) for r in AgentRun.objects.all()))",
-        env=env,
-    )
-    assert listing.stdout.strip().splitlines()[-1] == (
-        "[('cancelled', 'cancelled'), ('completed', 'completed'), ('completed', 'completed'), "
-        "('failed', 'not_retryable'), ('failed', 'not_retryable')]"
-    )
+
+    def outcomes():
+        return sorted(_rows(env, "SELECT status, termination_reason FROM runs_agentrun"))
+
+    # The demo run that failed once waits its backoff; the embedded worker,
+    # which `make run` starts next, runs its retry when due.
+    assert ("queued", "") in outcomes()
+    expected = [
+        ("cancelled", "cancelled"),
+        ("completed", "completed"),
+        ("completed", "completed"),
+        ("failed", "not_retryable"),
+        ("failed", "not_retryable"),
+    ]
+    with embedded_worker(env):
+        wait_until(lambda: outcomes() == expected, what="the demo run's retry")
 
 
 def test_steps_stay_append_only_on_sqlite_through_every_migration(tmp_path):
@@ -95,3 +110,155 @@ def test_unwritten_steps_are_written_in_order_with_the_next_one_on_sqlite(tmp_pa
         "[(1, 'request'), (2, 'llm'), (3, 'tool'), (4, 'llm'), (5, 'resume'), (6, 'llm')] "
         "6 3 5 completed",
     ]
+
+
+# The embedded worker (`manage.py embedded_worker`, which `make run` starts
+# beside the web server): delayed retries run when due, the reaper runs.
+
+
+def _embedded_env(tmp_path, fake_openai, **extra) -> dict:
+    return {
+        "PATH": os.environ["PATH"],
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'embedded.sqlite3'}",
+        "SECRET_KEY": "embedded-test",
+        "NRLLM_OPENAI_BASE_URL": fake_openai.base_url,
+        "NRLLM_OPENAI_API_KEY": "sk-test-not-a-real-key",
+        **{name: str(value) for name, value in extra.items()},
+    }
+
+
+def _rows(env, sql, *params) -> list[tuple]:
+    """Read the SQLite file directly: no Django start-up per poll."""
+    path = env["DATABASE_URL"].removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path, timeout=20)) as database:
+        return database.execute(sql, params).fetchall()
+
+
+def _run(env, run_id) -> dict:
+    columns = ("status", "termination_reason", "requeue_count", "available_at", "started_at")
+    row = _rows(env, f"SELECT {', '.join(columns)} FROM runs_agentrun WHERE id = ?", run_id)
+    return dict(zip(columns, row[0], strict=True))
+
+
+def _steps(env, run_id) -> list[tuple]:
+    return _rows(
+        env,
+        "SELECT sequence, kind, tool_name, result FROM runs_runstep WHERE run_id = ? "
+        "ORDER BY sequence",
+        run_id,
+    )
+
+
+def _moment(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+@contextlib.contextmanager
+def embedded_worker(env):
+    """A real ``manage.py embedded_worker``; stopped with SIGTERM as `make
+    run` stops it, which must end it cleanly."""
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "embedded_worker", "--interval", "0.2"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            output, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    assert process.returncode == 0, output[-3000:]
+    assert "embedded worker: stopped" in output
+
+
+def test_a_retry_waits_for_its_backoff_and_the_embedded_worker_runs_it_when_due(
+    tmp_path, fake_openai, drifting_model
+):
+    env = _embedded_env(tmp_path, fake_openai, NRLLM_RETRY_BACKOFF_SECONDS=2)
+    assert manage("migrate", "--noinput", env=env).returncode == 0
+    drifting_model.fail_turn(0, error(429, "slow down"))
+    request = openai_request("answer", [{"answer": "done (take {take})"}], tools=[])
+    # No Redis: the new run executes in the caller (this process), its model
+    # call is refused with a 429, and the retry is left to wait its backoff.
+    enqueued = manage("enqueue_run", "-", env=env, stdin=json.dumps(request))
+    assert enqueued.returncode == 0, enqueued.stderr[-2000:]
+    run_id = uuid.UUID(enqueued.stdout.strip().splitlines()[-1]).hex
+    waiting = _run(env, run_id)
+    # Not run nested in the caller: still queued, due its backoff after the
+    # failed attempt's claim (both times the database's clock).
+    assert (waiting["status"], waiting["requeue_count"]) == ("queued", 1)
+    due_after = _moment(waiting["available_at"]) - _moment(waiting["started_at"])
+    assert due_after >= timedelta(seconds=2)
+    assert drifting_model.requests_by_turn[0] == 1
+
+    with embedded_worker(env):
+        wait_until(lambda: _run(env, run_id)["status"] == "completed", what="the retry")
+    done = _run(env, run_id)
+    assert (done["termination_reason"], done["requeue_count"]) == ("completed", 1)
+    # Its second claim (started_at, the database's clock) came when it was due.
+    assert _moment(done["started_at"]) >= _moment(waiting["available_at"])
+    assert drifting_model.requests_by_turn[0] == 2
+    assert [kind for _, kind, _, _ in _steps(env, run_id)].count("request") == 2
+
+
+def test_the_embedded_worker_reaps_a_run_whose_process_was_killed_and_it_resumes(
+    tmp_path, fake_openai, drifting_model
+):
+    env = _embedded_env(tmp_path, fake_openai, NRLLM_LEASE_SECONDS=2)
+    assert manage("migrate", "--noinput", env=env).returncode == 0
+    plan = [
+        {"calls": [{"name": "upsert_note", "arguments": {"slug": "s", "body": "v{take}"}}]},
+        {"answer": "noted (take {take})"},
+    ]
+    drifting_model.hold_turn(1)  # the model call after the write: killed in it
+    starter = subprocess.Popen(
+        [sys.executable, "manage.py", "enqueue_run", "-"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    starter.stdin.write(json.dumps(openai_request("note it", plan, tools=["upsert_note"])))
+    starter.stdin.close()
+    try:
+        assert drifting_model.held.wait(timeout=60), "the run never reached its second turn"
+    finally:
+        starter.kill()  # SIGKILL: the run is left running, its lease unrenewed
+        starter.wait(timeout=30)
+    ((run_id, status),) = _rows(env, "SELECT id, status FROM runs_agentrun")
+    assert status == "running"
+
+    with embedded_worker(env):
+        wait_until(
+            lambda: _run(env, run_id)["status"] == "completed", timeout=60, what="reap and resume"
+        )
+    done = _run(env, run_id)
+    assert (done["termination_reason"], done["requeue_count"]) == ("completed", 1)
+    steps = _steps(env, run_id)
+    reaper_steps = [json.loads(result) for _, kind, _, result in steps if kind == "reaper"]
+    assert [step["decision"] for step in reaper_steps] == ["requeued"]
+    # Resumed from the journal: the recorded write was not executed again.
+    assert [tool for _, kind, tool, _ in steps if kind == "tool"] == ["upsert_note"]
+    assert [kind for _, kind, _, _ in steps].count("resume") == 1
+    assert _rows(env, "SELECT body FROM tools_note") == [("v1",)]
+
+
+def test_the_embedded_worker_refuses_to_start_with_redis_configured(tmp_path):
+    env = {
+        "PATH": os.environ["PATH"],
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'refused.sqlite3'}",
+        "SECRET_KEY": "embedded-test",
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+    }
+    refused = manage("embedded_worker", env=env)
+    assert refused.returncode != 0
+    assert "REDIS_URL is set" in refused.stderr and "rqworker --with-scheduler" in refused.stderr

@@ -13,7 +13,7 @@ from runs.providers import ProviderError
 from runs.retry import decide_retry
 from runs.runtime import enqueue
 from runs.vocabulary import FailureClass
-from tests.helpers import answer, call, scripted
+from tests.helpers import answer, call, retried_when_due, scripted
 from tools.models import Note
 
 
@@ -104,6 +104,7 @@ def test_a_retry_resumes_after_the_recorded_steps_and_asks_only_for_the_next_tur
             tools=["upsert_note"],
         )
     )
+    retried_when_due()
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.requeue_count, agent_run.lease_token) == ("completed", 1, 2)
     steps = list(agent_run.steps.values_list("lease_token", "kind"))
@@ -124,6 +125,7 @@ def test_a_retry_resumes_after_the_recorded_steps_and_asks_only_for_the_next_tur
 def test_a_retryable_failure_past_the_budget_is_dead_lettered(settings):
     settings.NRLLM_MAX_REQUEUES = 1
     agent_run = enqueue(scripted({"error": "connection"}))
+    retried_when_due()
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.termination_reason, agent_run.requeue_count) == (
         "failed",
@@ -142,6 +144,7 @@ def test_a_retry_replays_a_recorded_write_instead_of_repeating_it(http_server):
             tools=["post_webhook"],
         )
     )
+    retried_when_due()
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.requeue_count) == ("completed", 1)
     assert len(http_server.posts()) == 1

@@ -8,7 +8,7 @@ from django.test import Client
 
 from nrllm_ops.logs import JsonFormatter
 from runs.runtime import run
-from tests.helpers import answer, call, scripted
+from tests.helpers import answer, call, retried_when_due, scripted
 
 pytestmark = pytest.mark.django_db
 
@@ -77,6 +77,7 @@ def test_metrics_count_resumed_attempts_and_the_steps_they_replayed(settings):
             tools=["search_notes"],
         )
     )
+    retried_when_due()
     after = scrape()
 
     def grown(name):

@@ -12,7 +12,8 @@ from django.utils import timezone
 from rq.job import JobStatus
 
 from runs import transitions
-from runs.dispatch import dispatch, job_id_for
+from runs.dispatch import dispatch, executing_in_embedded_worker, job_id_for
+from runs.embedded_worker import execute_due_runs
 from runs.models import AgentRun, DeadLetter, RunStep
 from runs.reaper import reap_stale_runs
 from runs.run_request import parse_run_request
@@ -169,9 +170,13 @@ def test_a_queued_run_whose_job_was_lost_is_dispatched_again(queue, settings):
     assert reaper_steps(AgentRun.objects.get(pk=agent_run.pk))[0]["decision"] == "redispatched"
 
 
-def test_without_redis_a_stranded_queued_run_is_executed_by_the_reaper(settings):
+def test_without_redis_the_reaper_leaves_a_stranded_queued_run_to_the_embedded_worker(settings):
+    # No job to lose without Redis: no "redispatched" step, no reordering.
     agent_run = transitions.create_queued_run(stored(scripted(answer("late"))), "p")
-    reap_stale_runs(as_of=later())
+    assert reap_stale_runs(as_of=later()).decisions == {}
+    assert reaper_steps(agent_run) == []
+    with executing_in_embedded_worker():
+        assert execute_due_runs(limit=10) == 1
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.output) == ("completed", "late")
 

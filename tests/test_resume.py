@@ -17,7 +17,7 @@ from runs.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue
 from tests.drifting_model import MODELS, openai_request, request_for
 from tests.fake_openai import error
-from tests.helpers import wait_until
+from tests.helpers import retried_when_due, wait_until
 from tools.models import Note, OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,10 +120,10 @@ def test_a_rate_limit_after_a_recorded_idempotent_write_asks_only_for_the_next_t
 ):
     upsert = {"name": "upsert_note", "arguments": {"slug": "release", "body": "v2 (take {take})"}}
     drifting_model.fail_turn(1, error(429, headers={"retry-after": "0"}))
-    # Queued, in-process: the retry runs at once.
     agent_run = enqueue(
         openai_request("ship it", [{"calls": [upsert]}, {"answer": "ok"}], ["upsert_note"])
     )
+    retried_when_due()
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.requeue_count) == ("completed", 1)
     assert drifting_model.requests_by_turn == {0: 1, 1: 2}

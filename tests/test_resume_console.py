@@ -8,7 +8,7 @@ from runs.models import AgentRun
 from runs.runtime import enqueue
 from tests.drifting_model import openai_request
 from tests.fake_openai import error
-from tests.helpers import answer, call, scripted
+from tests.helpers import answer, call, retried_when_due, scripted
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,6 +29,7 @@ def retried_after_a_write(drifting_model):
         {"answer": "sent (take {take})"},
     ]
     agent_run = enqueue(openai_request("notify", plan, ["send_notification"]))
+    retried_when_due()
     return AgentRun.objects.get(pk=agent_run.pk)
 
 

@@ -103,7 +103,9 @@ class Command(BaseCommand):
         with step_inserts_refused("send_notification"):
             audit_failed = run(AUDIT_FAILED)
         dead_lettered = enqueue(NOT_RETRYABLE)
-        resumed = enqueue(RESUMED)  # in-process, the retry runs at once
+        # Its retry waits its backoff (NRLLM_RETRY_BACKOFF_SECONDS): the
+        # embedded worker that `make run` starts next, or an rqworker, runs it.
+        resumed = enqueue(RESUMED)
         # Cancelled before any worker could claim it: its job finds nothing to do.
         with transaction.atomic():
             cancelled = enqueue(CANCELLED)
@@ -113,7 +115,7 @@ class Command(BaseCommand):
             ("completed (reads and writes)", completed),
             ("write audit failed", audit_failed),
             ("dead-lettered, not retryable", dead_lettered),
-            ("retried: resumed after its write, not repeated", resumed),
+            ("retried: resumes after its write, does not repeat it", resumed),
             ("cancelled", cancelled),
         ]:
             agent_run.refresh_from_db()
