@@ -121,6 +121,10 @@ def _handler(state: LocalHttpServer):
             return False
 
         def _route(self):
+            if self.path == "/no-read":  # leave the body unread: the client's write stalls
+                state.release.wait(timeout=5)
+                self.close_connection = True
+                return None
             self._record()
             if self._misbehave():
                 return None

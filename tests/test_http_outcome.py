@@ -30,9 +30,21 @@ def test_a_webhook_that_takes_the_post_and_hangs_past_the_timeout_is_an_unknown_
     http_server, settings
 ):
     settings.NRLLM_HTTP_TIMEOUT_SECONDS = 1
-    with pytest.raises(ToolOutcomeUnknown, match=r"timed out after 1s after the request may have"):
+    with pytest.raises(
+        ToolOutcomeUnknown,
+        match="timed out after 1s, after the request may have been received: whether",
+    ):
         post(http_server.url("/slow"))
     assert [request.path for request in http_server.posts()] == ["/slow"]
+
+
+def test_a_webhook_that_stops_reading_the_post_midway_is_an_unknown_outcome(http_server, settings):
+    settings.NRLLM_HTTP_TIMEOUT_SECONDS = 1
+    payload = {"blob": "x" * 2**25}  # more than the sockets' buffers hold
+    with pytest.raises(ToolOutcomeUnknown, match="timed out after 1s, after the request"):
+        get_registry().get("post_webhook").run(
+            {"url": http_server.url("/no-read"), "payload": payload}, CONTEXT
+        )
 
 
 @pytest.mark.parametrize(
