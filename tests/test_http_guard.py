@@ -5,6 +5,7 @@ Names resolve through the test's own resolver (the ``dns`` fixture), never
 the system's or the internet; the servers are local.
 """
 
+import ipaddress
 import ssl
 import subprocess
 import tracemalloc
@@ -113,6 +114,19 @@ def test_a_host_without_a_port_allows_only_the_schemes_default_port(dns, http_se
     for url in ["https://hook.test:80/", "http://other.test/", "https://other.test:443/"]:
         with pytest.raises(ToolError, match="is not allowed"):
             check_url(url)
+
+
+def test_an_address_allowed_literally_is_allowed_in_its_ipv4_mapped_form(dns, settings):
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = ["mapped.test", "10.0.0.5"]
+    dns.add("mapped.test", ["::ffff:10.0.0.5"])
+    assert check_url("http://mapped.test/").destination.addresses == (
+        ipaddress.ip_address("::ffff:10.0.0.5"),
+    )
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = ["mapped.test", "10.0.0.6"]
+    with pytest.raises(
+        ToolError, match="resolves to ::ffff:10.0.0.5, an address embedding 10.0.0.5, a private"
+    ):
+        check_url("http://mapped.test/")
 
 
 def test_a_redirect_is_resolved_and_checked_again(dns, http_server, settings):

@@ -10,6 +10,7 @@ receiver may have acted on it.
 """
 
 from dataclasses import dataclass
+from urllib.parse import urljoin
 
 import httpx
 from django.conf import settings
@@ -79,7 +80,7 @@ def guarded_get(url: str) -> dict:
             raise ToolError(_failure("GET", target.url, error)) from None
         if answer.location is None:
             return answer.described(target.url)
-        url = target.url.join(answer.location)
+        url = urljoin(str(target.url), answer.location)  # check_url refuses a malformed one
     raise ToolError(f"refused: more than {MAX_REDIRECTS} redirects")
 
 
@@ -95,8 +96,8 @@ def guarded_post_json(url: str, payload, headers: dict[str, str]) -> dict:
         raise ToolError(_failure("POST", target.url, error)) from None
     except httpx.HTTPError as error:
         raise ToolOutcomeUnknown(
-            f"{_failure('POST', target.url, error)} after the request may have been "
-            "received; whether the webhook acted on it is unknown"
+            f"{_failure('POST', target.url, error).rstrip('.')}, after the request may have "
+            "been received: whether the webhook acted on it is unknown"
         ) from None
     if answer.location is not None:
         raise ToolError(

@@ -106,7 +106,9 @@ def check_url(url: str | httpx.URL) -> Target:
     addresses = _addresses_of(shown, host, port)
     for address in addresses:
         reason = refusal_reason(address)
-        literal = any(entry.allows(address.compressed, port, parsed.scheme) for entry in entries)
+        literal = any(
+            entry.allows(form, port, parsed.scheme) for entry in entries for form in _forms(address)
+        )
         if reason and not literal:
             raise ToolError(
                 f"refused {shown!r}: {host} resolves to {address}, {reason}; allow the "
@@ -172,6 +174,12 @@ def _canonical_host(host: str) -> str:
         return ipaddress.ip_address(host).compressed
     except ValueError:
         return host.lower()
+
+
+def _forms(address: IPAddress) -> set[str]:
+    """How an allow-list entry may name ``address``: ``::ffff:10.0.0.5`` is 10.0.0.5."""
+    mapped = isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped
+    return {address.compressed, mapped.compressed} if mapped else {address.compressed}
 
 
 def _not_allowed(entries: list[_Entry], host: str, port: int) -> str:

@@ -46,7 +46,7 @@ class _PinnedBackend(httpcore.SyncBackend):
                 return super().connect_tcp(
                     str(address), port, timeout, local_address, socket_options
                 )
-            except httpcore.ConnectError as error:  # nothing was sent: try the next
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as error:  # nothing sent
                 failure = error
         raise failure
 
