@@ -13,7 +13,7 @@ from django.db import connection
 
 from runs.dispatch import run_queue
 from tests.helpers import ROOT
-from tests.http_fixture import start_http_server
+from tests.http_fixture import TestResolver, start_http_server
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -35,6 +35,20 @@ def http_server(settings):
     server.release.set()
     server.server.shutdown()
     server.server.server_close()
+
+
+@pytest.fixture
+def dns(monkeypatch):
+    """The HTTP tools' host names resolve through this ``TestResolver``
+    instead of the system's, in this test only: the guard installs nothing
+    else at ``http_guard.resolver``, and everything after the lookup (the
+    checks, the pinned connection) runs as in production. Subprocess workers
+    keep the system resolver; give them IP literals."""
+    from tools.builtin import http_guard
+
+    resolver = TestResolver()
+    monkeypatch.setattr(http_guard, "resolver", resolver)
+    return resolver
 
 
 @pytest.fixture

@@ -1,12 +1,110 @@
-"""HTTP tools, limited to ``NRLLM_HTTP_ALLOWED_HOSTS``."""
+"""HTTP tools, limited to ``NRLLM_HTTP_ALLOWED_HOSTS``.
 
+Each hop is checked and pinned by ``http_guard`` before anything is sent (a
+redirect is checked like the first URL), dialled by ``http_transport``, and
+its answer read up to a cap. How a failure is reported depends on whether the
+request may have left: before that (not allowed, no address, connection
+refused or timed out) it is a ``ToolError``; after it, a read-only GET is
+still a ``ToolError``, while a POST raises ``ToolOutcomeUnknown``, because the
+receiver may have acted on it.
+"""
+
+from dataclasses import dataclass
+from urllib.parse import urljoin
+
+import httpx
 from django.conf import settings
 
-from tools.builtin.http_guard import MAX_REDIRECTS, guarded_get, guarded_post_json
-from tools.contract import Tool, ToolContext
+from tools.builtin.http_guard import Target, check_url
+from tools.builtin.http_transport import ACCEPT_ENCODING, PinnedTransport, read_capped
+from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
 from tools.effects import ToolEffect
 
+MAX_REDIRECTS = 5
 _URL = {"type": "string", "minLength": 1, "maxLength": 2000}
+#: Failures that happen before a byte of the request is written: connecting
+#: (TCP or TLS) or getting a connection. Every hop has a pool of its own, so
+#: no request is ever written to a kept-alive connection that then turns out
+#: dead — a failure after connecting is after (possibly) sending.
+_NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    content_type: str
+    location: str | None  # a redirect's target, its body unread
+    body: str = ""
+    truncated: bool = False
+
+    def described(self, url: httpx.URL) -> dict:
+        return {
+            "url": str(url),
+            "status": self.status,
+            "content_type": self.content_type,
+            "body": self.body,
+            "truncated": self.truncated,
+        }
+
+
+def _exchange(method: str, target: Target, **kwargs) -> _Answer:
+    """Send one request to a checked target and read its answer (not a
+    redirect's body). httpx errors propagate for the caller to classify."""
+    timeout = httpx.Timeout(settings.NRLLM_HTTP_TIMEOUT_SECONDS)
+    headers = {"Accept-Encoding": ACCEPT_ENCODING, **kwargs.pop("headers", {})}
+    transport = PinnedTransport(target.destination)
+    with (
+        httpx.Client(transport=transport, timeout=timeout, trust_env=False) as client,
+        client.stream(method, target.url, headers=headers, **kwargs) as response,
+    ):
+        content_type = response.headers.get("content-type", "")
+        if response.is_redirect:
+            return _Answer(response.status_code, content_type, response.headers["location"])
+        body, truncated = read_capped(response)
+        return _Answer(response.status_code, content_type, None, body, truncated)
+
+
+def _failure(method: str, url: httpx.URL, error: httpx.HTTPError) -> str:
+    if isinstance(error, httpx.TimeoutException):
+        return f"{method} {url} timed out after {settings.NRLLM_HTTP_TIMEOUT_SECONDS}s"
+    return f"{method} {url} failed: {error}"
+
+
+def guarded_get(url: str) -> dict:
+    """GET ``url`` following redirects only to allowed, checked destinations."""
+    for _ in range(MAX_REDIRECTS + 1):
+        target = check_url(url)
+        try:
+            answer = _exchange("GET", target)
+        except httpx.HTTPError as error:
+            raise ToolError(_failure("GET", target.url, error)) from None
+        if answer.location is None:
+            return answer.described(target.url)
+        url = urljoin(str(target.url), answer.location)  # check_url refuses a malformed one
+    raise ToolError(f"refused: more than {MAX_REDIRECTS} redirects")
+
+
+def guarded_post_json(url: str, payload, headers: dict[str, str]) -> dict:
+    """POST ``payload`` as JSON once. A redirect is reported, never followed,
+    because following it would send the write a second time. Raises
+    ``ToolOutcomeUnknown`` when the POST may have been received but no
+    complete answer came back."""
+    target = check_url(url)
+    try:
+        answer = _exchange("POST", target, json=payload, headers=headers)
+    except _NOTHING_SENT as error:
+        raise ToolError(_failure("POST", target.url, error)) from None
+    except httpx.HTTPError as error:
+        raise ToolOutcomeUnknown(
+            f"{_failure('POST', target.url, error).rstrip('.')}, after the request may have "
+            "been received: whether the webhook acted on it is unknown"
+        ) from None
+    if answer.location is not None:
+        raise ToolError(
+            f"the webhook answered {answer.status} redirecting to "
+            f"{answer.location!r}; a POST is not re-sent"
+        )
+    return answer.described(target.url)
 
 
 class HttpGet(Tool):
