@@ -1,0 +1,168 @@
+"""Adversarial probes for issue 16's change (review branch). Each test states
+the guarantee it checks; a failing test is a defect."""
+
+import importlib
+import shutil
+import socket
+import subprocess
+import time
+from datetime import timedelta
+
+import pytest
+from django.apps import apps as django_apps
+from django.utils import timezone
+
+from runs import operator_actions, transitions
+from runs.models import AgentRun, RunStep, WriteReconciliation
+from runs.reaper import reap_stale_runs
+from runs.requeue_safety import requeue_safety
+from runs.runtime import enqueue, run
+from runs.selectors import writes_in_doubt
+from tests.helpers import answer, scripted
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def later(seconds=3600):
+    return timezone.now() + timedelta(seconds=seconds)
+
+
+def fresh(agent_run):
+    return AgentRun.objects.get(pk=agent_run.pk)
+
+
+# --- Migration 0014 binds an old reconciliation to a later write (G10) -------
+
+
+def test_migration_0014_does_not_bind_an_old_reconciliation_to_a_later_doubt(operator):
+    """Before 0014 a run had one reconciliation whatever happened after it
+    (the defect of issue 16 item 1). A run reconciled ``not_applied`` at
+    attempt 1, requeued, and left in doubt again on the same call by
+    attempt 2 is exactly what that defect produced. 0014's carry_over binds
+    the old reconciliation to the run's *current* lease token, so attempt
+    2's write in doubt counts as reconciled: it is not listed and may be
+    requeued (its write runs a third time) without anyone looking at it."""
+    migration = importlib.import_module("runs.migrations.0014_recovery_holes")
+    agent_run = transitions.create_queued_run({"prompt": "p"}, "p")
+    key = "k" * 64
+    call = {"tool": "send_notification", "arguments": {"m": "x"}, "idempotency_key": key}
+    # Attempt 1 left the write in doubt and was reconciled not_applied ...
+    WriteReconciliation.objects.create(
+        run=agent_run,
+        lease_token=0,  # what AddField(default=0) leaves before carry_over
+        outcome="not_applied",
+        note="not received",
+        tool_name="send_notification",
+        arguments=call["arguments"],
+        idempotency_key=key,
+        operator=operator,
+    )
+    for sequence, (token, kind) in enumerate(
+        [(1, "request"), (1, "llm"), (1, "operator"), (1, "operator"), (2, "request")],
+        start=1,
+    ):
+        RunStep.objects.create(run=agent_run, sequence=sequence, lease_token=token, kind=kind)
+    # ... then requeued; attempt 2 ran the same call again and was killed in it.
+    AgentRun.objects.filter(pk=agent_run.pk).update(
+        status="failed",
+        termination_reason="write_interrupted",
+        lease_token=2,
+        step_count=5,
+        pending_effect="non_idempotent_write",
+        pending_call=call,
+    )
+
+    migration.carry_over(django_apps, None)
+
+    stranded = AgentRun.objects.filter(pk=agent_run.pk)
+    assert writes_in_doubt(stranded).exists(), "attempt 2's write is in doubt, not reconciled"
+    assert requeue_safety(fresh(agent_run)).code == "write_in_doubt"
+
+
+# --- An operator-requeued interactive run is reaped as a caller's (G7/G12) ---
+
+
+def test_an_operator_requeued_interactive_run_whose_worker_died_is_requeued_not_abandoned(
+    operator,
+):
+    """G12: a reaper requeue resumes every re-execution; G7's "interactive:
+    its caller is gone" is about runs a caller executes. An interactive run
+    an operator requeued is executed by a worker as a queued run
+    (runtime.run_queued, RunMode.QUEUED), but its row keeps
+    mode='interactive': when that worker dies, the reaper ends it
+    failed/abandoned instead of requeuing it."""
+    agent_run = run(scripted({"error": "server_error", "attempts": 1}, answer("ok")))
+    assert (agent_run.status, agent_run.mode) == ("failed", "interactive")
+    # Requeued by the operator with no worker (no REDIS_URL would execute it
+    # in place): queue it through the transition, as the action does.
+    step = {"kind": "operator", "result": {"action": "requeue"}}
+    assert transitions.operator_requeue(
+        agent_run.pk, seen_status="failed", seen_step_count=agent_run.step_count, step=step
+    )
+    # A worker claims it and is SIGKILLed mid-call: nothing renews the lease.
+    assert transitions.claim(agent_run.pk, "worker-killed", 60) is not None
+    reap_stale_runs(as_of=later())
+    reaped = fresh(agent_run)
+    assert (reaped.status, reaped.termination_reason) == ("queued", ""), (
+        reaped.status,
+        reaped.termination_reason,
+    )
+
+
+# --- A transient Redis refusal fails the run dispatch_failed (G4) ------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def read_only_redis(tmp_path):
+    """A real redis-server that refuses writes with READONLY, as a replica
+    does during a failover (its master unreachable)."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            shutil.which("redis-server"),
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--dir",
+            str(tmp_path),
+            "--replicaof",
+            "127.0.0.1",
+            str(_free_port()),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_a_dispatch_refused_by_a_read_only_replica_leaves_the_run_queued(
+    settings, read_only_redis
+):
+    """G4: only a failure that trying again would not cure fails the run
+    dispatch_failed. A replica refusing writes during a failover (READONLY),
+    or Redis at maxmemory (OOM), is cured by trying again; both are
+    redis ResponseErrors, which classify() maps to 'unknown'."""
+    settings.REDIS_URL = read_only_redis
+    agent_run = enqueue(scripted(answer()))
+    refused = fresh(agent_run)
+    assert (refused.status, refused.termination_reason) == ("queued", ""), (
+        refused.status,
+        refused.termination_reason,
+        refused.error_message,
+    )
