@@ -166,3 +166,27 @@ def test_a_dispatch_refused_by_a_read_only_replica_leaves_the_run_queued(
         refused.termination_reason,
         refused.error_message,
     )
+
+
+# --- A legacy fence without a call can no longer be reconciled (G10) ---------
+
+
+def test_a_write_in_doubt_fenced_before_pending_call_existed_can_be_reconciled(operator):
+    """pending_call was added by migration 0005 without a backfill: a run
+    left in doubt before it has pending_effect='non_idempotent_write' and
+    pending_call NULL. Before this change it could be reconciled (and then
+    requeued); now reconcile's new guard filters
+    pending_call__idempotency_key='' , which never matches a NULL column:
+    it answers 'changed' for ever, so the run can never be reconciled nor
+    requeued, and stays listed as a write in doubt."""
+    agent_run = transitions.create_queued_run({"prompt": "p"}, "p")
+    AgentRun.objects.filter(pk=agent_run.pk).update(
+        status="failed",
+        termination_reason="write_interrupted",
+        lease_token=1,
+        pending_effect="non_idempotent_write",
+        pending_call=None,
+    )
+    assert writes_in_doubt(AgentRun.objects.filter(pk=agent_run.pk)).exists()
+    result = operator_actions.reconcile(fresh(agent_run), operator, "not_applied", "checked")
+    assert result.ok, (result.code, result.detail)
