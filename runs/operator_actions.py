@@ -16,6 +16,7 @@ from django.db.models.functions import Now
 from runs import transitions
 from runs.models import AgentRun, DeadLetter, WriteReconciliation
 from runs.requeue_safety import requeue_safety, restart_safety
+from runs.selectors import fenced_key
 from runs.transitions import CancelOutcome
 from runs.vocabulary import ReconciliationOutcome, Resolution, RunStatus, StepKind
 
@@ -152,8 +153,10 @@ def reconcile(run: AgentRun, operator, outcome: str, note: str) -> ActionResult:
                 status__in=RunStatus.terminal(),
                 lease_token=run.lease_token,
                 pending_effect=run.pending_effect,
-                pending_call__idempotency_key=call.get("idempotency_key", ""),
             )
+            # A fence stamped before calls were stamped with it has no key.
+            .annotate(fenced_key=fenced_key())
+            .filter(fenced_key=call.get("idempotency_key", ""))
             .exists()
         )
         if not still_in_question:

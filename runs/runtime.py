@@ -11,6 +11,7 @@ import secrets
 import socket
 import time
 
+import redis
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
@@ -60,16 +61,18 @@ def enqueue(request_data) -> AgentRun:
 def dispatch_or_fail(run_id, *, dispatch_count: int, delay_seconds: float = 0) -> None:
     """Dispatch the job of the run's ``dispatch_count``-th time in the queue.
 
-    The run row is the state (G4): if Redis cannot be reached, the run stays
-    ``queued``, due as it is, and the reaper dispatches it again once its job
-    is missing (G7). Only a failure that trying again would not cure (a
-    configuration error, say) fails the run, with a dead letter.
+    The run row is the state (G4): if Redis cannot take the job — away,
+    read-only in a failover, out of memory, refusing our credentials — the
+    run stays ``queued``, due as it is, and the reaper dispatches it again
+    once Redis is back (G7). Only a failure that is not Redis's (a
+    ``REDIS_URL`` that is not a Redis URL, say) fails the run, with a dead
+    letter.
     """
     try:
         dispatch.dispatch(run_id, dispatch_count=dispatch_count, delay_seconds=delay_seconds)
     except Exception as error:
         failure_class = classify(error)
-        if is_retryable(failure_class):
+        if isinstance(error, redis.RedisError) or is_retryable(failure_class):
             logger.warning(
                 "run=%s dispatch failed (%s: %s); left queued for the reaper to dispatch again",
                 run_id,

@@ -24,6 +24,12 @@ EXECUTED_WRITE = Q(
 ) & ~Q(idempotency_key="")
 
 
+def fenced_key():
+    """The idempotency key of the call a run's fence stands on, as text;
+    "" for a fence stamped before calls were stamped with it."""
+    return Coalesce(KT("pending_call__idempotency_key"), Value(""), output_field=CharField())
+
+
 def writes_in_doubt(queryset):
     """The runs of ``queryset`` with a write in doubt: no reconciliation for
     the write their fence stands on (a reconciliation settles one write)."""
@@ -37,11 +43,7 @@ def writes_in_doubt(queryset):
             pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE,
             status__in=RunStatus.terminal(),
         )
-        .annotate(
-            fenced_key=Coalesce(
-                KT("pending_call__idempotency_key"), Value(""), output_field=CharField()
-            )
-        )
+        .annotate(fenced_key=fenced_key())
         .filter(~Exists(reconciled))
     )
 

@@ -66,7 +66,9 @@ RETRYABLE_FAILURE_CLASSES = frozenset(
 
 class RunMode(models.TextChoices):
     QUEUED = "queued"  # enqueue(): executed by a worker
-    INTERACTIVE = "interactive"  # run(): executed inline by the caller
+    #: run(): executed inline by the caller — until an operator requeues or
+    #: restarts it (operator_requeue), which makes it a queued run.
+    INTERACTIVE = "interactive"
 
 
 class StepKind(models.TextChoices):

@@ -1,10 +1,13 @@
 """Runs in the admin: a read-only list and detail, the requeue, restart and
 cancel actions, and the operator pages (overview, writes in doubt, reconcile)."""
 
+import logging
+
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db import DatabaseError
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -25,6 +28,8 @@ from runs.admin.paginator import BoundedCountPaginator
 from runs.models import AgentRun
 from runs.requeue_safety import requeue_safety, restart_safety
 from tools.registry import effect_for
+
+logger = logging.getLogger(__name__)
 
 STEPS_PER_PAGE = 50
 
@@ -306,8 +311,19 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
         if not getattr(self, permission)(request):
             raise PermissionDenied
         run = get_object_or_404(AgentRun, pk=run_id)
-        result = perform(run, request.user, request.POST)
-        self.message_user(request, result.detail, messages.SUCCESS if result.ok else messages.ERROR)
+        try:
+            result = perform(run, request.user, request.POST)
+        except DatabaseError:
+            # The action and its step are one transaction: nothing happened.
+            logger.exception("run=%s %s failed on a database error", run_id, action)
+            self.message_user(
+                request,
+                "The database could not complete the action; nothing was changed.",
+                messages.ERROR,
+            )
+        else:
+            level = messages.SUCCESS if result.ok else messages.ERROR
+            self.message_user(request, result.detail, level)
         back = request.POST.get("next", "")
         if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
             back = reverse("admin:runs_agentrun_change", args=[run_id])

@@ -2,21 +2,27 @@
 new ways a run can end (issue 16)."""
 
 from django.db import migrations, models
-from django.db.models import F, OuterRef, Subquery
+from django.db.models import F, OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce
 
 
 def carry_over(apps, schema_editor):
     """A queued run's job, already in Redis, keeps its id (it was numbered by
-    the retry budget); a reconciliation settles the fence its run shows now,
-    which is the one it was made for."""
+    the retry budget). A reconciliation is bound to the attempt its run was
+    at when it was made — the lease token of the run's last step by then —
+    never to a later one: a write left in doubt again after it (what one
+    reconciliation per run let happen) stays in doubt. With no step before
+    it, 0, which no attempt has."""
     AgentRun = apps.get_model("runs", "AgentRun")
+    RunStep = apps.get_model("runs", "RunStep")
     WriteReconciliation = apps.get_model("runs", "WriteReconciliation")
     AgentRun.objects.update(dispatch_count=F("requeue_count"))
-    WriteReconciliation.objects.update(
-        lease_token=Subquery(
-            AgentRun.objects.filter(pk=OuterRef("run_id")).values("lease_token")[:1]
-        )
+    attempt_then = (
+        RunStep.objects.filter(run_id=OuterRef("run_id"), created_at__lte=OuterRef("created_at"))
+        .order_by("-sequence")
+        .values("lease_token")[:1]
     )
+    WriteReconciliation.objects.update(lease_token=Coalesce(Subquery(attempt_then), Value(0)))
 
 
 class Migration(migrations.Migration):

@@ -10,7 +10,7 @@ from runs.transitions._common import (
     _update_returning,
     db_time,
 )
-from runs.vocabulary import RunStatus
+from runs.vocabulary import RunMode, RunStatus
 
 
 def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> int | None:
@@ -50,6 +50,9 @@ def _back_in_queue_by_operator(
             ),
             ("dispatch_count",),
             status=RunStatus.QUEUED,
+            # A worker executes it from now on, whoever started it: the
+            # reaper must not take it for a caller's (G7).
+            mode=RunMode.QUEUED,
             termination_reason="",
             failure_class="",
             error_type="",

@@ -1,5 +1,7 @@
-"""Adversarial probes for issue 16's change (review branch). Each test states
-the guarantee it checks; a failing test is a defect."""
+"""Edges of the recovery guarantees that an adversarial review of issue 16
+found (G4, G7, G10, G11): runs and reconciliations from before migration
+0014, an interactive run an operator handed to the workers, a Redis that
+refuses writes for a while, a database refusing an admin action."""
 
 import importlib
 import shutil
@@ -16,6 +18,7 @@ from runs import operator_actions, transitions
 from runs.models import AgentRun, RunStep, WriteReconciliation
 from runs.reaper import reap_stale_runs
 from runs.requeue_safety import requeue_safety
+from runs.run_request import parse_run_request
 from runs.runtime import enqueue, run
 from runs.selectors import writes_in_doubt
 from tests.helpers import answer, scripted
@@ -43,7 +46,7 @@ def test_migration_0014_does_not_bind_an_old_reconciliation_to_a_later_doubt(ope
     2's write in doubt counts as reconciled: it is not listed and may be
     requeued (its write runs a third time) without anyone looking at it."""
     migration = importlib.import_module("runs.migrations.0014_recovery_holes")
-    agent_run = transitions.create_queued_run({"prompt": "p"}, "p")
+    agent_run = transitions.create_queued_run(parse_run_request(scripted(answer())).as_json(), "p")
     key = "k" * 64
     call = {"tool": "send_notification", "arguments": {"m": "x"}, "idempotency_key": key}
     # Attempt 1 left the write in doubt and was reconciled not_applied ...
@@ -102,10 +105,12 @@ def test_an_operator_requeued_interactive_run_whose_worker_died_is_requeued_not_
     # A worker claims it and is SIGKILLed mid-call: nothing renews the lease.
     assert transitions.claim(agent_run.pk, "worker-killed", 60) is not None
     reap_stale_runs(as_of=later())
+    # Requeued, and (no Redis) resumed in place by the reaper's dispatch.
     reaped = fresh(agent_run)
-    assert (reaped.status, reaped.termination_reason) == ("queued", ""), (
-        reaped.status,
-        reaped.termination_reason,
+    assert (reaped.status, reaped.termination_reason, reaped.mode) == (
+        "completed",
+        "completed",
+        "queued",
     )
 
 
@@ -151,9 +156,7 @@ def read_only_redis(tmp_path):
         server.wait(10)
 
 
-def test_a_dispatch_refused_by_a_read_only_replica_leaves_the_run_queued(
-    settings, read_only_redis
-):
+def test_a_dispatch_refused_by_a_read_only_replica_leaves_the_run_queued(settings, read_only_redis):
     """G4: only a failure that trying again would not cure fails the run
     dispatch_failed. A replica refusing writes during a failover (READONLY),
     or Redis at maxmemory (OOM), is cured by trying again; both are
@@ -190,3 +193,18 @@ def test_a_write_in_doubt_fenced_before_pending_call_existed_can_be_reconciled(o
     assert writes_in_doubt(AgentRun.objects.filter(pk=agent_run.pk)).exists()
     result = operator_actions.reconcile(fresh(agent_run), operator, "not_applied", "checked")
     assert result.ok, (result.code, result.detail)
+
+
+# --- An admin action the database refuses is an error message, not a 500 ----
+
+
+def test_an_admin_cancel_the_database_refuses_changes_nothing_and_says_so(operator_client):
+    from runs.faults import step_inserts_refused
+
+    agent_run = transitions.create_queued_run({"prompt": "p"}, "p")
+    url = f"/admin/runs/agentrun/{agent_run.pk}/cancel/"
+    with step_inserts_refused(kind="operator"):
+        response = operator_client.post(url, {"note": "stop"}, follow=True)
+    assert response.status_code == 200
+    assert "nothing was changed" in response.content.decode()
+    assert (fresh(agent_run).status, fresh(agent_run).cancel_requested_at) == ("queued", None)
