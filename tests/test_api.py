@@ -240,6 +240,24 @@ def test_tools_show_their_effect_and_only_enabled_changes(api):
     assert response.json()["effect"] == "non_idempotent_write"
 
 
+def test_a_tool_no_longer_registered_is_a_non_idempotent_write_marked_not_registered(api):
+    # A setting outlives its tool's removal from the code (or NRLLM_TOOLS).
+    ToolSetting.objects.create(name="retired_tool", enabled=True)
+    tools = {tool["name"]: tool for tool in api.get("/api/tools/").json()}
+    assert tools["retired_tool"]["effect"] == "non_idempotent_write"
+    assert tools["retired_tool"]["registered"] is False
+    assert tools["search_notes"]["registered"] is True
+    assert tools["search_notes"]["effect"] == "read_only"
+    detail = api.get("/api/tools/retired_tool/").json()
+    assert (detail["effect"], detail["registered"]) == ("non_idempotent_write", False)
+    response = api.patch("/api/tools/retired_tool/", {"registered": True}, format="json")
+    assert response.status_code == 400 and "registered is read-only" in response.json()["detail"]
+    schema = json.loads(APIClient().get("/api/schema/?format=json").content)
+    tool_schema = schema["components"]["schemas"]["Tool"]
+    assert "registered" in tool_schema["required"]
+    assert tool_schema["properties"]["registered"]["type"] == "boolean"
+
+
 def test_schema_and_docs(api):
     schema = APIClient().get("/api/schema/?format=json")
     assert schema.status_code == 200

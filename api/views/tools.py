@@ -10,7 +10,7 @@ from api.serializers import ToolSerializer
 from api.views.base import BaseAPIView, errors
 from tools.models import ToolSetting
 
-READ_ONLY_FIELDS = {"name", "description", "effect", "parameters"}
+READ_ONLY_FIELDS = {"name", "description", "effect", "registered", "parameters"}
 
 
 def _setting(name) -> ToolSetting:
