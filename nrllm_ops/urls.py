@@ -17,3 +17,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("api.urls")),
 ]
+
+# Under /api/ a URL no route matches is an error in the API's shape too.
+handler400 = "api.errors.bad_request"
+handler404 = "api.errors.not_found"
