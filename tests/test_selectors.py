@@ -3,13 +3,12 @@
 tool filter, the same on PostgreSQL and SQLite."""
 
 import json
-import os
 
 import pytest
 
 from runs.models import AgentRun, WriteReconciliation
 from runs.selectors import is_write_in_doubt, offering_tool, writes_in_doubt
-from tests.helpers import call, manage, scripted
+from tests.helpers import call, manage, scripted, sqlite_env
 
 pytestmark = pytest.mark.django_db
 
@@ -64,11 +63,7 @@ def test_the_tool_filter_matches_offered_tools_only(admin_client, api):
 
 
 def test_the_tool_filter_matches_offered_tools_only_on_sqlite_too(tmp_path):
-    env = {
-        "PATH": os.environ["PATH"],
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'tool_filter.sqlite3'}",
-        "SECRET_KEY": "embedded-test",
-    }
+    env = sqlite_env(tmp_path / "tool_filter.sqlite3")
     assert manage("migrate", "--noinput", env=env).returncode == 0
     script = (
         "import json, sys\n"
