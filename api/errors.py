@@ -5,6 +5,8 @@ failures), never a stack trace."""
 import logging
 
 from django.db import DatabaseError
+from django.http import JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -74,3 +76,21 @@ def exception_handler(exc, context):
         else str(response.data),
     }
     return response
+
+
+def _in_the_api_shape(django_handler, status_code: int, code: str):
+    """A project-wide error handler that answers under ``/api/`` in the API's
+    shape (no route matched, or a middleware refused the request) and
+    leaves every other page to Django's own."""
+
+    def handler(request, exception):
+        if request.path.startswith("/api/"):
+            detail = exception.args[0] if exception.args else f"no such endpoint: {request.path}"
+            return JsonResponse({"code": code, "detail": str(detail)}, status=status_code)
+        return django_handler(request, exception)
+
+    return handler
+
+
+not_found = _in_the_api_shape(defaults.page_not_found, 404, "not_found")
+bad_request = _in_the_api_shape(defaults.bad_request, 400, "invalid")

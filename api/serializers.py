@@ -7,7 +7,8 @@ from rest_framework import serializers
 from runs.models import AgentRun, DeadLetter, RunStep
 from runs.selectors import is_write_in_doubt
 from runs.vocabulary import ReconciliationOutcome
-from tools.registry import get_registry
+from tools.effects import ToolEffect
+from tools.registry import effect_for, get_registry
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -165,7 +166,17 @@ class ErrorSerializer(serializers.Serializer):
 class ToolSerializer(serializers.Serializer):
     name = serializers.CharField(read_only=True)
     description = serializers.CharField(read_only=True)
-    effect = serializers.CharField(read_only=True, help_text="from the code; never accepted")
+    effect = serializers.ChoiceField(
+        choices=[effect.value for effect in ToolEffect],
+        read_only=True,
+        help_text="from the code; never accepted. A tool no longer registered is "
+        "non_idempotent_write, as an unknown name always is",
+    )
+    registered = serializers.BooleanField(
+        read_only=True,
+        help_text="whether the running code still registers the tool; a setting "
+        "may outlive its tool's removal",
+    )
     parameters = serializers.JSONField(read_only=True)
     enabled = serializers.BooleanField()
 
@@ -175,7 +186,9 @@ class ToolSerializer(serializers.Serializer):
         return {
             "name": setting.name,
             "description": tool.description if tool else "",
-            "effect": tool.effect.value if tool else "",
+            # Through the resolver, so a removed tool fails closed (G1).
+            "effect": effect_for(setting.name).value,
+            "registered": tool is not None,
             "parameters": tool.parameters if tool else None,
             "enabled": setting.enabled,
         }

@@ -50,6 +50,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "nrllm_ops.nul_in_url.RefuseNulInUrl",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -108,6 +109,10 @@ RQ_QUEUES = {
 # ``rq.worker.SimpleWorker`` runs jobs in the worker itself and, with
 # DATABASE_CONN_MAX_AGE, keeps its connection warm (bench/results.md compares
 # both). The lease and the reaper cover a worker that dies either way.
+# django-rq would also mount its dashboard inside the admin
+# (/admin/django_rq/dashboard/), with its mutating views open to any staff
+# user; it is mounted once instead, behind nrllm_ops.queue_dashboard.
+RQ_SHOW_ADMIN_LINK = False
 RQ = {"WORKER_CLASS": env_str("NRLLM_WORKER_CLASS", "runs.worker.Worker")}
 
 # --- The runtime -----------------------------------------------------------

@@ -1,17 +1,23 @@
 """URL routes: the admin (the operator console) and django-rq's dashboard,
-which the console links to when Redis is configured."""
+which the console links to when Redis is configured (read-only for staff,
+``nrllm_ops.queue_dashboard``)."""
 
 from django.contrib import admin
 from django.urls import include, path
 
-from nrllm_ops import observability
+from nrllm_ops import observability, queue_dashboard
 
 urlpatterns = [
     path("healthz", observability.healthz),
     path("readyz", observability.readyz),
     path("metrics", observability.metrics),
-    # Before admin/, which would otherwise claim the path; staff only (django-rq checks).
-    path("admin/django-rq/", include("django_rq.urls")),
+    # Before admin/, which would otherwise claim the path. Staff may look
+    # (django-rq checks); only a superuser may change the queue there.
+    path("admin/django-rq/", queue_dashboard.urls()),
     path("admin/", admin.site.urls),
     path("api/", include("api.urls")),
 ]
+
+# Under /api/ a URL no route matches is an error in the API's shape too.
+handler400 = "api.errors.bad_request"
+handler404 = "api.errors.not_found"

@@ -1,8 +1,8 @@
 """Run queries that the admin, the API and the metrics share, each backed by
 an index (see ``AgentRun.Meta``)."""
 
-from django.db import connection
-from django.db.models import CharField, Exists, OuterRef, Q, Value
+from django.db import NotSupportedError, connection
+from django.db.models import BooleanField, CharField, Exists, F, Func, OuterRef, Q, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 
@@ -59,12 +59,39 @@ def is_write_in_doubt(run: AgentRun) -> bool:
     )
 
 
+class _JSONArrayHoldsText(Func):
+    """SQLite (JSON1): whether the JSON document ``document`` holds at ``path``
+    an array with the string ``text`` among its elements — what jsonb
+    containment of ``[text]`` asks on PostgreSQL, where Django's ``contains``
+    serves it (Django has no lookup for it on SQLite)."""
+
+    arity = 3
+    output_field = BooleanField()
+
+    def as_sql(self, compiler, connection, **extra_context):
+        raise NotSupportedError(f"{type(self).__name__} is for SQLite only")
+
+    def as_sqlite(self, compiler, connection, **extra_context):
+        (document, document_params), (path, path_params), (text, text_params) = (
+            compiler.compile(expression) for expression in self.get_source_expressions()
+        )
+        at_path = (*document_params, *path_params)
+        sql = (
+            f"(json_type({document}, {path}) = 'array' AND EXISTS (SELECT 1 FROM"
+            f" json_each({document}, {path}) AS element"
+            f" WHERE element.type = 'text' AND element.value = {text}))"
+        )
+        return sql, (*at_path, *at_path, *text_params)
+
+
 def offering_tool(queryset, name: str):
-    """The runs of ``queryset`` whose request offers the tool ``name``."""
+    """The runs of ``queryset`` whose request offers the tool ``name``: an
+    element of its ``tools`` list, never a name mentioned elsewhere in it
+    (a scripted turn's call, the prompt)."""
     if connection.vendor == "postgresql":
         # jsonb containment, served by the GIN index on request->'tools'.
         return queryset.filter(request__tools__contains=[name])
-    return queryset.filter(request__icontains=f'"{name}"')
+    return queryset.filter(_JSONArrayHoldsText(F("request"), Value("$.tools"), Value(name)))
 
 
 def write_audit_runs(limit: int = 200):

@@ -1,6 +1,7 @@
 """Small builders and waiting helpers shared by the tests."""
 
 import contextlib
+import os
 import subprocess
 import sys
 import threading
@@ -83,6 +84,17 @@ def collected(path) -> dict:
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
+    }
+
+
+def sqlite_env(database: Path, **variables: str) -> dict:
+    """The environment of a ``manage.py`` process on the embedded default:
+    the SQLite file ``database``, no Redis, no PostgreSQL."""
+    return {
+        "PATH": os.environ["PATH"],
+        "DATABASE_URL": f"sqlite:///{database}",
+        "SECRET_KEY": "embedded-test",
+        **variables,
     }
 
 

@@ -1,14 +1,17 @@
 """The REST API: the same verdicts and actions as the admin, tokens, and bad
 input answered with a 4xx that names the problem and stores nothing."""
 
+import contextlib
 import io
 import json
 import threading
 
 import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.core.cache import cache
 from django.core.management import call_command
-from django.db import connection
+from django.db import DatabaseError, connection
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
@@ -238,6 +241,60 @@ def test_tools_show_their_effect_and_only_enabled_changes(api):
     response = api.patch("/api/tools/post_webhook/", {"enabled": False}, format="json")
     assert response.status_code == 200 and response.json()["enabled"] is False
     assert response.json()["effect"] == "non_idempotent_write"
+
+
+def test_a_tool_no_longer_registered_is_a_non_idempotent_write_marked_not_registered(api):
+    # A setting outlives its tool's removal from the code (or NRLLM_TOOLS).
+    ToolSetting.objects.create(name="retired_tool", enabled=True)
+    tools = {tool["name"]: tool for tool in api.get("/api/tools/").json()}
+    assert tools["retired_tool"]["effect"] == "non_idempotent_write"
+    assert tools["retired_tool"]["registered"] is False
+    assert tools["search_notes"]["registered"] is True
+    assert tools["search_notes"]["effect"] == "read_only"
+    detail = api.get("/api/tools/retired_tool/").json()
+    assert (detail["effect"], detail["registered"]) == ("non_idempotent_write", False)
+    response = api.patch("/api/tools/retired_tool/", {"registered": True}, format="json")
+    assert response.status_code == 400 and "registered is read-only" in response.json()["detail"]
+    schema = json.loads(APIClient().get("/api/schema/?format=json").content)
+    tool_schema = schema["components"]["schemas"]["Tool"]
+    assert "registered" in tool_schema["required"]
+    assert tool_schema["properties"]["registered"]["type"] == "boolean"
+
+
+def test_a_tool_switched_through_the_api_is_in_the_admin_log(api, operator):
+    response = api.patch("/api/tools/post_webhook/", {"enabled": False}, format="json")
+    assert response.status_code == 200
+    [entry] = LogEntry.objects.filter(
+        content_type=ContentType.objects.get_for_model(ToolSetting), object_id="post_webhook"
+    )
+    assert (entry.user, entry.action_flag) == (operator, CHANGE)
+    assert entry.get_change_message() == "Changed enabled through the API: true → false."
+    # A refused request logs nothing; nor does a change whose entry cannot be written.
+    api.patch("/api/tools/post_webhook/", {"enabled": "no"}, format="json")
+    assert LogEntry.objects.count() == 1
+    with admin_log_inserts_refused(), pytest.raises(DatabaseError, match="admin log refused"):
+        api.patch("/api/tools/post_webhook/", {"enabled": True}, format="json")
+    assert ToolSetting.objects.get(name="post_webhook").enabled is False
+
+
+@contextlib.contextmanager
+def admin_log_inserts_refused():
+    """A trigger refuses every insert into the admin log (dropped after: the
+    test is transactional, DDL would outlive it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION refuse_log() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'admin log refused'; END $$; "
+            "CREATE TRIGGER refuse_log BEFORE INSERT ON django_admin_log "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_log()"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "DROP TRIGGER refuse_log ON django_admin_log; DROP FUNCTION refuse_log()"
+            )
 
 
 def test_schema_and_docs(api):

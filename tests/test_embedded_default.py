@@ -13,16 +13,11 @@ from datetime import datetime, timedelta
 
 from tests.drifting_model import openai_request
 from tests.fake_openai import error
-from tests.helpers import ROOT, manage, wait_until
+from tests.helpers import ROOT, manage, sqlite_env, wait_until
 
 
 def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
-    env = {
-        "PATH": os.environ["PATH"],
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
-        "SECRET_KEY": "embedded-test",
-        "NRLLM_ADMIN_PASSWORD": "pw",
-    }
+    env = sqlite_env(tmp_path / "demo.sqlite3", NRLLM_ADMIN_PASSWORD="pw")
     for command in (["migrate", "--noinput"], ["ensure_admin"], ["seed_demo"], ["check"]):
         result = manage(*command, env=env)
         assert result.returncode == 0, (command, result.stderr[-2000:])
@@ -50,11 +45,7 @@ def test_steps_stay_append_only_on_sqlite_through_every_migration(tmp_path):
     # SQLite rebuilds a table to change it, which drops its triggers: the
     # append-only guard (G11) must survive those rebuilds, both ways. On a
     # fresh database the runs app alone can be migrated, tools after it.
-    env = {
-        "PATH": os.environ["PATH"],
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'migrated.sqlite3'}",
-        "SECRET_KEY": "embedded-test",
-    }
+    env = sqlite_env(tmp_path / "migrated.sqlite3")
     for command in (["migrate", "runs"], ["migrate"], ["migrate", "runs", "0009"], ["migrate"]):
         result = manage(*command, "--noinput", env=env)
         assert result.returncode == 0, (command, result.stderr[-2000:])
@@ -82,11 +73,7 @@ def test_steps_stay_append_only_on_sqlite_through_every_migration(tmp_path):
 def test_unwritten_steps_are_written_in_order_with_the_next_one_on_sqlite(tmp_path):
     """The ORM's version of the multi-step record (G12), on SQLite: steps the
     database refused go in, in order, ahead of the step recorded next."""
-    env = {
-        "PATH": os.environ["PATH"],
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'steps.sqlite3'}",
-        "SECRET_KEY": "embedded-test",
-    }
+    env = sqlite_env(tmp_path / "steps.sqlite3")
     assert manage("migrate", "--noinput", env=env).returncode == 0
     script = (
         "from runs import transitions\n"

@@ -1,11 +1,15 @@
 """The shared run queries: one definition of a write in doubt, for a queryset
-(admin filter, API filter, metrics) and for one run (the API's field)."""
+(admin filter, API filter, metrics) and for one run (the API's field); the
+tool filter, the same on PostgreSQL and SQLite."""
+
+import json
 
 import pytest
 from django.contrib.auth.models import User
 
 from runs.models import AgentRun, WriteReconciliation
-from runs.selectors import is_write_in_doubt, writes_in_doubt
+from runs.selectors import is_write_in_doubt, offering_tool, writes_in_doubt
+from tests.helpers import call, manage, scripted, sqlite_env
 
 pytestmark = pytest.mark.django_db
 
@@ -53,3 +57,45 @@ def test_a_write_in_doubt_is_the_same_for_a_queryset_and_for_one_run(operator):
     by_query = set(writes_in_doubt(AgentRun.objects.all()).values_list("pk", flat=True))
     assert by_row == by_query == {in_doubt.pk, cancelled.pk, later_write.pk, same_call_again.pk}
     assert {reconciled.pk, in_progress.pk, idempotent.pk}.isdisjoint(by_row)
+
+
+#: prompt → request. Only the first offers ``search_notes``; the others
+#: mention the name elsewhere, or a name like it.
+TOOL_FILTER_RUNS = {
+    "offers it": scripted(tools=["read_note", "search_notes"]),
+    "scripts a call of it": scripted(call("search_notes", query="x"), tools=["read_note"]),
+    "prompts it": scripted(prompt='use "search_notes"'),
+    "offers another case": scripted(tools=["Search_Notes"]),
+    "offers a longer name": scripted(tools=["search_notes_v2"]),
+    "offers nothing": {"prompt": "p", "tools": "search_notes"},
+}
+
+
+def test_the_tool_filter_matches_offered_tools_only(admin_client, api):
+    runs = {
+        prompt: AgentRun.objects.create(request=request, prompt=prompt, status="completed").pk
+        for prompt, request in TOOL_FILTER_RUNS.items()
+    }
+    matched = offering_tool(AgentRun.objects.all(), "search_notes")
+    assert [run.prompt for run in matched] == ["offers it"]
+    listed = api.get("/api/runs/?tool=search_notes").json()["results"]
+    assert [run["id"] for run in listed] == [str(runs["offers it"])]
+    page = admin_client.get("/admin/runs/agentrun/", {"tool": "search_notes"}).content.decode()
+    assert [prompt for prompt, pk in runs.items() if str(pk) in page] == ["offers it"]
+
+
+def test_the_tool_filter_matches_offered_tools_only_on_sqlite_too(tmp_path):
+    env = sqlite_env(tmp_path / "tool_filter.sqlite3")
+    assert manage("migrate", "--noinput", env=env).returncode == 0
+    script = (
+        "import json, sys\n"
+        "from runs.models import AgentRun\n"
+        "from runs.selectors import offering_tool\n"
+        "for prompt, request in json.load(sys.stdin).items():\n"
+        "    AgentRun.objects.create(request=request, prompt=prompt, status='completed')\n"
+        "print(json.dumps([run.prompt for run in offering_tool(AgentRun.objects.all(), "
+        "'search_notes')]))"
+    )
+    result = manage("shell", "-c", script, env=env, stdin=json.dumps(TOOL_FILTER_RUNS))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == ["offers it"]

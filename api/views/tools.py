@@ -1,5 +1,8 @@
 """``/api/tools/``: the registry as operators see it. Only ``enabled`` can change."""
 
+import json
+
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import NotFound, ValidationError
@@ -10,7 +13,7 @@ from api.serializers import ToolSerializer
 from api.views.base import BaseAPIView, errors
 from tools.models import ToolSetting
 
-READ_ONLY_FIELDS = {"name", "description", "effect", "parameters"}
+READ_ONLY_FIELDS = {"name", "description", "effect", "registered", "parameters"}
 
 
 def _setting(name) -> ToolSetting:
@@ -43,8 +46,9 @@ class ToolDetail(BaseAPIView):
         responses={200: ToolSerializer, **errors(400, 404, 413)},
     )
     def patch(self, request, name):
-        """Switch a tool on or off. The effect comes from code: naming it (or any
-        other read-only field) is refused, and nothing changes."""
+        """Switch a tool on or off, with an entry in the admin log. The effect
+        comes from code: naming it (or any other read-only field) is refused,
+        and nothing changes."""
         setting = _setting(name)
         body = request.data
         if not isinstance(body, dict):
@@ -57,5 +61,24 @@ class ToolDetail(BaseAPIView):
         if "enabled" not in body or not isinstance(body["enabled"], bool):
             raise ValidationError({"enabled": "must be true or false"})
         with transaction.atomic():
-            ToolSetting.objects.filter(pk=setting.pk).update(enabled=body["enabled"])
+            # Locked, so the log's "before" is the value this change replaced.
+            setting = ToolSetting.objects.select_for_update().get(pk=setting.pk)
+            before, after = setting.enabled, body["enabled"]
+            ToolSetting.objects.filter(pk=setting.pk).update(enabled=after)
+            # In the admin's log like a change made there (G11), in the same
+            # transaction: no change without its entry.
+            LogEntry.objects.log_actions(
+                request.user.pk,
+                [setting],
+                CHANGE,
+                change_message=_change_message(before, after),
+                single_object=True,
+            )
         return Response(ToolSerializer.describe(_setting(name)))
+
+
+def _change_message(before: bool, after: bool) -> str:
+    was, now = json.dumps(before), json.dumps(after)
+    if before == after:
+        return f"No fields changed through the API (enabled stays {now})."
+    return f"Changed enabled through the API: {was} → {now}."

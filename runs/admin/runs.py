@@ -5,7 +5,8 @@ import logging
 
 from django.conf import settings
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import BadRequest, PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db import DatabaseError
 from django.http import Http404
@@ -56,6 +57,13 @@ class OperatorPermissions:
         action = request.POST.get("action") if request.method == "POST" else None
         if action and action not in self.get_actions(request):
             raise PermissionDenied
+        if action:
+            # Django would take a malformed selected id to the database (a 500).
+            for selected in request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME):
+                try:
+                    self.model._meta.pk.to_python(selected)
+                except ValidationError:
+                    raise BadRequest(f"{selected!r} is not a {self.opts.verbose_name} id") from None
         return super().changelist_view(request, extra_context)
 
     def has_requeue_permission(self, request, obj=None):
@@ -169,7 +177,10 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     # --- the detail page --------------------------------------------------------
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        run = get_object_or_404(AgentRun, pk=object_id)
+        # get_object() takes a malformed id (not a UUID) for a missing one.
+        run = self.get_object(request, unquote(object_id))
+        if run is None:
+            return super().change_view(request, object_id, form_url)  # "does not exist"
         steps = Paginator(run.steps.order_by("sequence"), STEPS_PER_PAGE).get_page(
             request.GET.get("steps_page")
         )

@@ -1,0 +1,83 @@
+"""django-rq's dashboard, mounted read-only for staff and whole for superusers.
+
+Its mutating views stop a job (killing the work horse under a running run),
+delete or requeue jobs and empty a queue or a registry, through none of the
+runs' guarded transitions, permissions or audit (G11). So they are refused
+deny-by-default: a request passes for a staff user only when it names a view
+listed below as read-only *and* uses a safe method; anything else — every
+POST, every confirmation page, a view a django-rq upgrade adds — needs a
+superuser (who holds every operator permission anyway). Superuser rather than
+a permission of its own: a user allowed to kill a worker under a run can do
+anything the console can, and more.
+"""
+
+import functools
+
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.urls import URLPattern, include, reverse
+from django_rq import urls as django_rq_urls
+
+#: The dashboard's URL names whose views only read (on GET and HEAD). The
+#: workers and cron pages prune dead workers' and schedulers' registry
+#: entries as they read, which changes nothing a run depends on.
+READ_ONLY_VIEWS = frozenset(
+    {
+        "home",
+        "home_json",
+        "metrics",
+        "jobs",
+        "queue_details",
+        "finished_jobs",
+        "failed_jobs",
+        "scheduled_jobs",
+        "started_jobs",
+        "deferred_jobs",
+        "job_detail",
+        "result_detail",
+        "workers",
+        "worker_details",
+        "scheduler_jobs",
+        "cron_scheduler_detail",
+        "cron_job_detail",
+    }
+)
+SAFE_METHODS = frozenset({"GET", "HEAD"})
+
+
+def superuser_unless_read_only(view, url_name: str):
+    """``view`` as a staff user may reach it: as it is when ``url_name`` is
+    read-only and the method safe; otherwise only for a superuser — a staff
+    user gets 403, anyone else the admin's login page."""
+    read_only = url_name in READ_ONLY_VIEWS
+
+    @functools.wraps(view)
+    def guarded(request, *args, **kwargs):
+        user = request.user
+        if (read_only and request.method in SAFE_METHODS) or user.is_superuser:
+            return view(request, *args, **kwargs)
+        if not (user.is_active and user.is_staff):
+            return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+        raise PermissionDenied(
+            "only a superuser may change the queue from django-rq's dashboard; "
+            "operators act on runs from the console"
+        )
+
+    guarded.guards_queue_dashboard = True
+    return guarded
+
+
+def _guarded(pattern: URLPattern) -> URLPattern:
+    return URLPattern(
+        pattern.pattern,
+        superuser_unless_read_only(pattern.callback, pattern.name),
+        pattern.default_args,
+        pattern.name,
+    )
+
+
+def urls():
+    """django-rq's URL patterns, each behind ``superuser_unless_read_only``,
+    for ``path(..., queue_dashboard.urls())``."""
+    patterns = [_guarded(pattern) for pattern in django_rq_urls.urlpatterns]
+    return include((patterns, django_rq_urls.app_name))

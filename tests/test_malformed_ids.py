@@ -1,0 +1,94 @@
+"""A malformed id — in an admin URL, an admin action's selection or an API
+route — is a 404 (or the admin's own "does not exist" redirect), never a
+500. Transactional: a database error in one request must not hide behind
+the aborted transaction of an earlier one."""
+
+import pytest
+from django.contrib import admin
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MALFORMED = ["not-a-uuid", "%00", "x" * 300, "99999999999999999999", "a%2Fb", "'"]
+#: The console's own pages for one run (``AgentRunAdmin.get_urls``).
+RUN_PAGES = ["requeue/", "restart/", "cancel/", "reconcile/"]
+
+
+def _admin_urls(bad):
+    for model in admin.site._registry:
+        prefix = f"/admin/{model._meta.app_label}/{model._meta.model_name}/{bad}/"
+        yield from (prefix, f"{prefix}change/", f"{prefix}history/", f"{prefix}delete/")
+    for page in RUN_PAGES:
+        yield f"/admin/runs/agentrun/{bad}/{page}"
+
+
+@pytest.fixture
+def clients(admin_client, viewer_client):
+    """A superuser, who reaches every page, and a viewer, who is refused some."""
+    for client in (admin_client, viewer_client):
+        client.raise_request_exception = False
+    return [admin_client, viewer_client]
+
+
+def test_a_malformed_id_in_any_admin_url_is_a_404_or_does_not_exist_never_a_500(clients):
+    server_errors = [
+        (method, url, response.status_code)
+        for bad in MALFORMED
+        for url in _admin_urls(bad)
+        for client in clients
+        for method in ("get", "post")
+        if (response := getattr(client, method)(url, follow=True)).status_code >= 500
+    ]
+    assert server_errors == []
+
+
+def test_a_malformed_run_id_is_the_admins_does_not_exist_redirect(admin_client):
+    response = admin_client.get("/admin/runs/agentrun/not-a-uuid/change/", follow=True)
+    assert response.redirect_chain == [("/admin/", 302)]
+    assert "doesn’t exist" in response.content.decode()
+    assert admin_client.get("/admin/tools/toolsetting/%00/change/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("changelist", "action"),
+    [
+        ("/admin/runs/agentrun/", "requeue_selected"),
+        ("/admin/runs/agentrun/", "restart_selected"),
+        ("/admin/runs/agentrun/", "cancel_selected"),
+        ("/admin/runs/deadletter/", "requeue_selected"),
+        ("/admin/runs/deadletter/", "dismiss_selected"),
+    ],
+)
+def test_a_malformed_selected_id_in_an_admin_action_is_a_400(clients, changelist, action):
+    for bad in ["not-a-uuid", "\x00", "x" * 300]:
+        response = clients[0].post(changelist, {"action": action, "_selected_action": [bad]})
+        assert response.status_code == 400, (bad, response.status_code)
+
+
+def test_a_malformed_id_in_any_api_route_is_a_404(api):
+    api.raise_request_exception = False
+    routes = [
+        ("get", "/api/runs/{}/"),
+        ("get", "/api/runs/{}/steps/"),
+        ("post", "/api/runs/{}/cancel/"),
+        *[
+            (method, f"/api/runs/{{}}/{action}/")
+            for action in ("requeue", "restart")
+            for method in ("get", "post")
+        ],
+        ("post", "/api/write-audits/{}/reconcile/"),
+        ("get", "/api/tools/{}/"),
+        ("patch", "/api/tools/{}/"),
+    ]
+    for bad in MALFORMED:
+        for method, route in routes:
+            response = getattr(api, method)(route.format(bad), {"enabled": False}, format="json")
+            assert response.status_code == 404, (method, route, bad, response.status_code)
+            assert response["Content-Type"] == "application/json", (method, route, bad)
+            assert response.json()["code"] == "not_found", (method, route, bad)
+
+
+def test_a_nul_in_a_query_string_is_a_400(clients, api):
+    for url in ["/admin/runs/agentrun/?status=%00", "/admin/runs/agentrun/?tool=%00"]:
+        assert clients[0].get(url).status_code == 400, url
+    response = api.get("/api/runs/?tool=%00")
+    assert response.status_code == 400 and response.json()["code"] == "invalid"
