@@ -285,6 +285,12 @@ def _execute_call(call: PlannedCall, observer: LoopObserver) -> StepEvent:
             raise _outcome_unknown(tool, context, error) from error
         event.error = storable_text(f"tool {name!r} failed: {type(error).__name__}: {error}")
         return event
+    except (SystemExit, GeneratorExit) as error:
+        # A write tool that exits the process (or a generator's close inside
+        # it) must not leave its run running with the write unaccounted for.
+        if tool.effect.is_write:
+            raise _outcome_unknown(tool, context, error) from error
+        raise
     # What the model is told and what the journal records, alike.
     result = as_journaled(result)
     try:

@@ -5,10 +5,13 @@
 The agent loop is driven here and observed by ``LeasedExecution``.
 """
 
+import contextlib
 import logging
 import os
 import secrets
+import signal
 import socket
+import threading
 import time
 
 import redis
@@ -139,12 +142,40 @@ def run(request_data) -> AgentRun:
             resumed=False,
             disabled_tools=frozenset(),
         )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         # The caller stopped it (Ctrl-C; run_agent turns SIGTERM into this):
         # nobody finishes the run after it, not even the reaper.
-        _settle_interrupted(lease)
-        raise
+        with _signals_held():
+            _settle_interrupted(lease)
+        raise CallerInterrupted(lease.run_id) from interrupt
     return AgentRun.objects.get(pk=lease.run_id)
+
+
+class CallerInterrupted(KeyboardInterrupt):
+    """``run`` was interrupted; ``run_id`` says which run (settled
+    ``cancelled``, unless it had ended already)."""
+
+    def __init__(self, run_id: str):
+        super().__init__(run_id)
+        self.run_id = run_id
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """A second Ctrl-C or SIGTERM while the interrupted run settles must not
+    cut the settle short (main thread only: signals reach no other)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _settle_interrupted(lease: Lease) -> None:

@@ -81,7 +81,7 @@ def test_an_interrupted_run_agent_ends_its_run_cancelled_and_nothing_finishes_it
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130, stderr
-    assert "interrupted: the run was cancelled" in stderr
+    assert f"interrupted: run {agent_run.pk} is cancelled" in stderr
 
     ended = AgentRun.objects.get(pk=agent_run.pk)
     assert (ended.status, ended.termination_reason) == ("cancelled", "cancelled")

@@ -14,7 +14,7 @@ from runs.faults import run_status_changes_refused, step_inserts_refused
 from runs.models import AgentRun, DeadLetter, WriteReconciliation
 from runs.reaper import reap_stale_runs
 from runs.requeue_safety import requeue_safety
-from runs.runtime import enqueue
+from runs.runtime import enqueue, run
 from runs.selectors import writes_in_doubt
 from tests.drifting_model import MODELS, request_for
 from tests.helpers import wait_until
@@ -28,6 +28,9 @@ UNSURE_TOOLS = [
     "tests.tools_for_tests.UnsureRead",
     "tests.tools_for_tests.SlowWrite",
     "tests.tools_for_tests.CrashingWrite",
+    "tests.tools_for_tests.SlowDatabaseWrite",
+    "tests.tools_for_tests.SlowDatabaseIdempotentWrite",
+    "tests.tools_for_tests.ExitingWrite",
 ]
 NOTIFY = {
     "name": "send_notification",
@@ -135,9 +138,32 @@ def test_a_write_stopped_at_its_time_limit_or_failing_unreported_is_in_doubt(uns
     assert not stopped.steps.filter(kind="tool").exists()
 
 
-def test_an_interactive_write_whose_outcome_is_unknown_ends_write_interrupted(unsure_tools):
-    from runs.runtime import run
+@pytest.mark.parametrize(
+    ("tool", "ends"),
+    [
+        ("slow_database_write", ("failed", "write_interrupted")),
+        ("slow_database_idempotent_write", ("queued", "")),
+    ],
+)
+def test_a_write_stopped_inside_a_database_statement_still_settles(unsure_tools, tool, ends):
+    """The alarm leaves the connection mid-query; the settle goes over a new one."""
+    agent_run = enqueue(one_call(None, tool, {}))
+    stopped = fresh(agent_run)
+    assert (stopped.status, stopped.termination_reason) == ends
+    ended = run(one_call(None, tool, {}))  # interactive: run() returns, settled
+    assert (ended.status, ended.termination_reason) == (
+        "failed",
+        "write_interrupted" if tool == "slow_database_write" else "not_retryable",
+    )
 
+
+def test_a_write_tool_that_exits_the_process_leaves_no_run_running(unsure_tools):
+    ended = run(one_call(None, "exiting_write", {}))
+    assert (ended.status, ended.termination_reason) == ("failed", "write_interrupted")
+    assert in_doubt(ended)
+
+
+def test_an_interactive_write_whose_outcome_is_unknown_ends_write_interrupted(unsure_tools):
     ended = run(one_call(None, "unsure_write", {"text": "x"}))
     assert (ended.status, ended.termination_reason) == ("failed", "write_interrupted")
     assert in_doubt(ended)

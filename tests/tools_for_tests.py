@@ -207,3 +207,36 @@ class CrashingWrite(Tool):
 
     def run(self, arguments, context):
         raise RuntimeError("connection pool exhausted halfway through")
+
+
+class SlowDatabaseWrite(Tool):
+    """A non-idempotent write whose database statement outlasts its 1 second
+    limit (a lock wait, a slow server): the alarm stops it mid-statement."""
+
+    name = "slow_database_write"
+    description = "non-idempotent write whose statement takes 3 s; limit 1 s"
+    effect = ToolEffect.NON_IDEMPOTENT_WRITE
+    parameters = _ANY
+    timeout_seconds = 1
+
+    def run(self, arguments, context):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(3)")
+        return {"ok": True}
+
+
+class SlowDatabaseIdempotentWrite(SlowDatabaseWrite):
+    name = "slow_database_idempotent_write"
+    effect = ToolEffect.IDEMPOTENT_WRITE
+
+
+class ExitingWrite(Tool):
+    """A write whose library exits the process (a BaseException) after writing."""
+
+    name = "exiting_write"
+    description = "non-idempotent write that raises SystemExit after writing"
+    effect = ToolEffect.NON_IDEMPOTENT_WRITE
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        raise SystemExit(3)

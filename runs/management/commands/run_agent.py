@@ -4,8 +4,9 @@ import signal
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.commands._request_file import read_request
+from runs.models import AgentRun
 from runs.run_request import InvalidRunRequest
-from runs.runtime import run
+from runs.runtime import CallerInterrupted, run
 
 
 class Command(BaseCommand):
@@ -25,11 +26,23 @@ class Command(BaseCommand):
         try:
             agent_run = run(request)
         except InvalidRunRequest as error:
-            raise CommandError(f"invalid run request: {error}") from None
-        except KeyboardInterrupt:
-            raise CommandError("interrupted: the run was cancelled", returncode=130) from None
-        finally:
             signal.signal(signal.SIGTERM, previous)
+            raise CommandError(f"invalid run request: {error}") from None
+        except CallerInterrupted as interrupted:
+            # Exiting: a further signal must not turn exit status 130 into a kill.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
+            status = (
+                AgentRun.objects.filter(pk=interrupted.run_id)
+                .values_list("status", flat=True)
+                .first()
+            )
+            raise CommandError(
+                f"interrupted: run {interrupted.run_id} is {status}", returncode=130
+            ) from None
+        except KeyboardInterrupt:
+            raise CommandError("interrupted before the run started", returncode=130) from None
+        signal.signal(signal.SIGTERM, previous)
         outcome = {
             "id": str(agent_run.pk),
             "status": agent_run.status,
