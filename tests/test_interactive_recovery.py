@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -18,7 +19,7 @@ from runs import transitions
 from runs.models import AgentRun, RunStep
 from runs.reaper import reap_stale_runs
 from tests.drifting_model import request_for
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, step_inserts_held, wait_until
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,10 +38,10 @@ def later(seconds=3600):
     return timezone.now() + timedelta(seconds=seconds)
 
 
-def start_run_agent(model, worker_env) -> subprocess.Popen:
-    """``manage.py run_agent -`` on PLAN, as an operator would start it."""
+def start_run_agent(model, worker_env, *, plan=PLAN) -> subprocess.Popen:
+    """``manage.py run_agent -`` on ``plan``, as an operator would start it."""
     request = request_for(
-        "scripted" if model is None else "drifting", PLAN, ["search_notes", "send_notification"]
+        "scripted" if model is None else "drifting", plan, ["search_notes", "send_notification"]
     )
     process = subprocess.Popen(
         [sys.executable, "manage.py", "run_agent", "-"],
@@ -121,3 +122,24 @@ def test_an_abandoned_interactive_run_fenced_on_a_non_idempotent_write_is_in_dou
     ended = AgentRun.objects.get(pk=lease.run_id)
     assert (ended.status, ended.termination_reason) == ("failed", "write_interrupted")
     assert ended.pending_call == call and ended.dead_letters.get().reason == "write_interrupted"
+
+
+def test_two_sigterms_while_a_writes_record_is_held_still_end_the_run_cancelled_once(
+    worker_env, queue
+):
+    """A signal lands inside a database statement (the write's own record,
+    held by the test) and a second one follows while the run settles: exit
+    130 without a traceback, the run cancelled, the write done once."""
+    plan = [{"calls": [NOTIFY]}, {"answer": "Sent."}]
+    held = "NEW.kind = 'tool' AND NEW.tool_name = 'send_notification'"
+    with step_inserts_held(held) as (waiting, _):
+        process = start_run_agent(None, worker_env, plan=plan)
+        wait_until(waiting, timeout=30, what="the held record")
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    ended = AgentRun.objects.get()
+    assert (ended.status, ended.termination_reason) == ("cancelled", "cancelled")
+    assert OutboxNotification.objects.count() == 1
