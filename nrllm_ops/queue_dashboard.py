@@ -9,12 +9,22 @@ POST, every confirmation page, a view a django-rq upgrade adds — needs a
 superuser (who holds every operator permission anyway). Superuser rather than
 a permission of its own: a user allowed to kill a worker under a run can do
 anything the console can, and more.
+
+Every view, its read-only ones included, needs a staff user: anyone else
+gets the admin's login page. That covers django-rq's token-authenticated
+``stats.json/<token>/`` and ``metrics``: ``RQ_API_TOKEN`` is not set here,
+and scrapers read django-rq's queue metrics from ``/metrics`` under
+``NRLLM_METRICS_TOKEN`` (``nrllm_ops.observability``). Letting anonymous
+requests through to them only let a non-ASCII token reach django-rq's
+``compare_digest``, which raises on one (a 500); a token that is not ASCII
+is a 404 even for staff, so none ever reaches it.
 """
 
 import functools
 
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
+from django.http import Http404
 from django.urls import URLPattern, include, reverse
 from django_rq import urls as django_rq_urls
 
@@ -45,19 +55,29 @@ READ_ONLY_VIEWS = frozenset(
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 
 
+#: django-rq's ``metrics`` view swaps its process-wide registry for one
+#: restricted to these names, hiding every other metric until a restart.
+RESTRICTING_PARAMETER = "name[]"
+
+
 def superuser_unless_read_only(view, url_name: str):
     """``view`` as a staff user may reach it: as it is when ``url_name`` is
     read-only and the method safe; otherwise only for a superuser — a staff
-    user gets 403, anyone else the admin's login page."""
+    user gets 403, anyone else the admin's login page. A non-ASCII token is
+    404 and a restricted ``metrics`` request 400, for superusers too."""
     read_only = url_name in READ_ONLY_VIEWS
 
     @functools.wraps(view)
     def guarded(request, *args, **kwargs):
         user = request.user
-        if (read_only and request.method in SAFE_METHODS) or user.is_superuser:
-            return view(request, *args, **kwargs)
         if not (user.is_active and user.is_staff):
             return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+        if not str(kwargs.get("token") or "").isascii():
+            raise Http404("no such token")
+        if url_name == "metrics" and RESTRICTING_PARAMETER in request.GET:
+            raise BadRequest(f"{RESTRICTING_PARAMETER} would hide every other metric: refused")
+        if (read_only and request.method in SAFE_METHODS) or user.is_superuser:
+            return view(request, *args, **kwargs)
         raise PermissionDenied(
             "only a superuser may change the queue from django-rq's dashboard; "
             "operators act on runs from the console"

@@ -5,13 +5,14 @@ import contextlib
 import io
 import json
 import threading
+import time
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.cache import cache
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
@@ -276,6 +277,53 @@ def test_a_tool_switched_through_the_api_is_in_the_admin_log(api, operator):
         refused = api.patch("/api/tools/post_webhook/", {"enabled": True}, format="json")
     assert (refused.status_code, refused.json()["code"]) == (503, "database_unavailable")
     assert ToolSetting.objects.get(name="post_webhook").enabled is False
+
+
+def test_a_tool_deleted_while_its_patch_waits_for_the_lock_is_a_404(operator, api_token):
+    """The PATCH finds the setting, then waits for its row lock; the holder
+    deletes the row. The lock then finds nothing: 404, and no log entry."""
+    ToolSetting.objects.update_or_create(name="post_webhook", defaults={"enabled": True})
+    header = api_token(operator)
+    responses = []
+
+    def patch():
+        try:
+            client = APIClient(raise_request_exception=False)
+            client.credentials(HTTP_AUTHORIZATION=header)
+            responses.append(
+                client.patch("/api/tools/post_webhook/", {"enabled": False}, format="json")
+            )
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        ToolSetting.objects.select_for_update().get(name="post_webhook")
+        thread = threading.Thread(target=patch)
+        thread.start()
+        _wait_for_a_row_lock_waiter()
+        ToolSetting.objects.filter(name="post_webhook").delete()
+    thread.join(timeout=30)
+    [response] = responses
+    assert (response.status_code, response.json()["code"]) == (404, "not_found")
+    assert not LogEntry.objects.exists()
+
+
+def _wait_for_a_row_lock_waiter(timeout=10.0):
+    """Until another backend of this database waits on a lock (the PATCH's
+    ``SELECT ... FOR UPDATE``)."""
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            # Inside a transaction pg_stat_activity is a snapshot: clear it.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("the PATCH never waited for the row lock")
 
 
 @contextlib.contextmanager

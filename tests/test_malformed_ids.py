@@ -5,6 +5,9 @@ the aborted transaction of an earlier one."""
 
 import pytest
 from django.contrib import admin
+from django.test import Client
+
+from tools.models import ToolSetting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -92,3 +95,54 @@ def test_a_nul_in_a_query_string_is_a_400(clients, api):
         assert clients[0].get(url).status_code == 400, url
     response = api.get("/api/runs/?tool=%00")
     assert response.status_code == 400 and response.json()["code"] == "invalid"
+
+
+def test_a_nul_in_a_posted_form_is_a_400_and_changes_nothing(clients):
+    """The tool settings' inline edit looks each row up by its posted
+    ``name``: a NUL there reached PostgreSQL (a 500)."""
+    ToolSetting.objects.update_or_create(name="post_webhook", defaults={"enabled": False})
+    inline_edit = {
+        "form-TOTAL_FORMS": "1",
+        "form-INITIAL_FORMS": "1",
+        "form-MIN_NUM_FORMS": "0",
+        "form-MAX_NUM_FORMS": "1000",
+        "form-0-name": "post\x00webhook",
+        "form-0-enabled": "on",
+        "_save": "Save",
+    }
+    changelist = "/admin/tools/toolsetting/"
+    assert clients[0].post(changelist, inline_edit).status_code == 400
+    assert (
+        clients[0]
+        .post(changelist, {**inline_edit, "form-0-name": "post_webhook", "x\x00": "1"})
+        .status_code
+        == 400
+    )
+    assert ToolSetting.objects.get(name="post_webhook").enabled is False
+
+
+def test_a_nul_in_a_json_body_is_left_to_the_api_which_names_the_field(api):
+    response = api.post(
+        "/api/runs/",
+        {"prompt": "a\x00b", "tools": [], "provider": {"kind": "scripted", "turns": []}},
+        format="json",
+    )
+    assert response.status_code == 400 and "errors" in response.json()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"HTTP_AUTHORIZATION": "Token abc\x00def"},
+        {"HTTP_IDEMPOTENCY_KEY": "a\x00b"},
+        {"HTTP_X_FORWARDED_FOR": "10.0.0.1\x00"},
+    ],
+)
+def test_a_nul_in_a_header_is_a_400_the_api_token_included(db, header):
+    """knox looks a token up by its prefix: a NUL in it was a database error,
+    answered 503 as if the database were away."""
+    client = Client(raise_request_exception=False)
+    response = client.get("/api/runs/", **header)
+    assert response.status_code == 400, response.status_code
+    assert response.json()["code"] == "invalid"
+    assert client.get("/admin/", **header).status_code == 400

@@ -133,7 +133,35 @@ def test_anyone_else_is_sent_to_the_login_page(outsider_client, client, queue, j
     for who in (outsider_client, client):
         response = who.post(f"{DASHBOARD}queues/0/{queued.id}/delete/")
         assert response.status_code == 302 and "/admin/login/" in response["Location"]
+        # Read-only views too, django-rq's token-authenticated ones included.
+        for path in [DASHBOARD, f"{DASHBOARD}stats.json/", f"{DASHBOARD}metrics/"]:
+            response = who.get(path)
+            assert response.status_code == 302, (path, response.status_code)
+            assert "/admin/login/" in response["Location"], path
     assert queue.job_ids == [queued.id]
+
+
+@pytest.mark.parametrize("token", ["%C3%A9", "%D9%A1", "abc%C3%A9"])
+def test_a_non_ascii_stats_token_is_never_a_500(client, viewer_client, queue, token):
+    """``stats.json/<token>/`` takes Unicode letters (``[\\w]+``), and
+    django-rq's ``compare_digest`` raises on a non-ASCII str: anyone but
+    staff is sent to log in, staff get a 404; neither reaches it."""
+    client.raise_request_exception = viewer_client.raise_request_exception = False
+    path = f"{DASHBOARD}stats.json/{token}/"
+    anonymous = client.get(path)
+    assert anonymous.status_code == 302 and "/admin/login/" in anonymous["Location"]
+    assert viewer_client.get(path).status_code == 404
+    assert viewer_client.get(f"{DASHBOARD}stats.json/abc/").status_code == 200
+
+
+def test_a_restricted_metrics_request_is_refused_and_hides_no_metric(viewer_client, queue):
+    """django-rq's ``metrics`` replaces its process-wide registry with one
+    restricted to ``name[]``: every later scrape would lack the rest."""
+    metrics = f"{DASHBOARD}metrics/"
+    assert viewer_client.get(metrics, {"name[]": "rq_workers"}).status_code == 400
+    response = viewer_client.get(metrics)
+    assert response.status_code == 200
+    assert b"rq_workers" in response.content and b"rq_jobs" in response.content
 
 
 def _callbacks(patterns, prefix=""):

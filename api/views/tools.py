@@ -62,7 +62,10 @@ class ToolDetail(BaseAPIView):
             raise ValidationError({"enabled": "must be true or false"})
         with transaction.atomic():
             # Locked, so the log's "before" is the value this change replaced.
-            setting = ToolSetting.objects.select_for_update().get(pk=setting.pk)
+            # Gone if deleted since the lookup above: the same 404 as before it.
+            setting = ToolSetting.objects.select_for_update().filter(pk=setting.pk).first()
+            if setting is None:
+                raise NotFound(f"no tool {name!r}")
             before, after = setting.enabled, body["enabled"]
             ToolSetting.objects.filter(pk=setting.pk).update(enabled=after)
             # In the admin's log like a change made there (G11), in the same
@@ -74,7 +77,10 @@ class ToolDetail(BaseAPIView):
                 change_message=_change_message(before, after),
                 single_object=True,
             )
-        return Response(ToolSerializer.describe(_setting(name)))
+        # The row as this change left it, not read again: deleted after the
+        # commit, it would be a 404 for a change that happened.
+        setting.enabled = after
+        return Response(ToolSerializer.describe(setting))
 
 
 def _change_message(before: bool, after: bool) -> str:
