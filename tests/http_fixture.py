@@ -140,12 +140,12 @@ def _handler(state: LocalHttpServer):
                 self.end_headers()
                 self.wfile.write(b"ok")
                 return True
-            if self.path == "/trickle":  # a byte every 0.2 s, each well within a read timeout
+            if self.path == "/trickle":  # a byte every 0.2 s for 10 s, each within a read timeout
                 self.send_response(200)
-                self.send_header("content-length", "1000")
+                self.send_header("content-length", "50")
                 self.end_headers()
                 try:
-                    for _ in range(1000):
+                    for _ in range(50):
                         self.wfile.write(b"x")
                         if state.release.wait(0.2):
                             break
