@@ -1,13 +1,16 @@
 """A local HTTP server for the HTTP tools: it records what it receives, can
 hold a request until the test releases it, and can misbehave (drop the
-connection, cut a body short, answer garbage, send a huge or gzip-bomb body).
+connection, cut a body short, answer garbage, send a huge or gzip-bomb body,
+trickle its answer, name a charset that is not one).
 And the resolver the tests install in ``http_guard`` so names reach it."""
 
 import functools
+import gzip
 import json
 import socket
 import ssl
 import threading
+import time
 import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +39,7 @@ class LocalHttpServer:
     scheme: str = "http"
     #: The server names TLS clients asked for (SNI), in order.
     server_names: list = field(default_factory=list)
+    address: str = "127.0.0.1"
 
     @property
     def port(self) -> int:
@@ -43,12 +47,17 @@ class LocalHttpServer:
 
     @property
     def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """host:port as an allow-list entry names it."""
+        return f"{self._url_host}:{self.port}"
 
-    def url(self, path: str, host: str = "127.0.0.1") -> str:
+    @property
+    def _url_host(self) -> str:
+        return f"[{self.address}]" if ":" in self.address else self.address
+
+    def url(self, path: str, host: str | None = None) -> str:
         """The URL of ``path`` here, by address or by a name (``host``) the
-        test's resolver maps to 127.0.0.1."""
-        return f"{self.scheme}://{host}:{self.port}{path}"
+        test's resolver maps to the address (or the address spelled another way)."""
+        return f"{self.scheme}://{host or self._url_host}:{self.port}{path}"
 
     def posts(self) -> list:
         return [request for request in self.received if request.method == "POST"]
@@ -115,6 +124,35 @@ def _handler(state: LocalHttpServer):
             if self.path == "/gzip-bomb":
                 self._stream([gzip_bomb()], [("content-encoding", "gzip")])
                 return True
+            if self.path == "/gzip-members":  # two gzip members, one after the other
+                members = gzip.compress(b"first, ") + gzip.compress(b"second")
+                self._stream([members], [("content-encoding", "gzip")])
+                return True
+            if self.path == "/gzip-cut":  # a complete HTTP body: half a gzip stream
+                whole = gzip.compress(b"".join(b"line %d\n" % n for n in range(5000)))
+                self._stream([whole[: len(whole) // 2]], [("content-encoding", "gzip")])
+                return True
+            if self.path.startswith("/charset/"):  # "ok", in whatever charset the path names
+                self.send_response(200)
+                charset = self.path.removeprefix("/charset/")
+                self.send_header("content-type", f"text/plain; charset={charset}")
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+                return True
+            if self.path == "/trickle":  # a byte every 0.2 s for 10 s, each within a read timeout
+                self.send_response(200)
+                self.send_header("content-length", "50")
+                self.end_headers()
+                try:
+                    for _ in range(50):
+                        self.wfile.write(b"x")
+                        if state.release.wait(0.2):
+                            break
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up: what the test wants
+                self.close_connection = True
+                return True
             if self.path.startswith("/redirect-to/"):
                 self._reply(302, headers=[("location", self.path.removeprefix("/redirect-to/"))])
                 return True
@@ -147,10 +185,19 @@ def _handler(state: LocalHttpServer):
     return Handler
 
 
-def start_http_server(tls: ssl.SSLContext | None = None) -> LocalHttpServer:
-    """Serve on 127.0.0.1; with ``tls``, HTTPS with that server context."""
-    state = LocalHttpServer(server=None, scheme="https" if tls else "http")  # type: ignore[arg-type]
-    state.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+class _IPv6HttpServer(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def start_http_server(
+    tls: ssl.SSLContext | None = None, address: str = "127.0.0.1"
+) -> LocalHttpServer:
+    """Serve on ``address`` (127.0.0.1, or ::1); with ``tls``, HTTPS with that
+    server context."""
+    scheme = "https" if tls else "http"
+    state = LocalHttpServer(server=None, scheme=scheme, address=address)  # type: ignore[arg-type]
+    server_class = _IPv6HttpServer if ":" in address else ThreadingHTTPServer
+    state.server = server_class((address, 0), _handler(state))
     if tls is not None:
         tls.sni_callback = lambda _socket, name, _context: state.server_names.append(name)
         state.server.socket = tls.wrap_socket(state.server.socket, server_side=True)
@@ -171,20 +218,25 @@ class TestResolver:
     """Names the HTTP tools resolve, as the test says: ``add("hook.test",
     ["127.0.0.1"])``. Each lookup takes the next answer given, the last one
     repeating (``add(name, first, then)`` re-binds the name after one
-    lookup); a name not added does not resolve. ``lookups`` lists the names
-    asked for, in order."""
+    lookup); a name not added, or added without answers, does not resolve.
+    ``lookups`` lists the names asked for, in order."""
 
     __test__ = False  # not a pytest test class
 
     def __init__(self):
         self.answers: dict[str, list[list[str]]] = {}
+        self.delays: dict[str, float] = {}
         self.lookups: list[str] = []
 
-    def add(self, name: str, *answers: list[str]) -> None:
+    def add(self, name: str, *answers: list[str], delay: float = 0) -> None:
+        """``delay``: each lookup of ``name`` takes that many seconds, as from
+        a DNS server that is slow to answer (or, with no answers, never does)."""
         self.answers[name] = list(answers)
+        self.delays[name] = delay
 
     def __call__(self, host: str, port: int) -> list[str]:
         self.lookups.append(host)
+        time.sleep(self.delays.get(host, 0))
         answers = self.answers.get(host)
         if not answers:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")

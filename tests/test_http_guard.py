@@ -48,6 +48,8 @@ def post(url):
         "::ffff:10.0.0.5",
         "64:ff9b::a9fe:a9fe",
         "::a00:5",
+        "fec0::1",  # deprecated site-local: ipaddress calls it global
+        "::ffff:0:a00:5",  # IPv4-translated (SIIT) 10.0.0.5: global to ipaddress too
     ],
 )
 def test_an_allowed_name_that_resolves_to_a_non_public_address_is_refused(dns, settings, address):
@@ -114,6 +116,25 @@ def test_a_host_without_a_port_allows_only_the_schemes_default_port(dns, http_se
     for url in ["https://hook.test:80/", "http://other.test/", "https://other.test:443/"]:
         with pytest.raises(ToolError, match="is not allowed"):
             check_url(url)
+
+
+@pytest.fixture
+def ipv6_http_server(settings):
+    """A local HTTP server on ::1, allowed as ``[::1]:port``."""
+    server = start_http_server(address="::1")
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = [server.host]
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+@pytest.mark.parametrize("spelled", ["[0:0:0:0:0:0:0:1]", "[0::1]", "[::0:1]"])
+def test_an_allowed_ipv6_address_is_reached_however_the_url_spells_it(ipv6_http_server, spelled):
+    # The guard checks and pins the canonical ::1; httpcore names the origin
+    # to the pinned backend as the URL spells it, which must not be refused.
+    for call in (get, post):
+        assert call(ipv6_http_server.url("/ok", host=spelled))["status"] == 200
+    assert len(ipv6_http_server.received) == 2
 
 
 def test_an_address_allowed_literally_is_allowed_in_its_ipv4_mapped_form(dns, settings):
@@ -219,3 +240,14 @@ def test_a_gzip_bomb_is_decompressed_only_up_to_the_cap(http_server):
     assert result["truncated"] is True and result["body"] == "\0" * MAX_BODY_CHARS
     # 200 MiB once decompressed; what was held is the cap and one network read.
     assert peak < 8 * 2**20, f"peak {peak} bytes"
+
+
+def test_a_gzip_body_of_several_members_is_decoded_whole(http_server):
+    result = get(http_server.url("/gzip-members"))
+    assert result["body"] == "first, second" and result["truncated"] is False
+
+
+def test_a_gzip_stream_cut_short_is_marked_truncated(http_server):
+    result = get(http_server.url("/gzip-cut"))
+    assert result["truncated"] is True
+    assert result["body"].startswith("line 0\nline 1\n")

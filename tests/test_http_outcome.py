@@ -3,14 +3,20 @@ is an unknown outcome (``ToolOutcomeUnknown``); a failure known to have sent
 nothing, and any failure of the read-only GET, is an ordinary ``ToolError``.
 
 Against a real local server that takes the request and then hangs, drops the
-connection, cuts its answer short or answers garbage.
+connection, cuts its answer short, trickles it or answers garbage; some calls
+run as the agent loop runs a tool, under its time limit (SIGALRM, which
+reaches pytest's main thread), whose ``ToolTimeout`` the loop takes for a
+write in doubt.
 """
 
 import socket
+import time
 
 import pytest
 
+from tools.builtin.http import exchange_seconds
 from tools.contract import ToolContext, ToolError, ToolOutcomeUnknown
+from tools.deadline import ToolTimeout, time_limit
 from tools.registry import get_registry
 
 pytestmark = pytest.mark.django_db
@@ -24,6 +30,18 @@ def post(url):
 
 def get(url):
     return get_registry().get("http_get").run({"url": url}, CONTEXT)
+
+
+def under_time_limit(seconds, call, url):
+    """``call(url)`` stopped after ``seconds`` as runs.loop stops a tool."""
+    with time_limit(seconds, "the tool"):
+        return call(url)
+
+
+def as_the_loop_runs(call, url):
+    """``call(url)`` under the tool's own ``time_limit()``."""
+    name = "post_webhook" if call is post else "http_get"
+    return under_time_limit(get_registry().get(name).time_limit(), call, url)
 
 
 def test_a_webhook_that_takes_the_post_and_hangs_past_the_timeout_is_an_unknown_outcome(
@@ -82,3 +100,89 @@ def test_a_post_to_a_name_that_does_not_resolve_is_a_tool_error(dns, settings):
     with pytest.raises(ToolError, match="nowhere.test does not resolve"):
         post("http://nowhere.test/hook")
     assert dns.lookups == ["nowhere.test"]
+
+
+def test_a_post_to_a_name_resolving_slowly_fails_on_its_own_within_the_tools_time_limit(
+    dns, settings
+):
+    # Resolving takes longer than the I/O timeout; the tool's time limit
+    # leaves room for it, so the failure is the lookup's, not the alarm's.
+    settings.NRLLM_HTTP_TIMEOUT_SECONDS = 1
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = ["slow.test"]
+    dns.add("slow.test", delay=1.5)
+    with pytest.raises(ToolError, match="slow.test does not resolve") as raised:
+        as_the_loop_runs(post, "http://slow.test/hook")
+    assert not isinstance(raised.value, ToolTimeout)
+
+
+@pytest.fixture
+def unanswered_port():
+    """A port whose SYNs are dropped, as behind a firewall: its listener's
+    accept queue is full and never accepted from."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(listener.getsockname())
+        fillers.append(filler)
+    time.sleep(0.2)
+    yield listener.getsockname()[1]
+    for filler in fillers:
+        filler.close()
+    listener.close()
+
+
+def test_a_post_to_an_address_that_never_answers_fails_at_its_connect_timeout_not_the_limit(
+    settings, unanswered_port
+):
+    settings.NRLLM_HTTP_TIMEOUT_SECONDS = 1
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = [f"127.0.0.1:{unanswered_port}"]
+    url = f"http://127.0.0.1:{unanswered_port}/hook"
+    with pytest.raises(ToolError, match=f"POST {url} timed out after 1s") as raised:
+        as_the_loop_runs(post, url)
+    assert not isinstance(raised.value, ToolTimeout)
+
+
+@pytest.mark.parametrize("call", [post, get])
+def test_a_call_stopped_at_its_time_limit_before_connecting_is_a_tool_error_not_a_timeout(
+    dns, settings, call
+):
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = ["slow.test"]
+    dns.add("slow.test", ["127.0.0.1"], delay=2)
+    with pytest.raises(ToolError, match="stopped at its time limit") as raised:
+        under_time_limit(0.3, call, "http://slow.test/hook")
+    assert not isinstance(raised.value, ToolTimeout)
+    if call is post:
+        assert "before it connected: nothing was sent" in str(raised.value)
+
+
+def test_a_post_stopped_at_its_time_limit_after_connecting_is_an_unknown_outcome(http_server):
+    with pytest.raises(ToolOutcomeUnknown, match="stopped at its time limit after connecting"):
+        under_time_limit(0.5, post, http_server.url("/slow"))
+    assert [request.path for request in http_server.posts()] == ["/slow"]
+
+
+@pytest.mark.parametrize(
+    "charset", ["hex", "rot13", "base64", "uu", "zlib", "idna", "undefined", "unicode_escape"]
+)
+def test_a_webhook_that_answered_in_full_is_answered_whatever_charset_it_names(
+    http_server, charset
+):
+    result = post(http_server.url(f"/charset/{charset}"))
+    assert (result["status"], result["body"], result["truncated"]) == (200, "ok", False)
+
+
+@pytest.mark.parametrize(("call", "failure"), [(get, ToolError), (post, ToolOutcomeUnknown)])
+def test_an_answer_trickled_past_the_exchange_deadline_is_stopped_there(
+    http_server, settings, call, failure
+):
+    # Called outside any time limit, as in a web thread: only the exchange's
+    # deadline bounds it, each byte arriving well within the read timeout.
+    settings.NRLLM_HTTP_TIMEOUT_SECONDS = 1
+    started = time.monotonic()
+    with pytest.raises(failure, match="did not complete within its deadline of 3s"):
+        call(http_server.url("/trickle"))
+    assert exchange_seconds() <= time.monotonic() - started < exchange_seconds() + 1

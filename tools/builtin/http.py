@@ -7,6 +7,13 @@ request may have left: before that (not allowed, no address, connection
 refused or timed out) it is a ``ToolError``; after it, a read-only GET is
 still a ``ToolError``, while a POST raises ``ToolOutcomeUnknown``, because the
 receiver may have acted on it.
+
+Each exchange (connect, send, the whole answer read) ends by a deadline of
+its own, ``EXCHANGE_TIMEOUTS`` I/O timeouts, and a tool's time limit is
+above its own deadlines, so where the runtime's SIGALRM can stop a tool it
+does not beat them; should it still fire (a name resolving slowly), a POST
+stopped before it connected is a ``ToolError`` — nothing was sent — and not
+the runtime's ``ToolTimeout``, which it takes for a write in doubt.
 """
 
 from dataclasses import dataclass
@@ -16,11 +23,19 @@ import httpx
 from django.conf import settings
 
 from tools.builtin.http_guard import Target, check_url
-from tools.builtin.http_transport import ACCEPT_ENCODING, PinnedTransport, read_capped
+from tools.builtin.http_transport import ACCEPT_ENCODING, Deadline, PinnedTransport, read_capped
 from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
+from tools.deadline import ToolTimeout
 from tools.effects import ToolEffect
 
 MAX_REDIRECTS = 5
+#: One exchange may take this many ``NRLLM_HTTP_TIMEOUT_SECONDS`` in all:
+#: a connect, a write and a read each up to the timeout.
+EXCHANGE_TIMEOUTS = 3
+#: What a tool's time limit allows, per exchange, above the exchange's
+#: deadline: resolving the name (``getaddrinfo`` takes no timeout of ours)
+#: and closing up.
+RESOLVE_SECONDS = 5
 _URL = {"type": "string", "minLength": 1, "maxLength": 2000}
 #: Failures that happen before a byte of the request is written: connecting
 #: (TCP or TLS) or getting a connection. Every hop has a pool of its own, so
@@ -47,12 +62,16 @@ class _Answer:
         }
 
 
-def _exchange(method: str, target: Target, **kwargs) -> _Answer:
+def exchange_seconds() -> float:
+    """The deadline of one exchange."""
+    return EXCHANGE_TIMEOUTS * settings.NRLLM_HTTP_TIMEOUT_SECONDS
+
+
+def _exchange(method: str, target: Target, transport: PinnedTransport, **kwargs) -> _Answer:
     """Send one request to a checked target and read its answer (not a
     redirect's body). httpx errors propagate for the caller to classify."""
     timeout = httpx.Timeout(settings.NRLLM_HTTP_TIMEOUT_SECONDS)
     headers = {"Accept-Encoding": ACCEPT_ENCODING, **kwargs.pop("headers", {})}
-    transport = PinnedTransport(target.destination)
     with (
         httpx.Client(transport=transport, timeout=timeout, trust_env=False) as client,
         client.stream(method, target.url, headers=headers, **kwargs) as response,
@@ -64,20 +83,31 @@ def _exchange(method: str, target: Target, **kwargs) -> _Answer:
         return _Answer(response.status_code, content_type, None, body, truncated)
 
 
-def _failure(method: str, url: httpx.URL, error: httpx.HTTPError) -> str:
+def _transport(target: Target) -> PinnedTransport:
+    return PinnedTransport(target.destination, Deadline(exchange_seconds()))
+
+
+def _failure(method: str, url: httpx.URL, error: httpx.HTTPError, deadline: Deadline) -> str:
+    if isinstance(error, httpx.TimeoutException) and deadline.passed:
+        return f"{method} {url} did not complete within its deadline of {deadline.seconds:g}s"
     if isinstance(error, httpx.TimeoutException):
         return f"{method} {url} timed out after {settings.NRLLM_HTTP_TIMEOUT_SECONDS}s"
     return f"{method} {url} failed: {error}"
 
 
 def guarded_get(url: str) -> dict:
-    """GET ``url`` following redirects only to allowed, checked destinations."""
+    """GET ``url`` following redirects only to allowed, checked destinations.
+    Every failure, the runtime's ``ToolTimeout`` included, is a plain
+    ``ToolError``: a GET changes nothing."""
     for _ in range(MAX_REDIRECTS + 1):
-        target = check_url(url)
         try:
-            answer = _exchange("GET", target)
+            target = check_url(url)
+            transport = _transport(target)
+            answer = _exchange("GET", target, transport)
+        except ToolTimeout:
+            raise ToolError(f"GET {url} stopped at its time limit") from None
         except httpx.HTTPError as error:
-            raise ToolError(_failure("GET", target.url, error)) from None
+            raise ToolError(_failure("GET", target.url, error, transport.deadline)) from None
         if answer.location is None:
             return answer.described(target.url)
         url = urljoin(str(target.url), answer.location)  # check_url refuses a malformed one
@@ -88,16 +118,29 @@ def guarded_post_json(url: str, payload, headers: dict[str, str]) -> dict:
     """POST ``payload`` as JSON once. A redirect is reported, never followed,
     because following it would send the write a second time. Raises
     ``ToolOutcomeUnknown`` when the POST may have been received but no
-    complete answer came back."""
-    target = check_url(url)
+    complete answer came back, and a plain ``ToolError`` when nothing was
+    sent — stopped by the runtime's time limit before connecting included."""
+    transport = None
     try:
-        answer = _exchange("POST", target, json=payload, headers=headers)
+        target = check_url(url)
+        transport = _transport(target)
+        answer = _exchange("POST", target, transport, json=payload, headers=headers)
+    except ToolTimeout:
+        # The alarm may fire anywhere: resolving, connecting, sending, reading.
+        if transport is None or not transport.connected:
+            raise ToolError(
+                f"POST {url} stopped at its time limit before it connected: nothing was sent"
+            ) from None
+        raise ToolOutcomeUnknown(
+            f"POST {url} stopped at its time limit after connecting, after the request may "
+            "have been received: whether the webhook acted on it is unknown"
+        ) from None
     except _NOTHING_SENT as error:
-        raise ToolError(_failure("POST", target.url, error)) from None
+        raise ToolError(_failure("POST", target.url, error, transport.deadline)) from None
     except httpx.HTTPError as error:
         raise ToolOutcomeUnknown(
-            f"{_failure('POST', target.url, error).rstrip('.')}, after the request may have "
-            "been received: whether the webhook acted on it is unknown"
+            f"{_failure('POST', target.url, error, transport.deadline).rstrip('.')}, after the "
+            "request may have been received: whether the webhook acted on it is unknown"
         ) from None
     if answer.location is not None:
         raise ToolError(
@@ -118,8 +161,8 @@ class HttpGet(Tool):
     }
 
     def time_limit(self) -> float:
-        # Each hop of a redirect chain may use the whole I/O timeout.
-        return settings.NRLLM_HTTP_TIMEOUT_SECONDS * (MAX_REDIRECTS + 1)
+        # Each hop of a redirect chain: its name resolved, then its exchange.
+        return (RESOLVE_SECONDS + exchange_seconds()) * (MAX_REDIRECTS + 1)
 
     def run(self, arguments, context: ToolContext):
         return guarded_get(arguments["url"])
@@ -140,7 +183,10 @@ class PostWebhook(Tool):
     }
 
     def time_limit(self) -> float:
-        return settings.NRLLM_HTTP_TIMEOUT_SECONDS
+        # Above the exchange's own deadline, so that the runtime's alarm does
+        # not beat it: the exchange reports how far the POST got, the alarm
+        # cannot always (guarded_post_json).
+        return RESOLVE_SECONDS + exchange_seconds()
 
     def run(self, arguments, context: ToolContext):
         return guarded_post_json(

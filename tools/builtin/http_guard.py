@@ -19,7 +19,10 @@ link-local (169.254/16 where cloud metadata lives, fe80::/10), this-network
 reserved and documentation ranges, and everything else Python's
 ``ipaddress`` does not call ``is_global``; an IPv6 address that embeds an IPv4
 one (``::ffff:10.0.0.5``, NAT64 ``64:ff9b::/96``) is judged by the IPv4
-address it reaches, and the deprecated IPv4-compatible ``::/96`` is refused.
+address it reaches, and the deprecated IPv4-compatible ``::/96``, the
+IPv4-translated ``::ffff:0:0:0/96`` (SIIT) and the deprecated site-local
+``fec0::/10`` (still routed inside some networks) are refused, although
+``ipaddress`` calls them global.
 The connection then dials one of those checked addresses and never resolves
 the name again (``http_transport``), so a name re-bound between the check and
 the connect reaches nothing new.
@@ -40,6 +43,8 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+_IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+_SITE_LOCAL = ipaddress.IPv6Network("fec0::/10")
 _SHARED = ipaddress.IPv4Network("100.64.0.0/10")
 
 
@@ -96,7 +101,7 @@ def check_url(url: str | httpx.URL) -> Target:
     shown = str(url)
     if parsed.scheme not in DEFAULT_PORTS:
         raise ToolError(f"refused {shown!r}: only http and https URLs are allowed")
-    host = _canonical_host(parsed.raw_host.decode("ascii"))
+    host = canonical_host(parsed.raw_host.decode("ascii"))
     if not host:
         raise ToolError(f"refused {shown!r}: the URL has no host")
     port = parsed.port or DEFAULT_PORTS[parsed.scheme]
@@ -118,7 +123,12 @@ def check_url(url: str | httpx.URL) -> Target:
 
 
 def refusal_reason(address: IPAddress) -> str | None:
-    """Why ``address`` is refused unless allowed literally; None if it is public."""
+    """Why ``address`` is refused unless allowed literally; None if it is public.
+
+    Public is what ``ipaddress`` calls global, less the shared (CGNAT) range,
+    the deprecated site-local ``fec0::/10``, the IPv4-translated
+    ``::ffff:0:0:0/96`` and IPv4-compatible ``::/96`` ranges; an IPv4-mapped
+    or NAT64 address is judged by the IPv4 address it embeds."""
     if isinstance(address, ipaddress.IPv6Address):
         embedded = address.ipv4_mapped
         if embedded is None and address in _NAT64:
@@ -128,6 +138,10 @@ def refusal_reason(address: IPAddress) -> str | None:
             return reason and f"an address embedding {embedded}, {reason}"
         if address in _IPV4_COMPATIBLE and not (address.is_loopback or address.is_unspecified):
             return "a deprecated IPv4-compatible address"
+        if address in _IPV4_TRANSLATED:
+            return "an IPv4-translated (SIIT) address"
+        if address in _SITE_LOCAL:
+            return "a deprecated site-local address"
     for is_it, name in [
         (address.is_loopback, "a loopback address"),
         (address.is_unspecified, "an unspecified address"),
@@ -166,10 +180,12 @@ def _parse_entry(entry: str) -> _Entry:
         raise ToolError(
             f"NRLLM_HTTP_ALLOWED_HOSTS entry {entry!r} is not a host, host:port or IP address"
         )
-    return _Entry(_canonical_host(parsed.raw_host.decode("ascii")), parsed.port)
+    return _Entry(canonical_host(parsed.raw_host.decode("ascii")), parsed.port)
 
 
-def _canonical_host(host: str) -> str:
+def canonical_host(host: str) -> str:
+    """``host`` as ``Destination.host`` holds it: an IP address compressed
+    (``0:0::1`` is ``::1``, ``FD00::5`` is ``fd00::5``), a name in lower case."""
     try:
         return ipaddress.ip_address(host).compressed
     except ValueError:
