@@ -2,6 +2,7 @@
 run, and takes a whole group of runs with the same decision at once."""
 
 import functools
+import json
 import operator
 from dataclasses import dataclass
 
@@ -33,22 +34,34 @@ class StaleLease:
     cancel_requested: bool = False
     requeue_count: int = 0
 
-    def still_as_seen(self) -> Q:
-        """This run, as it was seen: same attempt, same fence (a fence
-        stamped, withdrawn or marked since must not be cleared by a decision
-        made without it), same cancel request, same budget."""
-        fence = (
-            Q(pending_call__isnull=True)
-            if self.pending_call is None
-            else Q(pending_call=self.pending_call)
+    def seen_state(self) -> tuple:
+        """What the decision rested on besides the attempt: the fence (a
+        fence stamped, withdrawn or marked since must not be cleared by a
+        decision made without it), the cancel request, the budget."""
+        call = None if self.pending_call is None else json.dumps(self.pending_call, sort_keys=True)
+        return (self.pending_effect, call, self.cancel_requested, self.requeue_count)
+
+
+def _as_seen(stale: list[StaleLease]) -> Q:
+    """These runs, each as it was seen. Runs seen in the same state (most:
+    no fence, no cancel) share one condition on it, and each adds only its
+    own id and token, so the UPDATE stays about as long as the group."""
+    groups: dict[tuple, list[StaleLease]] = {}
+    for lease in stale:
+        groups.setdefault(lease.seen_state(), []).append(lease)
+    conditions = []
+    for (effect, _, cancel_requested, requeue_count), leases in groups.items():
+        call = leases[0].pending_call
+        state = Q(
+            pending_effect=effect,
+            cancel_requested_at__isnull=not cancel_requested,
+            requeue_count=requeue_count,
+        ) & (Q(pending_call__isnull=True) if call is None else Q(pending_call=call))
+        attempts = functools.reduce(
+            operator.or_, (Q(pk=lease.run_id, lease_token=lease.token) for lease in leases)
         )
-        return fence & Q(
-            pk=self.run_id,
-            lease_token=self.token,
-            pending_effect=self.pending_effect,
-            cancel_requested_at__isnull=not self.cancel_requested,
-            requeue_count=self.requeue_count,
-        )
+        conditions.append(state & attempts)
+    return functools.reduce(operator.or_, conditions)
 
 
 @dataclass(frozen=True)
@@ -66,9 +79,8 @@ def _still_stale(reapings: list[Reaping], as_of):
     # renewed after the reaper looked (a slow-but-alive worker) no longer
     # matches, and keeps its run; nor does a run whose fence or cancel
     # changed since the reaper decided (the next pass decides again).
-    seen = functools.reduce(operator.or_, (r.stale.still_as_seen() for r in reapings))
     return AgentRun.objects.filter(
-        seen,
+        _as_seen([r.stale for r in reapings]),
         status=RunStatus.RUNNING,
         lease_expires_at__lt=as_of if as_of is not None else Now(),
     )
