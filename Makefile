@@ -39,7 +39,7 @@ run: venv
 	@echo "Serving the admin at http://$(RUN_ADDRESS)/admin/ (user: admin)"
 	@trap 'kill $$server $$worker 2>/dev/null' INT TERM; \
 	$(PY) manage.py embedded_worker & worker=$$!; \
-	$(PY) manage.py runserver --insecure $(RUN_ADDRESS) & server=$$!; \
+	$(PY) manage.py runserver --insecure --noreload $(RUN_ADDRESS) & server=$$!; \
 	wait $$server; status=$$?; kill $$worker 2>/dev/null; wait; exit $$status
 
 ## make lint: ruff, the migrations check and the OpenAPI schema check.
