@@ -138,6 +138,14 @@ def scripted_request(
     }
 
 
+#: Plan entries the recovery tests share: a notification (a non-idempotent
+#: write) and a search (a read), each worded anew by every take.
+NOTIFY = {
+    "name": "send_notification",
+    "arguments": {"recipient": "team", "message": "v2 is out (take {take})"},
+}
+SEARCH = {"name": "search_notes", "arguments": {"query": "release (take {take})"}}
+
 #: The providers every recovery guarantee is tried with (the ``model`` fixture).
 MODELS = ["scripted", "drifting"]
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,27 @@ def call(name, **arguments) -> dict:
 
 def answer(content="done", **extra) -> dict:
     return {"content": content, **extra}
+
+
+def stored(request) -> dict:
+    """A request as ``enqueue`` stores it."""
+    from runs.run_request import parse_run_request
+
+    return parse_run_request(request).as_json()
+
+
+def later(seconds=3600):
+    """A moment ``seconds`` from now: an ``as_of`` for the reaper past every lease."""
+    from django.utils import timezone
+
+    return timezone.now() + timedelta(seconds=seconds)
+
+
+def fresh(agent_run):
+    """``agent_run`` as the database holds it now."""
+    from runs.models import AgentRun
+
+    return AgentRun.objects.get(pk=agent_run.pk)
 
 
 def wait_until(predicate, *, timeout=20.0, interval=0.05, what="condition"):

@@ -5,7 +5,6 @@ PostgreSQL and Redis — one test stops and restarts a redis-server of its own."
 
 import shutil
 import subprocess
-from datetime import timedelta
 
 import port_for
 import psutil
@@ -19,28 +18,13 @@ from runs.dispatch import job_id_for, run_queue
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, DeadLetter
 from runs.reaper import reap_stale_runs
-from runs.run_request import parse_run_request
 from runs.runtime import enqueue
 from runs.transitions import Reaping, StaleLease
-from tests.drifting_model import MODELS, request_for
+from tests.drifting_model import MODELS, SEARCH, request_for
 from tests.fake_openai import error
-from tests.helpers import answer, scripted, wait_until
+from tests.helpers import answer, fresh, later, scripted, stored, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SEARCH = {"name": "search_notes", "arguments": {"query": "release (take {take})"}}
-
-
-def stored(request):
-    return parse_run_request(request).as_json()
-
-
-def later(seconds=3600):
-    return timezone.now() + timedelta(seconds=seconds)
-
-
-def fresh(agent_run):
-    return AgentRun.objects.get(pk=agent_run.pk)
 
 
 def failing_first_turn(model, failure_class: str, status: int, *, delay: float = 3):

@@ -2,30 +2,20 @@
 loses jobs: real rqworker processes killed, stopped and cut off."""
 
 import signal
-from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.utils import timezone
 
 from runs.faults import run_status_changes_refused, step_inserts_refused
 from runs.models import AgentRun, DeadLetter
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from tests.helpers import answer, call, scripted, wait_until
+from tests.helpers import answer, call, fresh, later, scripted, wait_until
 from tools.models import OutboxNotification
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 SHORT_LEASE = {"NRLLM_LEASE_SECONDS": 2}
-
-
-def later(seconds=3600):
-    return timezone.now() + timedelta(seconds=seconds)
-
-
-def fresh(agent_run):
-    return AgentRun.objects.get(pk=agent_run.pk)
 
 
 def enqueue_held_webhook(http_server, tool: str):

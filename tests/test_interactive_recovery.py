@@ -9,33 +9,22 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import timedelta
 
 import pytest
 from django.conf import settings as django_settings
-from django.utils import timezone
 
 from runs import transitions
 from runs.models import AgentRun, RunStep
 from runs.reaper import reap_stale_runs
-from tests.drifting_model import request_for
-from tests.helpers import ROOT, step_inserts_held, wait_until
+from tests.drifting_model import NOTIFY, SEARCH, request_for
+from tests.helpers import ROOT, later, step_inserts_held, wait_until
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SEARCH = {"name": "search_notes", "arguments": {"query": "release (take {take})"}}
-NOTIFY = {
-    "name": "send_notification",
-    "arguments": {"recipient": "team", "message": "v2 is out (take {take})"},
-}
 # A read, then a slow model turn that asks for a notification: the caller
 # stops the run while the model thinks, before the write.
 PLAN = [{"calls": [SEARCH]}, {"calls": [NOTIFY], "delay_seconds": 6}, {"answer": "Sent."}]
-
-
-def later(seconds=3600):
-    return timezone.now() + timedelta(seconds=seconds)
 
 
 def start_run_agent(model, worker_env, *, plan=PLAN) -> subprocess.Popen:

@@ -14,17 +14,13 @@ from runs.models import AgentRun, DeadLetter, RunStep
 from runs.requeue_safety import requeue_safety
 from runs.run_request import parse_run_request
 from runs.runtime import enqueue, run_queued
-from tests.helpers import answer, call, scripted
+from tests.helpers import answer, call, fresh, scripted
 from tools.contract import idempotency_key_for
 from tools.models import ToolSetting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FLAKY = {"error": "server_error", "attempts": 1}
-
-
-def fresh(agent_run):
-    return AgentRun.objects.get(pk=agent_run.pk)
 
 
 def recorded_a_write_then_failed(tool, **arguments):

@@ -23,7 +23,7 @@ from runs.runtime import enqueue, run_queued
 from tests.db_proxy import FaultProxy, Rule, proxied_connection
 from tests.drifting_model import openai_request, scripted_request
 from tests.fake_openai import error
-from tests.helpers import answer, call, cancelled_once, scripted, wait_until
+from tests.helpers import answer, call, cancelled_once, fresh, scripted, wait_until
 from tests.test_crash_recovery import later
 from tools.models import Note, OutboxNotification
 
@@ -36,10 +36,6 @@ def proxy(queue):
     retry's job waits in Redis, for the test to run)."""
     with proxied_connection() as fault:
         yield fault
-
-
-def fresh(agent_run):
-    return AgentRun.objects.get(pk=agent_run.pk)
 
 
 def journal_of(agent_run):

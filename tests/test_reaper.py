@@ -16,21 +16,11 @@ from runs.dispatch import dispatch, executing_in_embedded_worker, job_id_for
 from runs.embedded_worker import execute_due_runs
 from runs.models import AgentRun, DeadLetter, RunStep
 from runs.reaper import reap_stale_runs
-from runs.run_request import parse_run_request
 from runs.runtime import enqueue
 from runs.transitions import Reaping, StaleLease
-from tests.helpers import answer, scripted
+from tests.helpers import answer, later, scripted, stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def stored(request):
-    """A request as ``enqueue`` stores it."""
-    return parse_run_request(request).as_json()
-
-
-def later(seconds=3600):
-    return timezone.now() + timedelta(seconds=seconds)
 
 
 def stale_run(*, fence="", requeue_count=0, cancel=False):

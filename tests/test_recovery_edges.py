@@ -8,11 +8,9 @@ import shutil
 import socket
 import subprocess
 import time
-from datetime import timedelta
 
 import pytest
 from django.apps import apps as django_apps
-from django.utils import timezone
 
 from runs import operator_actions, transitions
 from runs.models import AgentRun, RunStep, WriteReconciliation
@@ -21,17 +19,9 @@ from runs.requeue_safety import requeue_safety
 from runs.run_request import parse_run_request
 from runs.runtime import enqueue, run
 from runs.selectors import writes_in_doubt
-from tests.helpers import answer, scripted
+from tests.helpers import answer, fresh, later, scripted
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def later(seconds=3600):
-    return timezone.now() + timedelta(seconds=seconds)
-
-
-def fresh(agent_run):
-    return AgentRun.objects.get(pk=agent_run.pk)
 
 
 # --- Migration 0014 binds an old reconciliation to a later write (G10) -------

@@ -4,37 +4,21 @@ answer differently (``tests.drifting_model``), through real rqworkers where
 a worker is involved: a write executes once, and recorded turns are never
 asked for again."""
 
-from datetime import timedelta
-
 import pytest
-from django.utils import timezone
 
 from runs import operator_actions
 from runs.faults import step_inserts_refused
-from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
 from runs.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue
-from tests.drifting_model import MODELS, openai_request, request_for
+from tests.drifting_model import MODELS, NOTIFY, openai_request, request_for
 from tests.fake_openai import error
-from tests.helpers import retried_when_due, wait_until
+from tests.helpers import fresh, later, retried_when_due, wait_until
 from tools.models import Note, OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SHORT_LEASE = {"NRLLM_LEASE_SECONDS": 2}
-NOTIFY = {
-    "name": "send_notification",
-    "arguments": {"recipient": "team", "message": "v2 is out (take {take})"},
-}
-
-
-def later(seconds=3600):
-    return timezone.now() + timedelta(seconds=seconds)
-
-
-def fresh(agent_run):
-    return AgentRun.objects.get(pk=agent_run.pk)
 
 
 def notify_and_post(http_server):

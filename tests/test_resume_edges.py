@@ -18,6 +18,7 @@ from tests.helpers import (
     answer,
     call,
     cancelled_once,
+    fresh,
     scripted,
     wait_until,
 )
@@ -39,10 +40,6 @@ class TextWithNul(Tool):
 
     def run(self, arguments, context):
         return {"text": "before\x00after\ud800"}
-
-
-def fresh(agent_run):
-    return AgentRun.objects.get(pk=agent_run.pk)
 
 
 def test_a_result_the_database_would_refuse_is_recorded_as_the_model_was_told(settings):

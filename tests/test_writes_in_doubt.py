@@ -4,10 +4,7 @@ audit is never retried, whatever happens to the settle. Tried with the
 ``scripted`` provider and with a model that words every answer differently,
 through real rqworkers where a retry is involved."""
 
-from datetime import timedelta
-
 import pytest
-from django.utils import timezone
 
 from runs import operator_actions, transitions
 from runs.faults import run_status_changes_refused, step_inserts_refused
@@ -16,8 +13,8 @@ from runs.reaper import reap_stale_runs
 from runs.requeue_safety import requeue_safety
 from runs.runtime import enqueue, run
 from runs.selectors import writes_in_doubt
-from tests.drifting_model import MODELS, request_for
-from tests.helpers import wait_until
+from tests.drifting_model import MODELS, NOTIFY, request_for
+from tests.helpers import fresh, later, wait_until
 from tools.models import Note, OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,18 +29,6 @@ UNSURE_TOOLS = [
     "tests.tools_for_tests.SlowDatabaseIdempotentWrite",
     "tests.tools_for_tests.ExitingWrite",
 ]
-NOTIFY = {
-    "name": "send_notification",
-    "arguments": {"recipient": "team", "message": "v2 is out (take {take})"},
-}
-
-
-def later(seconds=3600):
-    return timezone.now() + timedelta(seconds=seconds)
-
-
-def fresh(agent_run):
-    return AgentRun.objects.get(pk=agent_run.pk)
 
 
 def one_call(model, name, arguments, **extra):
