@@ -40,7 +40,8 @@ def http_server(settings):
 @pytest.fixture
 def dns(monkeypatch):
     """The HTTP tools' host names resolve through this ``TestResolver``
-    instead of the system's, in this test only: the guard installs nothing
+    instead of the system's, in this test only. It stands in for DNS, the
+    network edge, and for nothing else: the guard installs nothing
     else at ``http_guard.resolver``, and everything after the lookup (the
     checks, the pinned connection) runs as in production. Subprocess workers
     keep the system resolver; give them IP literals."""
