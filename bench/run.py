@@ -65,6 +65,9 @@ def _configure(database_url: str, redis_url: str) -> dict:
         "NRLLM_TOOLS": "bench.tools.NoopRead,bench.tools.NoopIdempotentWrite,"
         "bench.tools.NoopNonIdempotentWrite",
         "NRLLM_MAX_ITERATIONS": "1000",
+        # The figures measure execution: writes run unattended, as with no
+        # approval policy (an approval is an operator's wait, not a cost).
+        "NRLLM_APPROVAL_REQUIRED_FOR": "none",
         "DJANGO_SETTINGS_MODULE": "nrllm_ops.settings",
         "LOG_LEVEL": "WARNING",
         "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",

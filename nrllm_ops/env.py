@@ -44,6 +44,17 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``; anything else stops start-up naming them."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be one of {list(choices)}")
+    return value
+
+
 def env_list(name: str, default: list[str] | None = None) -> list[str]:
     """A comma-separated list; blank items are dropped."""
     raw = os.environ.get(name)

@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
 from nrllm_ops.database import database_from_url
-from nrllm_ops.env import env_bool, env_int, env_list, env_str
+from nrllm_ops.env import env_bool, env_choice, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -130,6 +130,21 @@ NRLLM_OPERATION_MARGIN_SECONDS = env_int("NRLLM_OPERATION_MARGIN_SECONDS", 30, m
 NRLLM_HTTP_ALLOWED_HOSTS = env_list("NRLLM_HTTP_ALLOWED_HOSTS")
 NRLLM_HTTP_TIMEOUT_SECONDS = env_int("NRLLM_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
 NRLLM_TOOLS = env_list("NRLLM_TOOLS")
+
+# --- Approvals of writes (G14) -----------------------------------------------
+# Which calls wait for an operator by default: non_idempotent_write, write
+# (every write) or none. Per tool, operators may require it or (with the
+# permission tools.relax_approval) waive it; a run's request may add tools.
+NRLLM_APPROVAL_REQUIRED_FOR = env_choice(
+    "NRLLM_APPROVAL_REQUIRED_FOR", "non_idempotent_write", ("non_idempotent_write", "write", "none")
+)
+# How long a call waits for a decision before its run ends failed/approval_expired.
+NRLLM_APPROVAL_TIMEOUT_SECONDS = env_int("NRLLM_APPROVAL_TIMEOUT_SECONDS", 86400, minimum=1)
+# Four-eyes: the user who submitted a run may deny its calls but not approve them.
+NRLLM_APPROVAL_SECOND_PERSON = env_bool("NRLLM_APPROVAL_SECOND_PERSON", False)
+# Posted (JSON) when a run starts to wait, through the SSRF-guarded HTTP
+# client of the tools; empty: no webhook.
+NRLLM_APPROVAL_WEBHOOK_URL = env_str("NRLLM_APPROVAL_WEBHOOK_URL")
 
 # --- The OpenAI-compatible provider ------------------------------------------------
 # Endpoint and key come from here only: never from a request, never stored.

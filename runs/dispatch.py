@@ -12,14 +12,22 @@ lease and the reaper — not RQ — decide when it is dead.
 
 import contextlib
 import functools
+import logging
 from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 
+import redis
 from django.conf import settings
+from django.db import DatabaseError
 from redis import Redis
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.utils import str_to_date
+
+from runs import transitions
+from runs.failures import classify, is_retryable
+
+logger = logging.getLogger(__name__)
 
 JOB_FUNCTION = "runs.jobs.execute_run_job"
 JOB_OPTIONS = {"job_timeout": -1, "result_ttl": 3600, "failure_ttl": 86400}
@@ -79,6 +87,46 @@ def dispatch_many(runs: list[tuple[str, int]]) -> None:
             for run_id, dispatch_count in runs
         ]
     )
+
+
+def dispatch_or_fail(run_id, *, dispatch_count: int, delay_seconds: float = 0) -> None:
+    """Dispatch the job of the run's ``dispatch_count``-th time in the queue.
+
+    The run row is the state (G4): if Redis cannot take the job — away,
+    read-only in a failover, out of memory, refusing our credentials — the
+    run stays ``queued``, due as it is, and the reaper dispatches it again
+    once Redis is back (G7). Only a failure that is not Redis's (a
+    ``REDIS_URL`` that is not a Redis URL, say) fails the run, with a dead
+    letter.
+    """
+    try:
+        dispatch(run_id, dispatch_count=dispatch_count, delay_seconds=delay_seconds)
+    except Exception as error:
+        failure_class = classify(error)
+        if isinstance(error, redis.RedisError) or is_retryable(failure_class):
+            logger.warning(
+                "run=%s dispatch failed (%s: %s); left queued for the reaper to dispatch again",
+                run_id,
+                type(error).__name__,
+                error,
+            )
+            return
+        logger.exception("run=%s dispatch failed", run_id)
+        try:
+            transitions.fail_dispatch(run_id, dispatch_count, error, failure_class)
+        except DatabaseError:
+            logger.exception("run=%s could not be marked dispatch_failed", run_id)
+
+
+def dispatch_many_or_fail(runs: list[tuple[str, int]]) -> None:
+    """Dispatch many ``(run_id, dispatch_count)`` at once; if that fails,
+    dispatch each on its own (``dispatch_or_fail``)."""
+    try:
+        dispatch_many(runs)
+    except Exception:
+        logger.exception("dispatch of %d runs in one pipeline failed; one by one", len(runs))
+        for run_id, dispatch_count in runs:
+            dispatch_or_fail(run_id, dispatch_count=dispatch_count)
 
 
 #: Set while ``manage.py embedded_worker`` executes runs: there a run due

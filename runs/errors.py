@@ -53,3 +53,13 @@ class StepsNotDurable(Exception):
     """
 
     failure_class = "connection"
+
+
+class AwaitingApproval(Exception):
+    """The run is parked ``waiting_for_approval`` (G14): a call of its turn
+    needs an operator's decision. The attempt is over; its lease is released
+    and nothing is settled. ``approvals``: the requests created."""
+
+    def __init__(self, approvals: list):
+        super().__init__(f"{len(approvals)} call(s) wait for approval")
+        self.approvals = approvals

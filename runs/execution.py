@@ -18,12 +18,20 @@ depends on.
 
 import logging
 
+from django.conf import settings
 from django.db import DatabaseError
 
 from runs import metrics, transitions
-from runs.errors import AuditPersistenceFailed, LeaseLost, RunCancelled, StepsNotDurable
+from runs.approvals import ApprovalGate
+from runs.errors import (
+    AuditPersistenceFailed,
+    AwaitingApproval,
+    LeaseLost,
+    RunCancelled,
+    StepsNotDurable,
+)
 from runs.loop import PlannedCall, StepEvent
-from runs.transitions import FinishOutcome, Lease, NextCall, RecordOutcome
+from runs.transitions import FinishOutcome, Lease, NextCall, ParkOutcome, RecordOutcome
 from runs.vocabulary import StepKind
 from tools.contract import ToolContext, idempotency_key_for
 
@@ -38,8 +46,10 @@ class LeasedExecution:
         operation_margin: float,
         *,
         recorded_steps: int = 0,
+        approvals: ApprovalGate | None = None,
     ):
         self.lease = lease
+        self.approvals = approvals or ApprovalGate(lease.run_id)
         self.lease_seconds = lease_seconds
         self.operation_margin = operation_margin
         #: Steps this attempt has recorded (the claim's request step included).
@@ -169,6 +179,37 @@ class LeasedExecution:
             return
         self._landed(steps)
         self.settled = True
+
+    def gate(self, calls, *, turn_sequence: int | None, turn_event: StepEvent | None) -> dict:
+        """The calls of this turn an operator denied (position → what the
+        model is told). If any call waits for approval, park the run instead
+        — the turn (``turn_event``, asked live) recorded with it — and raise
+        ``AwaitingApproval``: no call of the turn runs (G14)."""
+        denied, waiting = self.approvals.review(calls, turn_sequence)
+        if waiting:
+            self._park(waiting, turn_sequence, turn_event)
+        return denied
+
+    def _park(self, waiting: list, turn_sequence: int | None, turn_event) -> None:
+        if self._in_doubt and not self._resolve_doubt():
+            raise StepsNotDurable(
+                "the run cannot wait for approval while it cannot tell whether its "
+                "earlier steps were recorded"
+            )
+        steps = [*self._unwritten, *([_step_fields(turn_event)] if turn_event else [])]
+        outcome, requests = transitions.wait_for_approval(
+            self.lease,
+            steps,
+            waiting,
+            turn_sequence=turn_sequence,
+            timeout_seconds=settings.NRLLM_APPROVAL_TIMEOUT_SECONDS,
+        )
+        if outcome is ParkOutcome.LEASE_LOST:
+            raise LeaseLost()
+        if outcome is ParkOutcome.CANCEL_REQUESTED:
+            raise RunCancelled()
+        self._landed(steps)
+        raise AwaitingApproval(requests)
 
     def record_request(self, request: dict) -> None:
         """The first step of an interactive run: what it was asked to do."""

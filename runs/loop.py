@@ -1,10 +1,13 @@
 """The agent loop: provider ↔ tools until a final answer or the iteration cap.
 
 It knows nothing of persistence. The runtime watches it through an observer
-with two hooks — ``before_tool`` (may refuse by raising) and ``after_step`` —
+with hooks — ``before_tool`` (may refuse by raising) and ``after_step`` —
 and owns the lease, the fence, the audit and the settle. ``after_step`` is
 told which call comes next, so the observer can renew the lease for it (and
-stamp its fence) in the same write that records the step.
+stamp its fence) in the same write that records the step. Before any call
+of a turn runs, ``gate`` is shown the turn's calls: it may stop the loop
+while calls wait for an operator's approval (G14), and it says which calls
+an operator denied — those never run, and the model is told why.
 
 A re-executed attempt hands the loop the turns its journal recorded (G12):
 the loop replays them — their tool calls' recorded outcomes included —
@@ -94,6 +97,14 @@ class LoopObserver(Protocol):
 
     def finish(self, event: StepEvent, output: str) -> None: ...
 
+    def gate(
+        self,
+        calls: Sequence[PlannedCall],
+        *,
+        turn_sequence: int | None,
+        turn_event: StepEvent | None,
+    ) -> Mapping[str, str]: ...
+
 
 def tool_spec(tool: Tool) -> dict:
     return {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
@@ -145,8 +156,20 @@ def run_agent_loop(
             None if index < len(replayed) else _plan(call, f"{iteration}.{index}", tools)
             for index, call in enumerate(turn.tool_calls)
         ]
-        if recorded is None:
-            event = StepEvent(kind=StepKind.LLM, result=llm_step_result(turn))
+        event = None if recorded else StepEvent(kind=StepKind.LLM, result=llm_step_result(turn))
+        live = [plan for plan in planned if isinstance(plan, PlannedCall)]
+        if live:
+            # Before anything of the turn runs: the gate raises if a call
+            # waits for approval (having recorded the turn), and names the
+            # calls an operator denied, which are answered with the denial.
+            denied = observer.gate(
+                live, turn_sequence=recorded.sequence if recorded else None, turn_event=event
+            )
+            planned = [
+                denied.get(plan.position, plan) if isinstance(plan, PlannedCall) else plan
+                for plan in planned
+            ]
+        if event is not None:
             observer.after_step(event, next_call=_runnable(planned, 0))
         # The conversation is kept in the chat-completions shape, which
         # OpenAI-compatible providers take as is.
@@ -165,7 +188,8 @@ def run_agent_loop(
                 event = _execute_call(plan, observer)
             else:
                 # Never executed: the model's call was malformed, named a tool
-                # this run was not given, or its arguments were invalid.
+                # this run was not given, its arguments were invalid, or an
+                # operator denied it.
                 event = StepEvent(
                     kind=StepKind.TOOL,
                     tool_name=call.name,

@@ -34,6 +34,20 @@ REPLAYED_STEPS = Counter(
 AUDIT_FAILURES = Counter(
     "nrllm_audit_persistence_failures_total", "Write steps that could not be persisted", ["effect"]
 )
+APPROVAL_REQUESTS = Counter(
+    "nrllm_approval_requests_total", "Calls that were made to wait for approval", ["tool"]
+)
+APPROVAL_DECISIONS = Counter(
+    "nrllm_approval_decisions_total",
+    "Approval requests ended: approved, denied, expired, withdrawn (run cancelled)",
+    ["outcome"],
+)
+APPROVAL_DECISION_SECONDS = Histogram(
+    "nrllm_approval_decision_seconds",
+    "Time from a call's approval request to an operator's decision",
+    ["outcome"],
+    buckets=(10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600),
+)
 # Defining them created this process's files (multiprocess mode): it folds
 # them as it exits.
 metrics_files.fold_at_exit()
@@ -58,8 +72,9 @@ class RunStateCollector:
     """Gauges read from the database at scrape time."""
 
     def collect(self):
-        from runs.models import AgentRun, DeadLetter, ProviderCircuit
+        from runs.models import AgentRun, ApprovalRequest, DeadLetter, ProviderCircuit
         from runs.selectors import writes_in_doubt
+        from runs.vocabulary import ApprovalStatus
 
         runs = GaugeMetricFamily(
             "nrllm_runs", "Runs by status and termination reason", labels=["status", "reason"]
@@ -76,6 +91,11 @@ class RunStateCollector:
             "nrllm_writes_in_doubt",
             "Ended runs with a non-idempotent write not reconciled",
             value=writes_in_doubt(AgentRun.objects.all()).count(),
+        )
+        yield GaugeMetricFamily(
+            "nrllm_approvals_pending",
+            "Calls waiting for an operator's approval",
+            value=ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).count(),
         )
         circuits = GaugeMetricFamily(
             "nrllm_circuit_open", "1 when a provider circuit is not closed", labels=["key", "state"]

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import models
 
 from runs.vocabulary import (
+    ApprovalStatus,
     DeadLetterReason,
     FailureClass,
     ReconciliationOutcome,
@@ -17,6 +18,7 @@ from runs.vocabulary import (
     RunMode,
     RunStatus,
     StepKind,
+    SubmittedVia,
     TerminationReason,
 )
 from tools.effects import ToolEffect
@@ -28,7 +30,7 @@ class AgentRun(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     request = models.JSONField()
     prompt = models.TextField()
-    status = models.CharField(max_length=16, choices=RunStatus.choices)
+    status = models.CharField(max_length=24, choices=RunStatus.choices)
     termination_reason = models.CharField(
         max_length=32, choices=TerminationReason.choices, blank=True
     )
@@ -37,6 +39,15 @@ class AgentRun(models.Model):
     error_message = models.TextField(blank=True)
     output = models.TextField(blank=True)
     mode = models.CharField(max_length=16, choices=RunMode.choices)
+    #: Who submitted the run (the API token's or the session's user; None
+    #: from the command line) and how: four-eyes approval (G14) reads it.
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # A database default too: rows inserted in SQL (the bench's) need none.
+    submitted_via = models.CharField(
+        max_length=16, choices=SubmittedVia.choices, blank=True, db_default=""
+    )
 
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -83,6 +94,7 @@ class AgentRun(models.Model):
             ("requeue_agentrun", "Can requeue runs that are safe to requeue"),
             ("cancel_agentrun", "Can cancel queued and running runs"),
             ("reconcile_agentrun", "Can reconcile writes in doubt"),
+            ("approve_write", "Can approve or deny calls that wait for approval"),
         ]
         indexes = [
             models.Index(fields=["-created_at"], name="run_created_idx"),
@@ -236,6 +248,79 @@ class WriteReconciliation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.outcome} for run {self.run_id}"
+
+
+class ApprovalRequest(models.Model):
+    """One call that waits for an operator's decision (G14), bound to it: the
+    turn that asked for it, its place, tool, arguments and idempotency key,
+    and a digest of them that a decision must carry.
+
+    Written once by the park (``pending``), then once by the decision, the
+    expiry or the cancel; a second decision of the same call matches nothing.
+    """
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="approvals")
+    #: The attempt that asked and parked the run.
+    lease_token = models.PositiveIntegerField()
+    #: The llm step whose turn asked for the call, and the call's place in
+    #: the run (``iteration.index``, as the idempotency key has it).
+    turn_sequence = models.PositiveIntegerField()
+    position = models.CharField(max_length=32)
+    tool_name = models.CharField(max_length=100)
+    #: The tool's effect when the call was asked for (from its class, G1).
+    effect = models.CharField(max_length=32, choices=EFFECT_CHOICES)
+    arguments = models.JSONField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=64)
+    #: sha256 of all of the above with the run's id (``runs.approvals.digest``).
+    digest = models.CharField(max_length=64)
+    #: ``policy`` (the tool's) or ``request`` (the run's request asked).
+    required_by = models.CharField(max_length=16)
+    status = models.CharField(max_length=16, choices=ApprovalStatus.choices)
+    requested_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True)
+    #: The decision was made by the user who submitted the run.
+    by_submitter = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["requested_at", "position"]
+        constraints = [
+            # One live request per call of a turn: a second approval of the
+            # same call is impossible. An expired or withdrawn one does not
+            # count, so a run requeued after it may ask again.
+            models.UniqueConstraint(
+                fields=["run", "turn_sequence", "position"],
+                condition=models.Q(
+                    status__in=[
+                        ApprovalStatus.PENDING,
+                        ApprovalStatus.APPROVED,
+                        ApprovalStatus.DENIED,
+                    ]
+                ),
+                name="approval_one_live_per_call",
+            )
+        ]
+        indexes = [
+            # The inbox (oldest first) and the reaper's expiry look.
+            models.Index(
+                fields=["requested_at"],
+                condition=models.Q(status=ApprovalStatus.PENDING),
+                name="approval_pending_idx",
+            ),
+            models.Index(
+                fields=["expires_at"],
+                condition=models.Q(status=ApprovalStatus.PENDING),
+                name="approval_expiry_idx",
+            ),
+            models.Index(fields=["-decided_at"], name="approval_decided_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} at {self.position} of run {self.run_id} ({self.status})"
 
 
 class ProviderCircuit(models.Model):

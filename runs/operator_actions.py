@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from runs import transitions
+from runs.dispatch import dispatch_or_fail
 from runs.models import AgentRun, DeadLetter, WriteReconciliation
 from runs.requeue_safety import requeue_safety, restart_safety
 from runs.selectors import fenced_key
@@ -74,8 +75,6 @@ _RESTART = _BackInQueue("restart", "restarted", transitions.operator_restart)
 
 
 def _back_in_queue(run: AgentRun, operator, note: str, how: _BackInQueue, verdict) -> ActionResult:
-    from runs.runtime import dispatch_or_fail
-
     if not verdict.allowed:
         return ActionResult(False, verdict.code, verdict.reason)
     with transaction.atomic():

@@ -2,9 +2,13 @@
 and queued runs whose wake-up job Redis lost.
 
 A stale run is requeued when that is safe and the budget allows, and
-dead-lettered otherwise. Every mutation is a transition that re-checks
-staleness inside its UPDATE, so running two reapers at once, or racing a
-slow-but-alive worker, changes each run at most once. Time is the database's.
+dead-lettered otherwise. A run that waited for approval longer than
+``NRLLM_APPROVAL_TIMEOUT_SECONDS`` ends ``failed``/``approval_expired``; one
+still within it holds no lease and is left alone (G14).
+
+Every mutation is a transition that re-checks staleness inside its UPDATE,
+so running two reapers at once, or racing a slow-but-alive worker, changes
+each run at most once. Time is the database's.
 """
 
 import functools
@@ -16,8 +20,8 @@ from django.conf import settings
 from django.db import transaction
 
 from runs import transitions
-from runs.dispatch import job_id_for, live_job_ids
-from runs.metrics import REAPER_DECISIONS
+from runs.dispatch import dispatch_many_or_fail, dispatch_or_fail, job_id_for, live_job_ids
+from runs.metrics import APPROVAL_DECISIONS, REAPER_DECISIONS
 from runs.models import AgentRun
 from runs.transitions import Reaping, StaleLease, db_time
 from runs.vocabulary import DeadLetterReason, RunMode, RunStatus, StepKind, TerminationReason
@@ -30,6 +34,7 @@ DEAD_LETTER = "dead_lettered"
 CANCEL = "cancelled"
 ABANDON = "abandoned"
 REDISPATCH = "redispatched"
+EXPIRE = "approval_expired"
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class ReapReport:
         return sum(1 for outcome in self.decisions.values() if outcome.startswith(action))
 
     def summary(self) -> str:
-        actions = (REQUEUE, DEAD_LETTER, CANCEL, ABANDON, REDISPATCH)
+        actions = (REQUEUE, DEAD_LETTER, CANCEL, ABANDON, REDISPATCH, EXPIRE)
         counts = ", ".join(f"{action} {self.count(action)}" for action in actions)
         return f"{counts}, left to a live worker {self.lost_races}"
 
@@ -114,6 +119,7 @@ def reap_stale_runs(*, as_of: datetime | None = None, batch_size: int = 1000) ->
         again = list(stale.filter(pk__in=lost).values(*_STALE_FIELDS))
         report.lost_races -= len(again)
         _reap_chunk(again, as_of, report)
+    _expire_approvals(as_of, report)
     if settings.REDIS_URL:
         # Without Redis no queued run has a job to lose: the embedded worker
         # executes every queued run once it is due.
@@ -206,6 +212,16 @@ def _report(
     return lost
 
 
+def _expire_approvals(as_of, report: ReapReport) -> None:
+    ended, expired = transitions.expire_approvals(as_of)
+    if expired:
+        APPROVAL_DECISIONS.labels("expired").inc(expired)
+    for run_id in ended:
+        report.decisions[run_id] = f"{EXPIRE}: nobody decided in time"
+        REAPER_DECISIONS.labels(EXPIRE).inc()
+        logger.warning("reaper: run=%s failed: its approval request expired", run_id)
+
+
 def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
     threshold = settings.NRLLM_REDISPATCH_AFTER_SECONDS
     cutoff = as_of - timedelta(seconds=threshold) if as_of is not None else db_time(-threshold)
@@ -238,14 +254,10 @@ def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
 
 
 def _dispatch_many(runs: list[tuple[str, int]]) -> None:
-    from runs.runtime import dispatch_many_or_fail
-
     dispatch_many_or_fail(runs)
 
 
 def _dispatch_after_commit(run_id, dispatch_count: int) -> None:
-    from runs.runtime import dispatch_or_fail
-
     transaction.on_commit(
         functools.partial(dispatch_or_fail, run_id, dispatch_count=dispatch_count)
     )

@@ -1,8 +1,11 @@
 """The request that starts a run: parsed and checked before anything is stored.
 
 A request names ``prompt``, ``tools`` (offered tool names), ``provider`` and
-optionally ``max_iterations``. Anything else, or anything malformed, is
-refused with ``InvalidRunRequest`` naming the problem.
+optionally ``max_iterations`` and ``require_approval`` (tools among
+``tools`` whose calls wait for an operator's approval although their policy
+does not ask for it: a request may ask for more approvals, never fewer).
+Anything else, or anything malformed, is refused with ``InvalidRunRequest``
+naming the problem.
 """
 
 import json
@@ -29,14 +32,18 @@ class RunRequest:
     tools: tuple[str, ...]
     provider: dict
     max_iterations: int
+    require_approval: tuple[str, ...] = ()
 
     def as_json(self) -> dict:
-        return {
+        stored = {
             "prompt": self.prompt,
             "tools": list(self.tools),
             "provider": self.provider,
             "max_iterations": self.max_iterations,
         }
+        if self.require_approval:
+            stored["require_approval"] = list(self.require_approval)
+        return stored
 
 
 _REQUEST_SCHEMA = {
@@ -50,6 +57,7 @@ _REQUEST_SCHEMA = {
             "required": ["kind"],
         },
         "max_iterations": {"type": "integer", "minimum": 1},
+        "require_approval": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
     },
     "required": ["prompt", "provider"],
     "additionalProperties": False,
@@ -84,6 +92,13 @@ def parse_run_request(data) -> RunRequest:
     if disabled:
         raise InvalidRunRequest(f"tools: disabled by an operator: {disabled}")
 
+    require_approval = tuple(data.get("require_approval", []))
+    not_offered = [name for name in require_approval if name not in tools]
+    if not_offered:
+        raise InvalidRunRequest(
+            f"require_approval: {not_offered} not among the run's tools {list(tools)}"
+        )
+
     cap = settings.NRLLM_MAX_ITERATIONS
     max_iterations = data.get("max_iterations", cap)
     if not isinstance(max_iterations, int):
@@ -94,7 +109,11 @@ def parse_run_request(data) -> RunRequest:
             f"max_iterations: {max_iterations} is above the limit of {cap} (NRLLM_MAX_ITERATIONS)"
         )
     return RunRequest(
-        prompt=data["prompt"], tools=tools, provider=data["provider"], max_iterations=max_iterations
+        prompt=data["prompt"],
+        tools=tools,
+        provider=data["provider"],
+        max_iterations=max_iterations,
+        require_approval=require_approval,
     )
 
 
@@ -148,6 +167,7 @@ def parse_stored_request(data) -> RunRequest:
         tools=tuple(data["tools"]),
         provider=data["provider"],
         max_iterations=data["max_iterations"],
+        require_approval=tuple(data.get("require_approval", [])),
     )
 
 

@@ -12,22 +12,21 @@ import secrets
 import signal
 import socket
 import threading
-import time
 
-import redis
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
-from runs import dispatch, transitions
-from runs.errors import AuditPersistenceFailed, LeaseLost, RunCancelled, WriteOutcomeUnknown
-from runs.execution import LeasedExecution, withdraw_unstarted_fence
-from runs.failures import classify, is_retryable
+from runs import approval_notices, transitions
+from runs.approvals import ApprovalGate, Decisions
+from runs.dispatch import dispatch_or_fail
+from runs.errors import AwaitingApproval, LeaseLost, RunCancelled
+from runs.execution import LeasedExecution
+from runs.failed_attempts import dead_letter_unreplayable, settle_failure, withdraw_unstarted
 from runs.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.loop import run_agent_loop
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
 from runs.models import AgentRun
-from runs.providers import ProviderError, build_provider
-from runs.retry import decide_retry
+from runs.providers import build_provider
 from runs.run_request import (
     InvalidRunRequest,
     RunRequest,
@@ -35,8 +34,9 @@ from runs.run_request import (
     parse_stored_request,
 )
 from runs.transitions import Lease
-from runs.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
-from tools.effects import ToolEffect
+from runs.vocabulary import RunMode, RunStatus, StepKind, SubmittedVia, TerminationReason
+from tools.approval_policy import tools_needing_approval
+from tools.enabled import approval_overrides
 from tools.registry import get_registry
 
 logger = logging.getLogger(__name__)
@@ -48,57 +48,26 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
-def enqueue(request_data) -> AgentRun:
+def enqueue(
+    request_data, *, submitted_by=None, submitted_via: str = SubmittedVia.COMMAND_LINE
+) -> AgentRun:
     """Validate and store a ``queued`` run; its job is dispatched after commit.
+    ``submitted_by`` (a user, or None from the command line) and
+    ``submitted_via`` are recorded with it (four-eyes approval reads them).
 
     Raises ``InvalidRunRequest`` and stores nothing when the request is bad.
     """
     run_request = parse_run_request(request_data)
     # One INSERT, atomic on its own. Inside a caller's transaction the job
     # waits for the caller's commit; outside one, Django runs it at once.
-    run = transitions.create_queued_run(run_request.as_json(), run_request.prompt)
+    run = transitions.create_queued_run(
+        run_request.as_json(),
+        run_request.prompt,
+        submitted_by=submitted_by,
+        submitted_via=submitted_via,
+    )
     transaction.on_commit(lambda: dispatch_or_fail(run.pk, dispatch_count=run.dispatch_count))
     return run
-
-
-def dispatch_or_fail(run_id, *, dispatch_count: int, delay_seconds: float = 0) -> None:
-    """Dispatch the job of the run's ``dispatch_count``-th time in the queue.
-
-    The run row is the state (G4): if Redis cannot take the job — away,
-    read-only in a failover, out of memory, refusing our credentials — the
-    run stays ``queued``, due as it is, and the reaper dispatches it again
-    once Redis is back (G7). Only a failure that is not Redis's (a
-    ``REDIS_URL`` that is not a Redis URL, say) fails the run, with a dead
-    letter.
-    """
-    try:
-        dispatch.dispatch(run_id, dispatch_count=dispatch_count, delay_seconds=delay_seconds)
-    except Exception as error:
-        failure_class = classify(error)
-        if isinstance(error, redis.RedisError) or is_retryable(failure_class):
-            logger.warning(
-                "run=%s dispatch failed (%s: %s); left queued for the reaper to dispatch again",
-                run_id,
-                type(error).__name__,
-                error,
-            )
-            return
-        logger.exception("run=%s dispatch failed", run_id)
-        try:
-            transitions.fail_dispatch(run_id, dispatch_count, error, failure_class)
-        except DatabaseError:
-            logger.exception("run=%s could not be marked dispatch_failed", run_id)
-
-
-def dispatch_many_or_fail(runs: list[tuple[str, int]]) -> None:
-    """Dispatch many ``(run_id, dispatch_count)`` at once; if that fails,
-    dispatch each on its own (``dispatch_or_fail``)."""
-    try:
-        dispatch.dispatch_many(runs)
-    except Exception:
-        logger.exception("dispatch of %d runs in one pipeline failed; one by one", len(runs))
-        for run_id, dispatch_count in runs:
-            dispatch_or_fail(run_id, dispatch_count=dispatch_count)
 
 
 def run_queued(run_id) -> None:
@@ -119,18 +88,25 @@ def run_queued(run_id) -> None:
         requeue_count=claimed.requeue_count,
         resumed=claimed.resumed,
         disabled_tools=claimed.disabled_tools,
+        approval_overrides=claimed.approval_overrides,
         recorded_steps=1 if claimed.request_recorded else 0,
     )
 
 
-def run(request_data) -> AgentRun:
-    """Execute an ``interactive`` run inline, under a lease, and return it ended."""
+def run(
+    request_data, *, submitted_by=None, submitted_via: str = SubmittedVia.COMMAND_LINE
+) -> AgentRun:
+    """Execute an ``interactive`` run inline, under a lease, and return it:
+    ended, or ``waiting_for_approval`` (a worker finishes it once its calls
+    are decided, G14)."""
     run_request = parse_run_request(request_data)
     lease = transitions.begin_interactive(
         run_request.as_json(),
         run_request.prompt,
         worker_identity(),
         settings.NRLLM_LEASE_SECONDS,
+        submitted_by=submitted_by,
+        submitted_via=submitted_via,
     )
     try:
         # parse_run_request has just refused any disabled tool.
@@ -141,6 +117,7 @@ def run(request_data) -> AgentRun:
             requeue_count=0,
             resumed=False,
             disabled_tools=frozenset(),
+            approval_overrides=approval_overrides(run_request.tools),
         )
     except KeyboardInterrupt as interrupt:
         # The caller stopped it (Ctrl-C; run_agent turns SIGTERM into this):
@@ -202,6 +179,7 @@ def _stored_request(stored: dict) -> RunRequest:
         tools=tuple(stored.get("tools", [])),
         provider=stored["provider"],
         max_iterations=stored["max_iterations"],
+        require_approval=tuple(stored.get("require_approval", [])),
     )
 
 
@@ -220,6 +198,25 @@ def _resumption(lease: Lease, stored: dict, disabled: frozenset[str]) -> tuple[R
     return request, read_journal_of(lease.run_id, request, disabled=disabled)
 
 
+def _approval_gate(
+    lease: Lease, request: RunRequest, offered: dict, overrides: dict, journal: Journal
+) -> ApprovalGate:
+    """Which of the offered tools wait for approval in this attempt (the
+    policy as the claim read it, and the request's additions), and — when
+    it resumes a turn whose calls are not all done — that turn's decisions."""
+    decisions = None
+    if journal.turns and not journal.ends_with_final_answer:
+        last = journal.turns[-1]
+        if len(last.outcomes) < len(last.turn.tool_calls):
+            decisions = Decisions.of_turn(lease.run_id, last.sequence)
+    return ApprovalGate(
+        lease.run_id,
+        by_policy=tools_needing_approval(offered, overrides),
+        by_request=frozenset(request.require_approval) & set(offered),
+        decisions=decisions,
+    )
+
+
 def _execute(
     lease: Lease,
     stored_request: dict,
@@ -228,12 +225,13 @@ def _execute(
     requeue_count: int,
     resumed: bool,
     disabled_tools: frozenset[str],
+    approval_overrides: dict,
     recorded_steps: int = 0,
 ) -> None:
     """Drive the loop under ``lease``. A queued run's claim recorded its
     request step (``recorded_steps``); an interactive run records it here. A
     re-executed run resumes: it replays its journal and goes live after it
-    (G12)."""
+    (G12). A call that needs approval parks the run (G14)."""
     execution = LeasedExecution(
         lease,
         settings.NRLLM_LEASE_SECONDS,
@@ -245,6 +243,8 @@ def _execute(
             request, journal = _resumption(lease, stored_request, disabled_tools)
         else:
             request, journal = _stored_request(stored_request), Journal()
+        offered = _offered_tools(request.tools, disabled_tools)
+        execution.approvals = _approval_gate(lease, request, offered, approval_overrides, journal)
         if mode == RunMode.INTERACTIVE:
             execution.record_request(stored_request)
         if journal:
@@ -254,24 +254,28 @@ def _execute(
             provider=TimedProvider(
                 build_provider(request.provider, attempt=lease.token), request.provider["kind"]
             ),
-            tools=_offered_tools(request.tools, disabled_tools),
+            tools=offered,
             max_iterations=request.max_iterations,
             observer=execution,
             journal=journal.turns,
         )
+    except AwaitingApproval as waiting:
+        logger.info("run=%s waits for approval of %d call(s)", lease.run_id, len(waiting.approvals))
+        approval_notices.run_waits(lease.run_id, waiting.approvals)
+        return
     except LeaseLost:
         LEASES_LOST.inc()
         logger.warning("run=%s lease_token=%s lost; settling nothing", lease.run_id, lease.token)
         return
     except RunCancelled as cancel:
-        _withdraw_unstarted(lease, cancel)
+        withdraw_unstarted(lease, cancel)
         transitions.settle(lease, RunStatus.CANCELLED, TerminationReason.CANCELLED)
         return
     except JournalUnreplayable as error:
-        _dead_letter_unreplayable(lease, error)
+        dead_letter_unreplayable(lease, error)
         return
     except Exception as error:
-        _settle_failure(lease, error, mode, requeue_count=requeue_count)
+        settle_failure(lease, error, mode, requeue_count=requeue_count)
         return
     if execution.settled:
         return  # the final answer's record settled the run
@@ -289,107 +293,3 @@ def _note_resume(execution: LeasedExecution, journal: Journal) -> None:
     REPLAYED_STEPS.labels(StepKind.LLM).inc(len(journal.turns))
     REPLAYED_STEPS.labels(StepKind.TOOL).inc(journal.tool_results)
     execution.after_step(journal.resume_event())
-
-
-def _dead_letter_unreplayable(lease: Lease, error: JournalUnreplayable) -> None:
-    logger.error("run=%s journal cannot be replayed: %s", lease.run_id, error)
-    try:
-        transitions.dead_letter(
-            lease,
-            TerminationReason.JOURNAL_UNREPLAYABLE,
-            failure_class="",
-            error_type="JournalUnreplayable",
-            error_message=str(error),
-            # A write whose outcome is not recorded may have run: it stands
-            # as the write in question, as an interrupted one does.
-            fence=error.write,
-        )
-    except DatabaseError:
-        # Left running without a fence; the reaper requeues it and the next
-        # attempt meets the same journal.
-        logger.exception("run=%s could not be dead-lettered", lease.run_id)
-
-
-def _withdraw_unstarted(lease: Lease, error: Exception) -> None:
-    """The tool the attempt stopped before did not start: a fence still
-    standing for it would leave a write in doubt that never ran (G6)."""
-    key = getattr(error, "unstarted_call", None)
-    if key is not None:
-        withdraw_unstarted_fence(lease, key)
-
-
-def _interactive_reason(error: Exception) -> str:
-    if isinstance(error, ProviderError):
-        return TerminationReason.PROVIDER_FAILED
-    if isinstance(error, WriteOutcomeUnknown) and error.effect == ToolEffect.NON_IDEMPOTENT_WRITE:
-        return TerminationReason.WRITE_INTERRUPTED
-    return TerminationReason.NOT_RETRYABLE
-
-
-#: How long an attempt whose write audit failed keeps trying to say so on
-#: the fence while the database is away: well inside the lease it holds,
-#: which covered the write's time limit plus the operation margin, so the
-#: reaper cannot act on the run meanwhile.
-AUDIT_MARK_ATTEMPTS = (0.2, 0.5, 1, 2, 4)
-
-
-def _mark_audit_failed(lease: Lease, call: dict) -> None:
-    """Make the failed audit durable on the fence before anything else, so
-    the run is never retried automatically whatever happens to its settle
-    (G3). While the database is away it tries again for a few seconds."""
-    budget = settings.NRLLM_OPERATION_MARGIN_SECONDS / 2
-    for pause in (*AUDIT_MARK_ATTEMPTS, None):
-        try:
-            transitions.mark_audit_failed(lease, call)
-            return
-        except DatabaseError as error:
-            transitions.recover_connection()
-            if pause is None or pause > budget or not is_retryable(classify(error)):
-                logger.error("run=%s failed audit could not be marked: %s", lease.run_id, error)
-                return
-            budget -= pause
-            time.sleep(pause)
-
-
-def _settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count: int) -> None:
-    failure_class = classify(error)
-    details = {
-        "failure_class": failure_class,
-        "error_type": type(error).__name__,
-        "error_message": str(error),
-    }
-    logger.warning(
-        "run=%s lease_token=%s failed: %s (%s)", lease.run_id, lease.token, error, failure_class
-    )
-    if isinstance(error, DatabaseError):
-        transitions.recover_connection()
-    _withdraw_unstarted(lease, error)
-    if isinstance(error, AuditPersistenceFailed) and error.call is not None:
-        _mark_audit_failed(lease, error.call)
-    try:
-        if mode == RunMode.INTERACTIVE:
-            transitions.settle(lease, RunStatus.FAILED, _interactive_reason(error), **details)
-            return
-        pending_effect = (
-            AgentRun.objects.filter(pk=lease.run_id).values_list("pending_effect", flat=True).get()
-        )
-        decision = decide_retry(
-            failure_class=failure_class,
-            pending_effect=pending_effect,
-            requeue_count=requeue_count,
-            max_requeues=settings.NRLLM_MAX_REQUEUES,
-            retry_after=getattr(error, "retry_after", None),
-            backoff_base=settings.NRLLM_RETRY_BACKOFF_SECONDS,
-            backoff_cap=settings.NRLLM_RETRY_BACKOFF_MAX_SECONDS,
-        )
-        if decision.requeue:
-            delay = decision.delay_seconds
-            dispatch_count = transitions.requeue_for_retry(lease, **details, delay_seconds=delay)
-            if dispatch_count is not None:
-                dispatch_or_fail(lease.run_id, dispatch_count=dispatch_count, delay_seconds=delay)
-            return
-        transitions.dead_letter(lease, decision.dead_letter_reason, **details)
-    except DatabaseError:
-        # The settle itself failed: the run stays running with its fence as it
-        # stands, and its lease expires; recovery is the reaper's (G7).
-        logger.exception("run=%s could not be settled after failure", lease.run_id)

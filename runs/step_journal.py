@@ -122,8 +122,9 @@ def finish_in_one_statement(lease, steps: Sequence[dict], *, output: str, usage:
 
 def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
     """The claim with its request step. Returns (token, request, requeue_count,
-    step_count, the requested tools an operator has disabled) or None when the
-    run was not ``queued``.
+    step_count, the requested tools an operator has disabled, their approval
+    settings other than ``default`` by name) or None when the run was not
+    ``queued``.
 
     The claim commits without waiting for its WAL to reach disk
     (``synchronous_commit = off`` for this transaction only): one flush less
@@ -156,15 +157,16 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
         [{"kind": "request"}],
         {"run_id": run_id, "owner": owner, "lease_seconds": lease_seconds},
         arguments_from_request=True,
-        also_select=_DISABLED_REQUESTED_TOOLS,
+        also_select=f"{_DISABLED_REQUESTED_TOOLS}, {_APPROVAL_OVERRIDES}",
         wait_for_flush=False,
     )
     if row is None:
         return None
-    _, step_count, token, request, requeue_count, disabled = row
+    _, step_count, token, request, requeue_count, disabled, overrides = row
     if isinstance(request, str):  # Django loads jsonb as text; the model decodes it
         request = json.loads(request)
-    return token, request, requeue_count, step_count, frozenset(disabled)
+    overrides = dict(entry.rsplit(" ", 1) for entry in overrides)
+    return token, request, requeue_count, step_count, frozenset(disabled), overrides
 
 
 #: A FROM item that makes the statement's own transaction commit without
@@ -176,6 +178,14 @@ COMMIT_WITHOUT_FLUSH = "(SELECT set_config('synchronous_commit', 'off', true)) A
 # than by a query of its own.
 _DISABLED_REQUESTED_TOOLS = f"""
     ARRAY(SELECT name FROM {ToolSetting._meta.db_table} WHERE NOT enabled
+          AND name IN (SELECT jsonb_array_elements_text(run.request -> 'tools')))
+"""
+
+# Their approval settings where an operator changed the default (G14), as
+# "name setting" (split at the last space: a setting has none).
+_APPROVAL_OVERRIDES = f"""
+    ARRAY(SELECT name || ' ' || approval FROM {ToolSetting._meta.db_table}
+          WHERE approval <> 'default'
           AND name IN (SELECT jsonb_array_elements_text(run.request -> 'tools')))
 """
 

@@ -10,10 +10,15 @@ from django.db import models
 class RunStatus(models.TextChoices):
     # create_queued_run, requeue_for_retry, reap_requeue, note_redispatch (stays queued),
     # operator_requeue, operator_restart
-    QUEUED = "queued"
+    QUEUED = "queued"  # … and decide_approval, when the last pending call is decided
     RUNNING = "running"  # claim, begin_interactive
+    #: Not terminal: its turn asked for a call that needs an operator's
+    #: approval (G14). It holds no lease and no worker. wait_for_approval
+    #: writes it; decide_approval, expire_approvals and cancel end it.
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
     COMPLETED = "completed"  # settle, finish
-    FAILED = "failed"  # settle, dead_letter, fail_dispatch, reap_dead_letter, reap_abandoned
+    # settle, dead_letter, fail_dispatch, reap_dead_letter, reap_abandoned, expire_approvals
+    FAILED = "failed"
     CANCELLED = "cancelled"  # cancel, settle, finish, reap_cancelled
 
     @classmethod
@@ -41,6 +46,9 @@ class TerminationReason(models.TextChoices):
     #: An interactive run whose caller stopped renewing its lease (its
     #: process died or was stopped): the reaper ends it, never a worker.
     ABANDONED = "abandoned"
+    #: A call waited for an operator's decision longer than
+    #: ``NRLLM_APPROVAL_TIMEOUT_SECONDS``; the reaper ends the run.
+    APPROVAL_EXPIRED = "approval_expired"
 
 
 class FailureClass(models.TextChoices):
@@ -79,6 +87,9 @@ class StepKind(models.TextChoices):
     REAPER = "reaper"
     #: A re-executed attempt replayed the journal: what it replayed, where it went live.
     RESUME = "resume"
+    #: A call that needs approval was asked for (the run waits), or an
+    #: operator decided it, or it expired or was withdrawn (G14).
+    APPROVAL = "approval"
 
 
 class DeadLetterReason(models.TextChoices):
@@ -103,3 +114,20 @@ class Resolution(models.TextChoices):
 class ReconciliationOutcome(models.TextChoices):
     APPLIED = "applied"  # the write landed: running the run again would repeat it
     NOT_APPLIED = "not_applied"  # it did not: the run may be requeued
+
+
+class ApprovalStatus(models.TextChoices):
+    """Where one call's approval request stands (G14)."""
+
+    PENDING = "pending"  # wait_for_approval
+    APPROVED = "approved"  # decide_approval: the call executes, once, as approved
+    DENIED = "denied"  # decide_approval: the model is told; the call never executes
+    EXPIRED = "expired"  # expire_approvals: nobody decided in time; the run failed
+    WITHDRAWN = "withdrawn"  # cancel: the run was cancelled while it waited
+
+
+class SubmittedVia(models.TextChoices):
+    """How a run was submitted (``AgentRun.submitted_via``)."""
+
+    API = "api"  # POST /api/runs/: the token's (or the session's) user
+    COMMAND_LINE = "command_line"  # manage.py enqueue_run / run_agent / seed_demo

@@ -79,6 +79,8 @@ def worker_env():
         "REDIS_URL": django_settings.TEST_REDIS_URL,
         "SECRET_KEY": "tests-only-secret-key",
         "PYTHONUNBUFFERED": "1",
+        # As in tests/settings.py; the `approvals` fixture turns them on.
+        "NRLLM_APPROVAL_REQUIRED_FOR": django_settings.NRLLM_APPROVAL_REQUIRED_FOR,
     }
 
 
@@ -105,6 +107,8 @@ class Workers:
                 "NRLLM_TOOLS": ",".join(django_settings.NRLLM_TOOLS),
                 "NRLLM_OPENAI_BASE_URL": django_settings.NRLLM_OPENAI_BASE_URL,
                 "NRLLM_OPENAI_API_KEY": django_settings.NRLLM_OPENAI_API_KEY,
+                "NRLLM_APPROVAL_REQUIRED_FOR": django_settings.NRLLM_APPROVAL_REQUIRED_FOR,
+                "NRLLM_APPROVAL_SECOND_PERSON": str(django_settings.NRLLM_APPROVAL_SECOND_PERSON),
                 **{key: str(value) for key, value in env_overrides.items()},
             },
             stdout=subprocess.PIPE,
@@ -166,7 +170,10 @@ OPERATOR_PERMISSIONS = [
     "runs.dismiss_deadletter",
     "tools.view_toolsetting",
     "tools.change_toolsetting",
+    "tools.relax_approval",
+    "runs.approve_write",
 ]
+APPROVER_PERMISSIONS = ["runs.view_agentrun", "runs.approve_write"]
 VIEWER_PERMISSIONS = ["runs.view_agentrun", "runs.view_deadletter", "tools.view_toolsetting"]
 
 
@@ -187,6 +194,20 @@ def _user(username, *, staff, permissions):
 def operator(db):
     """Olivia, staff, with every operator permission."""
     return _user("olivia", staff=True, permissions=OPERATOR_PERMISSIONS)
+
+
+@pytest.fixture
+def approver(db):
+    """Ada, staff, who may look at runs and approve or deny their calls."""
+    return _user("ada", staff=True, permissions=APPROVER_PERMISSIONS)
+
+
+@pytest.fixture
+def approvals(settings):
+    """Approvals as shipped: every non_idempotent_write waits for one (the
+    suite's settings turn them off; workers started after this read it)."""
+    settings.NRLLM_APPROVAL_REQUIRED_FOR = "non_idempotent_write"
+    return settings
 
 
 @pytest.fixture

@@ -28,3 +28,9 @@ REDIS_URL = ""
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SECRET_KEY = "tests-only-secret-key"
+
+# Approvals (G14) are off unless a test asks for them (the `approvals`
+# fixture): the tests of the other guarantees run writes unattended, as a
+# deployment with NRLLM_APPROVAL_REQUIRED_FOR=none does. The shipped default
+# (non_idempotent_write) is pinned by test_approval_policy.py.
+NRLLM_APPROVAL_REQUIRED_FOR = "none"

@@ -3,14 +3,16 @@
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from runs.models import AgentRun, DeadLetter, RunStep
+from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
 from runs.runtime import run
 from runs.vocabulary import (
+    ApprovalStatus,
     DeadLetterReason,
     FailureClass,
     RunMode,
     RunStatus,
     StepKind,
+    SubmittedVia,
     TerminationReason,
 )
 from tests.helpers import answer, scripted
@@ -27,6 +29,7 @@ def test_database_choices_match_the_enums():
         == [
             "queued",
             "running",
+            "waiting_for_approval",
             "completed",
             "failed",
             "cancelled",
@@ -53,6 +56,8 @@ def test_database_choices_match_the_enums():
     assert choices(RunStep, "effect") == [e.value for e in ToolEffect]
     assert choices(RunStep, "kind") == list(StepKind.values)
     assert choices(DeadLetter, "reason") == list(DeadLetterReason.values)
+    assert choices(ApprovalRequest, "status") == list(ApprovalStatus.values)
+    assert choices(AgentRun, "submitted_via") == list(SubmittedVia.values)
 
 
 @pytest.mark.django_db

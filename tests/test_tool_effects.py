@@ -87,9 +87,15 @@ def test_a_string_effect_in_nrllm_tools_stops_start_up(worker_env):
 
 @pytest.mark.django_db
 def test_no_column_stores_a_tools_effect():
-    # A step's effect is history (what it executed under) and the run's
-    # pending_effect is the fence; nothing else may hold an effect.
-    allowed = {("runs_runstep", "effect"), ("runs_agentrun", "pending_effect")}
+    # A step's effect is history (what it executed under), as is an
+    # approval request's (what the approver was shown); the run's
+    # pending_effect is the fence. Nothing else may hold an effect, and
+    # none of them is read to decide what a tool does.
+    allowed = {
+        ("runs_runstep", "effect"),
+        ("runs_approvalrequest", "effect"),
+        ("runs_agentrun", "pending_effect"),
+    }
     with connection.cursor() as cursor:
         for model in apps.get_models():
             if not model._meta.managed:

@@ -6,16 +6,29 @@ read from the tool's class, never from here.
 
 from django.db import models
 
+from tools.approval_policy import ApprovalPolicy
+
 
 class ToolSetting(models.Model):
     """An operator's switch for one registered tool."""
 
     name = models.CharField(max_length=100, primary_key=True)
     enabled = models.BooleanField(default=True)
+    #: Whether its calls wait for an operator's approval (G14):
+    #: ``tools.approval_policy`` says what ``default`` means for its effect.
+    approval = models.CharField(
+        max_length=16, choices=ApprovalPolicy.choices, default=ApprovalPolicy.DEFAULT
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]
+        permissions = [
+            (
+                "relax_approval",
+                "Can let a tool whose effect needs approval by default run without it",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -35,6 +35,7 @@ from runs.models import AgentRun
 from runs.requeue_safety import requeue_safety, restart_safety
 from runs.run_request import InvalidRunRequest
 from runs.runtime import enqueue
+from runs.vocabulary import SubmittedVia
 
 STEPS_PAGE = 100
 
@@ -126,11 +127,11 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         if len(key) > 200:
             raise ValidationError({"Idempotency-Key": "at most 200 characters"})
         if not key:
-            return Response(RunSerializer(self._enqueue(request.data)).data, status=201)
+            return Response(RunSerializer(self._enqueue(request)).data, status=201)
         digest = _body_digest(request.data)
         try:
             with transaction.atomic():
-                run = self._enqueue(request.data)
+                run = self._enqueue(request)
                 # The unique (user, key) makes a concurrent twin wait here, then fail.
                 RunCreationKey.objects.create(
                     user=request.user, key=key, body_sha256=digest, run=run
@@ -146,9 +147,9 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         return Response(RunSerializer(run).data, status=201)
 
     @staticmethod
-    def _enqueue(data) -> AgentRun:
+    def _enqueue(request) -> AgentRun:
         try:
-            return enqueue(data)
+            return enqueue(request.data, submitted_by=request.user, submitted_via=SubmittedVia.API)
         except InvalidRunRequest as error:
             # The message already names the field (e.g. "tools: unknown tool(s) ...").
             raise ValidationError(str(error)) from None

@@ -9,6 +9,14 @@ The modules of this package are split by concern; import from the package.
 """
 
 from runs.transitions._common import Lease, db_time, recover_connection
+from runs.transitions.approvals import (
+    DecisionOutcome,
+    ParkOutcome,
+    WaitingCall,
+    decide_approval,
+    expire_approvals,
+    wait_for_approval,
+)
 from runs.transitions.ending import (
     CancelOutcome,
     FinishOutcome,
@@ -53,12 +61,15 @@ __all__ = [
     "AUDIT_FAILED",
     "CancelOutcome",
     "ClaimedRun",
+    "DecisionOutcome",
     "FinishOutcome",
     "Lease",
     "NextCall",
+    "ParkOutcome",
     "RecordOutcome",
     "Reaping",
     "StaleLease",
+    "WaitingCall",
     "append_operator_step",
     "attempt_step_count",
     "begin_interactive",
@@ -68,6 +79,8 @@ __all__ = [
     "create_queued_run",
     "db_time",
     "dead_letter",
+    "decide_approval",
+    "expire_approvals",
     "fail_dispatch",
     "finish",
     "heartbeat",
@@ -85,5 +98,6 @@ __all__ = [
     "renew_lease",
     "requeue_for_retry",
     "settle",
+    "wait_for_approval",
     "withdraw_fence",
 ]

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Case, F, Q, Value, When
 
+from runs.metrics import APPROVAL_DECISIONS
 from runs.models import AgentRun, DeadLetter
 from runs.step_journal import finish_in_one_statement
 from runs.transitions._common import (
@@ -20,6 +21,7 @@ from runs.transitions._common import (
     db_time,
     logger,
 )
+from runs.transitions.approvals import withdraw_approvals
 from runs.transitions.steps import _usage_totals, _usage_values
 from runs.vocabulary import DeadLetterReason, RunStatus, TerminationReason
 from tools.effects import ToolEffect
@@ -288,11 +290,22 @@ class CancelOutcome(enum.Enum):
 
 
 def cancel(run_id) -> CancelOutcome:
-    """Cancel a run: at once if queued; by fence if running (G9)."""
+    """Cancel a run: at once if queued or waiting for approval (its pending
+    approvals are withdrawn with it); by fence if running (G9)."""
     queued = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED)
     if queued.update(**_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
         _log_change("cancel", run_id, status=RunStatus.CANCELLED)
         return CancelOutcome.CANCELLED
+    with transaction.atomic():
+        # The run's row first, then its approvals (the order decide_approval
+        # locks in): a decision racing this cancel either comes first and
+        # releases the run, or finds it cancelled and its request withdrawn.
+        waiting = AgentRun.objects.filter(pk=run_id, status=RunStatus.WAITING_FOR_APPROVAL)
+        if waiting.update(**_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
+            withdrawn = withdraw_approvals(run_id)
+            transaction.on_commit(lambda: APPROVAL_DECISIONS.labels("withdrawn").inc(withdrawn))
+            _log_change("cancel", run_id, status=RunStatus.CANCELLED)
+            return CancelOutcome.CANCELLED
     running = AgentRun.objects.filter(
         pk=run_id, status=RunStatus.RUNNING, cancel_requested_at__isnull=True
     )
@@ -304,7 +317,7 @@ def cancel(run_id) -> CancelOutcome:
         return CancelOutcome.NOT_FOUND
     if status == RunStatus.RUNNING:
         return CancelOutcome.ALREADY_REQUESTED
-    if status == RunStatus.QUEUED:
-        # Claimed and requeued between our two updates: try once more.
+    if status in (RunStatus.QUEUED, RunStatus.WAITING_FOR_APPROVAL):
+        # Claimed and requeued (or parked) between our updates: once more.
         return cancel(run_id)
     return CancelOutcome.TERMINAL

@@ -1,6 +1,6 @@
 """Creating runs and holding their lease: claim, renew (and fence), heartbeat."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F
@@ -18,10 +18,12 @@ from runs.transitions._common import (
     logger,
 )
 from runs.vocabulary import RunMode, RunStatus, StepKind
-from tools.enabled import disabled_tool_names
+from tools.enabled import approval_overrides, disabled_tool_names
 
 
-def create_queued_run(request: dict, prompt: str) -> AgentRun:
+def create_queued_run(
+    request: dict, prompt: str, *, submitted_by=None, submitted_via: str = ""
+) -> AgentRun:
     """Store a ``queued`` run; the caller dispatches its job after commit."""
     return AgentRun.objects.create(
         request=request,
@@ -29,14 +31,26 @@ def create_queued_run(request: dict, prompt: str) -> AgentRun:
         status=RunStatus.QUEUED,
         mode=RunMode.QUEUED,
         available_at=db_time(),
+        submitted_by=submitted_by,
+        submitted_via=submitted_via,
     )
 
 
-def begin_interactive(request: dict, prompt: str, owner: str, lease_seconds: float) -> Lease:
+def begin_interactive(
+    request: dict,
+    prompt: str,
+    owner: str,
+    lease_seconds: float,
+    *,
+    submitted_by=None,
+    submitted_via: str = "",
+) -> Lease:
     """Store an ``interactive`` run already running under a first lease."""
     run = AgentRun.objects.create(
         request=request,
         prompt=prompt,
+        submitted_by=submitted_by,
+        submitted_via=submitted_via,
         status=RunStatus.RUNNING,
         mode=RunMode.INTERACTIVE,
         lease_owner=owner,
@@ -64,6 +78,8 @@ class ClaimedRun:
     request_recorded: bool
     #: Tools the request names that an operator has disabled since: not offered.
     disabled_tools: frozenset[str] = frozenset()
+    #: The approval settings of the request's tools that are not ``default``.
+    approval_overrides: dict = field(default_factory=dict)
 
 
 def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
@@ -83,13 +99,13 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
         claimed = _claim_through_the_orm(run_id, owner, lease_seconds)
     if claimed is None:
         return None
-    token, request, requeue_count, step_count, recorded, disabled = claimed
+    token, request, requeue_count, step_count, recorded, disabled, overrides = claimed
     sequence = step_count if recorded else None
     _log_change("claim", run_id, lease_token=token, sequence=sequence)
     # Steps beyond the request step this claim numbered: an earlier attempt ran.
     resumed = step_count > 1
     lease = Lease(str(run_id), owner, token)
-    return ClaimedRun(lease, request, requeue_count, resumed, recorded, disabled)
+    return ClaimedRun(lease, request, requeue_count, resumed, recorded, disabled, overrides)
 
 
 #: The one-statement claim failed: the ORM's claim is still to be tried.
@@ -98,8 +114,8 @@ _UNTRIED = object()
 
 def _claim_with_request_step(run_id, owner: str, lease_seconds: float):
     """PostgreSQL's one-statement claim: (token, request, requeue_count,
-    step_count, True, disabled tools), None if not claimable, or ``_UNTRIED``
-    if the statement failed."""
+    step_count, True, disabled tools, approval overrides), None if not
+    claimable, or ``_UNTRIED`` if the statement failed."""
     try:
         claimed = claim_in_one_statement(run_id, owner, lease_seconds)
     except DatabaseError as error:
@@ -113,14 +129,14 @@ def _claim_with_request_step(run_id, owner: str, lease_seconds: float):
         return _UNTRIED
     if claimed is None:
         return None
-    token, request, requeue_count, step_count, disabled = claimed
-    return token, request, requeue_count, step_count, True, disabled
+    token, request, requeue_count, step_count, disabled, overrides = claimed
+    return token, request, requeue_count, step_count, True, disabled, overrides
 
 
 def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
     """The same claim in ``UPDATE … RETURNING`` and a savepoint for the step:
-    (token, request, requeue_count, step_count, recorded, disabled tools) or
-    None if not claimable."""
+    (token, request, requeue_count, step_count, recorded, disabled tools,
+    approval overrides) or None if not claimable."""
     with transaction.atomic():
         rows = _update_returning(
             AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED),
@@ -140,7 +156,8 @@ def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
         recorded = _record_request_step(run_id, step_count, token, request)
     requested = set(request.get("tools", []))
     disabled = frozenset(disabled_tool_names() & requested) if requested else frozenset()
-    return token, request, requeue_count, step_count, recorded, disabled
+    overrides = approval_overrides(requested) if requested else {}
+    return token, request, requeue_count, step_count, recorded, disabled, overrides
 
 
 def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bool:

@@ -1,0 +1,310 @@
+"""Waiting for approval, and ending the wait (G14).
+
+- ``wait_for_approval``: an attempt parks its run — the turn that asked is
+  recorded, the calls' requests are created, the lease is released — in
+  one transaction.
+- ``decide_approval``: an operator's decision of one call, its step, and
+  (when no call of the turn waits any more) the run's release back to the
+  queue, in one transaction: if the step is refused, nothing is decided
+  and the run stays waiting (fail-closed, as write audits are, G2).
+- ``expire_approvals``: the reaper ends runs whose calls waited too long.
+
+Lock order, everywhere: the run's row, then its approval rows.
+"""
+
+import enum
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef
+from django.db.models.functions import Now
+
+from runs import approvals
+from runs.models import AgentRun, ApprovalRequest, RunStep
+from runs.transitions._common import (
+    Lease,
+    _append_steps,
+    _ended,
+    _log_change,
+    _owned,
+    _update_returning,
+    db_time,
+)
+from runs.vocabulary import ApprovalStatus, RunMode, RunStatus, StepKind, TerminationReason
+
+
+class ParkOutcome(enum.Enum):
+    PARKED = "parked"
+    #: A cancel is pending: the run is not parked; the attempt ends it.
+    CANCEL_REQUESTED = "cancel_requested"
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass(frozen=True)
+class WaitingCall:
+    """A call of the turn that waits for a decision."""
+
+    position: str
+    tool_name: str
+    effect: str
+    arguments: object
+    idempotency_key: str
+    required_by: str  # "policy" or "request"
+
+
+def wait_for_approval(
+    lease: Lease,
+    steps: list[dict],
+    calls: list[WaitingCall],
+    *,
+    turn_sequence: int | None,
+    timeout_seconds: float,
+) -> tuple[ParkOutcome, list[ApprovalRequest]]:
+    """Park the run: record ``steps`` (any still unwritten, then — for a
+    turn asked live — the turn itself, which must be the last of them),
+    create a pending request for each of ``calls`` and release the lease:
+    ``running → waiting_for_approval``, all or nothing. ``turn_sequence``:
+    the turn's step if it was recorded before (a resumed attempt), else
+    None. Raises DatabaseError (nothing changed, or — a broken connection
+    — perhaps everything: the attempt's settle then matches nothing).
+    """
+    with transaction.atomic():
+        rows = _update_returning(
+            _owned(lease).filter(cancel_requested_at__isnull=True),
+            ("step_count",),
+            status=RunStatus.WAITING_FOR_APPROVAL,
+            lease_owner="",
+            lease_expires_at=None,
+            pending_effect="",
+            pending_call=None,
+            step_count=F("step_count") + len(steps) + 1,
+        )
+        if not rows:
+            if _owned(lease).filter(cancel_requested_at__isnull=False).exists():
+                return ParkOutcome.CANCEL_REQUESTED, []
+            return ParkOutcome.LEASE_LOST, []
+        (step_count,) = rows[0]
+        if turn_sequence is None:
+            turn_sequence = step_count - 1  # the turn: the last of ``steps``
+        requested_at = _database_now(lease.run_id)
+        requests = [
+            ApprovalRequest(
+                run_id=lease.run_id,
+                lease_token=lease.token,
+                turn_sequence=turn_sequence,
+                position=call.position,
+                tool_name=call.tool_name,
+                effect=call.effect,
+                arguments=call.arguments,
+                idempotency_key=call.idempotency_key,
+                required_by=call.required_by,
+                digest=approvals.digest(
+                    lease.run_id,
+                    lease_token=lease.token,
+                    turn_sequence=turn_sequence,
+                    position=call.position,
+                    tool_name=call.tool_name,
+                    effect=call.effect,
+                    arguments=call.arguments,
+                    idempotency_key=call.idempotency_key,
+                ),
+                status=ApprovalStatus.PENDING,
+                requested_at=requested_at,
+                expires_at=requested_at + timedelta(seconds=timeout_seconds),
+            )
+            for call in calls
+        ]
+        waiting_step = {
+            "kind": StepKind.APPROVAL,
+            "result": {
+                "action": "requested",
+                "turn_sequence": turn_sequence,
+                "calls": [
+                    {
+                        "position": request.position,
+                        "tool": request.tool_name,
+                        "effect": request.effect,
+                        "idempotency_key": request.idempotency_key,
+                        "digest": request.digest,
+                        "required_by": request.required_by,
+                    }
+                    for request in requests
+                ],
+                "expires_at": requests[0].expires_at.isoformat(),
+            },
+        }
+        _append_steps(lease.run_id, lease.token, [*steps, waiting_step])
+        ApprovalRequest.objects.bulk_create(requests)
+    _log_change(
+        "wait_for_approval",
+        lease.run_id,
+        lease_token=lease.token,
+        turn=turn_sequence,
+        calls=len(requests),
+    )
+    return ParkOutcome.PARKED, requests
+
+
+def _database_now(run_id):
+    """The database's clock now: every expiry is the database's time, as
+    every lease is."""
+    now = AgentRun.objects.filter(pk=run_id).annotate(now=Now()).values_list("now", flat=True)
+    return now.get()
+
+
+class DecisionOutcome(enum.Enum):
+    #: Decided; another call of the turn still waits, so the run does too.
+    DECIDED = "decided"
+    #: Decided, and it was the last: the run is back in the queue.
+    RELEASED = "released"
+    #: Nothing changed: the digest is not the request's as it stands, or it
+    #: was decided, expired or withdrawn already, or its run does not wait.
+    STALE = "stale"
+
+
+def decide_approval(
+    approval_id: int,
+    *,
+    digest: str,
+    approved: bool,
+    operator,
+    note: str,
+    by_submitter: bool,
+) -> tuple[DecisionOutcome, int | None]:
+    """Decide one waiting call, guarded by the digest the operator saw; the
+    decision's step and, for the last one, the release (``waiting →
+    queued``, a worker's from now on) commit with it or not at all.
+    Returns the outcome and, when released, the new job's dispatch number.
+    Raises DatabaseError when the database refused any of it: then nothing
+    changed, and the run still waits."""
+    status = ApprovalStatus.APPROVED if approved else ApprovalStatus.DENIED
+    with transaction.atomic():
+        run_id = (
+            ApprovalRequest.objects.filter(pk=approval_id).values_list("run_id", flat=True).first()
+        )
+        if run_id is None:
+            return DecisionOutcome.STALE, None
+        # The run's row first (every transition here locks in that order):
+        # two decisions of one run's calls take turns, so exactly one of
+        # them sees no call left waiting and releases the run.
+        waiting = (
+            AgentRun.objects.select_for_update()
+            .filter(pk=run_id, status=RunStatus.WAITING_FOR_APPROVAL)
+            .values_list("pk", flat=True)
+        )
+        if not waiting:
+            return DecisionOutcome.STALE, None
+        decided = ApprovalRequest.objects.filter(
+            pk=approval_id,
+            status=ApprovalStatus.PENDING,
+            digest=digest,
+            expires_at__gt=Now(),
+        ).update(
+            status=status,
+            decided_by=operator,
+            decided_at=Now(),
+            note=note,
+            by_submitter=by_submitter,
+        )
+        if not decided:
+            return DecisionOutcome.STALE, None
+        request = ApprovalRequest.objects.get(pk=approval_id)
+        still_waiting = ApprovalRequest.objects.filter(
+            run_id=run_id, status=ApprovalStatus.PENDING
+        ).exists()
+        release = {} if still_waiting else _released()
+        rows = _update_returning(
+            AgentRun.objects.filter(pk=run_id, status=RunStatus.WAITING_FOR_APPROVAL),
+            ("dispatch_count",),
+            step_count=F("step_count") + 1,
+            **release,
+        )
+        step = {
+            "kind": StepKind.APPROVAL,
+            "tool_name": request.tool_name,
+            "arguments": request.arguments,
+            "result": {
+                "action": status.value,
+                "operator": operator.get_username(),
+                "note": note,
+                "approval": request.pk,
+                "position": request.position,
+                "turn_sequence": request.turn_sequence,
+                "idempotency_key": request.idempotency_key,
+                "digest": request.digest,
+                "by_submitter": by_submitter,
+                "waited_seconds": round(
+                    (request.decided_at - request.requested_at).total_seconds(), 3
+                ),
+            },
+        }
+        _append_steps(run_id, None, [step])
+    _log_change("decide_approval", run_id, approval=approval_id, decision=status.value)
+    if still_waiting:
+        return DecisionOutcome.DECIDED, None
+    _log_change("release", run_id, status=RunStatus.QUEUED)
+    return DecisionOutcome.RELEASED, rows[0][0]
+
+
+def _released() -> dict:
+    return {
+        "status": RunStatus.QUEUED,
+        # A worker executes it from now on, whoever started it (an
+        # interactive caller is long gone): the reaper treats it as a
+        # worker's (G7).
+        "mode": RunMode.QUEUED,
+        "dispatch_count": F("dispatch_count") + 1,
+        "available_at": db_time(),
+    }
+
+
+def expire_approvals(as_of=None) -> tuple[list[str], int]:
+    """End ``failed``/``approval_expired`` every waiting run with a call
+    that waited past its expiry (``as_of`` replaces the database's now):
+    its pending requests expire with it, and a reaper step says why.
+    Returns the ids of the runs it ended and how many requests expired."""
+    now = as_of if as_of is not None else Now()
+    overdue = ApprovalRequest.objects.filter(
+        run=OuterRef("pk"), status=ApprovalStatus.PENDING, expires_at__lt=now
+    )
+    with transaction.atomic():
+        rows = _update_returning(
+            AgentRun.objects.filter(Exists(overdue), status=RunStatus.WAITING_FOR_APPROVAL),
+            ("id", "step_count", "lease_token"),
+            step_count=F("step_count") + 1,
+            **_ended(
+                RunStatus.FAILED,
+                TerminationReason.APPROVAL_EXPIRED,
+                error_type="ApprovalExpired",
+                error_message="a call waited for approval longer than "
+                "NRLLM_APPROVAL_TIMEOUT_SECONDS; nobody decided it",
+            ),
+        )
+        if not rows:
+            return [], 0
+        ended = [str(run_id) for run_id, _, _ in rows]
+        expired = ApprovalRequest.objects.filter(
+            run_id__in=ended, status=ApprovalStatus.PENDING
+        ).update(status=ApprovalStatus.EXPIRED, decided_at=Now())
+        RunStep.objects.bulk_create(
+            RunStep(
+                run_id=run_id,
+                sequence=sequence,
+                lease_token=token,
+                kind=StepKind.REAPER,
+                result={"decision": "approval_expired", "reason": "nobody decided in time"},
+            )
+            for run_id, sequence, token in rows
+        )
+    for run_id in ended:
+        _log_change("expire_approvals", run_id, status=RunStatus.FAILED)
+    return ended, expired
+
+
+def withdraw_approvals(run_id) -> int:
+    """The pending requests of a run that was cancelled while it waited
+    (the caller holds the run's row: ``cancel``)."""
+    return ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(
+        status=ApprovalStatus.WITHDRAWN, decided_at=Now()
+    )
