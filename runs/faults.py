@@ -71,3 +71,16 @@ def run_status_changes_refused(from_status: str = "running"):
         f"OLD.status = {_literal(from_status)} AND NEW.status <> OLD.status",
         "run status change refused (injected fault)",
     )
+
+
+def approval_requests_refused():
+    """The database refuses to create approval requests (a run cannot park)."""
+    from runs.models import ApprovalRequest
+
+    return _refusing_trigger(
+        "nrllm_refuse_approval_request",
+        "INSERT",
+        ApprovalRequest._meta.db_table,
+        "1 = 1",
+        "approval request refused (injected fault)",
+    )

@@ -257,3 +257,15 @@ def test_waiting_runs_are_not_requeueable(operator):
     agent_run = enqueue(request_for("scripted", PLAN, TOOLS))
     assert requeue_safety(fresh(agent_run)).code == "status"
     assert AgentRun.objects.get(pk=agent_run.pk).is_terminal is False
+
+
+def test_a_request_past_its_expiry_cannot_be_approved_before_the_reaper_looks(operator):
+    agent_run = enqueue(request_for("scripted", PLAN, TOOLS))
+    (request,) = pending(agent_run)
+    ApprovalRequest.objects.filter(pk=request.pk).update(expires_at=request.requested_at)
+
+    late = approval_actions.approve(request, operator, digest=request.digest)
+
+    assert (late.ok, late.code) == (False, "expired")
+    assert fresh(agent_run).status == RunStatus.WAITING_FOR_APPROVAL
+    assert OutboxNotification.objects.count() == 0
