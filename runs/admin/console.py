@@ -6,15 +6,16 @@ from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from runs.admin.display import shortened
-from runs.models import AgentRun, DeadLetter, ProviderCircuit
+from runs.models import AgentRun, ApprovalRequest, DeadLetter, ProviderCircuit
 from runs.operator_actions import write_in_question
 from runs.selectors import EXECUTED_WRITE, write_audit_runs, writes_in_doubt
-from runs.vocabulary import StepKind
+from runs.vocabulary import ApprovalStatus, RunStatus, StepKind
 
 
 def overview() -> dict:
     """Runs by status and termination reason over the last 24 hours, open
-    dead letters, writes in doubt; each number links to the filtered list."""
+    dead letters, writes in doubt, calls waiting for approval; each number
+    links to the filtered list (or the approvals inbox)."""
     since = timezone.now() - timedelta(hours=24)
     recent = AgentRun.objects.filter(created_at__gte=since)
     by_outcome = (
@@ -29,6 +30,11 @@ def overview() -> dict:
         "writes_in_doubt": writes_in_doubt(AgentRun.objects.all()).count(),
         "running": AgentRun.objects.filter(status="running").count(),
         "queued": AgentRun.objects.filter(status="queued").count(),
+        "waiting_for_approval": AgentRun.objects.filter(
+            status=RunStatus.WAITING_FOR_APPROVAL
+        ).count(),
+        # The partial index approval_pending_idx holds exactly these rows.
+        "pending_approvals": ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).count(),
         "since_param": since.isoformat(timespec="seconds"),
         "circuits": ProviderCircuit.objects.prefetch_related("transitions"),
     }

@@ -1,5 +1,6 @@
 """Runs in the admin: a read-only list and detail, the requeue, restart and
-cancel actions, and the operator pages (overview, writes in doubt, reconcile)."""
+cancel actions, and the operator pages (overview, writes in doubt, reconcile;
+the approvals inbox is runs/admin/approvals.py)."""
 
 import logging
 
@@ -17,7 +18,8 @@ from django.utils.html import format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from runs import operator_actions
-from runs.admin import console, search
+from runs.admin import approval_rows, console, search
+from runs.admin.approvals import ApprovalsInbox
 from runs.admin.display import effect_badge, shortened
 from runs.admin.filters import (
     LeaseFilter,
@@ -77,7 +79,7 @@ class OperatorPermissions:
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
+class AgentRunAdmin(ReadOnly, OperatorPermissions, ApprovalsInbox, admin.ModelAdmin):
     list_display = [
         "id",
         "status",
@@ -114,7 +116,7 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     list_per_page = 50
     actions = ["requeue_selected", "restart_selected", "cancel_selected"]
     fieldsets = [
-        ("Request", {"fields": ["id", "mode", "prompt"]}),
+        ("Request", {"fields": ["id", "mode", "prompt", "submitted_by", "submitted_via"]}),
         (
             "Outcome",
             {
@@ -194,6 +196,7 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
                     "badge": effect_badge(step.effect),
                     "arguments": shortened(step.arguments),
                     "outcome": shortened(step.error or step.result),
+                    "approval": approval_rows.approval_summary(step),
                 }
                 for step in steps
             ],
@@ -203,6 +206,7 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
             "reconciliation": run.reconciliation,
             "write_in_question": operator_actions.write_in_question(run),
             "dead_letters": run.dead_letters.all(),
+            "approvals": approval_rows.history(run),
             "can_requeue": self.has_requeue_permission(request),
             "can_cancel": self.has_cancel_permission(request) and not run.is_terminal,
             "can_reconcile": self.has_reconcile_permission(request),
@@ -270,6 +274,7 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
         return [
             path("overview/", view(self.overview_view), name="runs_overview"),
             path("write-audits/", view(self.write_audits_view), name="runs_write_audits"),
+            *self.approval_urls(),
             *[
                 path(
                     f"<uuid:run_id>/{action}/",

@@ -1,0 +1,159 @@
+"""The approvals inbox in a real browser (G14): an approver opens it from the
+overview, approves one call and denies another, and the run page shows the
+history. Saves the README's screenshots of both pages (`make screenshots`)."""
+
+import os
+import re
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from runs.models import ApprovalRequest
+from runs.runtime import enqueue
+from runs.vocabulary import ApprovalStatus, RunStatus
+from tests.helpers import answer, call, fresh, scripted
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, DOCS_SCREENSHOTS
+from tools.models import OutboxNotification
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.usefixtures("approvals"),
+]
+
+TOOLS = ["search_notes", "send_notification"]
+
+
+@pytest.fixture
+def screenshots(tmp_path):
+    """As test_browser.py's: the README's folder with `make screenshots`
+    (NRLLM_UPDATE_SCREENSHOTS=1), else a temporary one."""
+    if os.environ.get("NRLLM_UPDATE_SCREENSHOTS") == "1":
+        return DOCS_SCREENSHOTS
+    return tmp_path
+
+
+@pytest.fixture
+def waiting_runs(operator):
+    """A release announcement whose one turn asks for two notifications, and
+    a page to on-call that asks for one: three calls wait."""
+    announce = enqueue(
+        scripted(
+            call("search_notes", query="release v2"),
+            {
+                "tool_calls": [
+                    {
+                        "name": "send_notification",
+                        "arguments": {"recipient": "team", "message": "v2 is out: see the notes"},
+                    },
+                    {
+                        "name": "send_notification",
+                        "arguments": {
+                            "recipient": "customers",
+                            "message": "Dear customers, " + "v2 brings many changes. " * 20,
+                        },
+                    },
+                ]
+            },
+            answer("Announced to the team."),
+            tools=TOOLS,
+            prompt="Announce release v2 to the team and the customers",
+        ),
+        submitted_by=operator,
+    )
+    page = enqueue(
+        scripted(
+            call("send_notification", recipient="oncall", message="<b>disk full</b> on db-1"),
+            answer("Paged."),
+            tools=TOOLS,
+            prompt="Page on-call about the disk",
+        )
+    )
+    return fresh(announce), fresh(page)
+
+
+def test_an_approver_approves_one_call_and_denies_another(
+    live_server, approver, waiting_runs, monkeypatch, screenshots
+):
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls
+    # below happen between its calls, never inside them.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    announce, on_call = waiting_runs
+    to_team, to_customers = ApprovalRequest.objects.filter(run=announce).order_by("position")
+    screenshots.mkdir(parents=True, exist_ok=True)
+    base = live_server.url
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+
+        page.goto(f"{base}/admin/login/")
+        page.fill("#id_username", "ada")
+        page.fill("#id_password", "pw")
+        page.click("input[type=submit]")
+        expect(page.locator("#site-name")).to_be_visible()
+
+        page.goto(f"{base}/admin/runs/agentrun/overview/")
+        expect(page.locator("#pending-approvals")).to_have_text("3")
+        page.click("#pending-approvals")
+        expect(page).to_have_url(f"{base}/admin/runs/agentrun/approvals/")
+        expect(page.locator(".approval-call")).to_have_count(3)
+        # The markup a tool was asked to send is shown as text.
+        expect(page.locator(f"#run-{on_call.pk} .call-arguments")).to_contain_text(
+            "<b>disk full</b>"
+        )
+        page.screenshot(path=screenshots / "approvals-inbox.png", full_page=True)
+
+        page.locator(f"#approval-{to_team.pk} input[name=note]").fill("the team may know")
+        page.click(f"#approval-{to_team.pk} .approve-button")
+        expect(page.locator(".messagelist")).to_contain_text(
+            "approved; the run still waits for its other calls"
+        )
+        expect(page.locator(f"#decided-{to_team.pk}")).to_contain_text("approved")
+
+        page.locator(f"#approval-{to_customers.pk} input[name=note]").fill(
+            "customers hear of it from marketing"
+        )
+        page.click(f"#approval-{to_customers.pk} .deny-button")
+        expect(page.locator(".messagelist")).to_contain_text(
+            "denied; the run goes back to the queue"
+        )
+        expect(page.locator(f"#decided-{to_customers.pk}")).to_contain_text(
+            re.compile("denied.*customers hear of it from marketing", re.S)
+        )
+        expect(page.locator(".approval-call")).to_have_count(1)  # the page to on-call
+
+        page.goto(f"{base}/admin/runs/agentrun/{announce.pk}/change/")
+        history = page.locator("#approval-history")
+        expect(history).to_contain_text("the team may know")
+        expect(history).to_contain_text("customers hear of it from marketing")
+        expect(page.locator(".approval-summary")).to_have_count(3)
+        # From the approvals table down to the last approval step: the
+        # fields above them are the run page's usual ones.
+        top = page.locator("#approval-history").bounding_box()
+        bottom = page.locator("tr.step-approval").last.bounding_box()
+        page_width = page.evaluate("document.documentElement.scrollWidth")
+        page.screenshot(
+            path=screenshots / "approval-history.png",
+            full_page=True,
+            clip={
+                "x": top["x"] - 12,
+                "y": top["y"] - 48,
+                "width": page_width - top["x"] + 12,
+                "height": bottom["y"] + bottom["height"] - top["y"] + 60,
+            },
+        )
+        browser.close()
+
+    assert fresh(announce).status == RunStatus.COMPLETED
+    (notification,) = OutboxNotification.objects.all()
+    assert notification.idempotency_key == to_team.idempotency_key
+    assert notification.recipient == "team"
+    assert fresh(on_call).status == RunStatus.WAITING_FOR_APPROVAL
+    statuses = dict(ApprovalRequest.objects.values_list("pk", "status"))
+    assert statuses[to_team.pk] == ApprovalStatus.APPROVED
+    assert statuses[to_customers.pk] == ApprovalStatus.DENIED
+
+
+def test_screenshots_of_the_approval_pages_are_in_the_docs():
+    names = {path.name for path in DOCS_SCREENSHOTS.glob("*.png")}
+    assert {"approvals-inbox.png", "approval-history.png"} <= names
