@@ -9,13 +9,18 @@ from django.db.models.functions import Now
 
 from runs.dispatch import executing_in_embedded_worker
 from runs.embedded_worker import execute_due_runs
-from runs.models import AgentRun, DeadLetter
+from runs.management.commands import seed_demo
+from runs.models import AgentRun, ApprovalRequest, DeadLetter
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_seed_demo_executes_the_five_scenarios_once():
+@pytest.mark.parametrize("required_for", ["non_idempotent_write", "write", "none"])
+def test_seed_demo_executes_the_eight_scenarios_once(settings, required_for):
+    # `make run` ships non_idempotent_write; the stories end the same under
+    # every policy (the approval stories ask for their approval themselves).
+    settings.NRLLM_APPROVAL_REQUIRED_FOR = required_for
     call_command("seed_demo", stdout=io.StringIO())
     # One run's retry waits its backoff; once it is due (the wait skipped by
     # back-dating it), the embedded worker's pass executes it.
@@ -25,7 +30,7 @@ def test_seed_demo_executes_the_five_scenarios_once():
     with executing_in_embedded_worker():
         assert execute_due_runs(limit=10) == 1
     runs = {run.prompt: run for run in AgentRun.objects.all()}
-    assert len(runs) == 5
+    assert len(runs) == 8
     by_outcome = sorted(
         (run.status, run.termination_reason, run.error_type, run.requeue_count)
         for run in runs.values()
@@ -33,24 +38,113 @@ def test_seed_demo_executes_the_five_scenarios_once():
     assert by_outcome == [
         ("cancelled", "cancelled", "", 0),
         ("completed", "completed", "", 0),
+        ("completed", "completed", "", 0),
+        ("completed", "completed", "", 0),
         ("completed", "completed", "", 1),
         ("failed", "not_retryable", "AuditPersistenceFailed", 0),
         ("failed", "not_retryable", "ProviderError", 0),
+        ("waiting_for_approval", "", "", 0),
     ]
-    assert DeadLetter.objects.get().run.failure_class == "auth"
+    # The write in doubt is dead-lettered with the run that was not retryable.
+    assert sorted(DeadLetter.objects.values_list("run__error_type", "failure_class")) == [
+        ("AuditPersistenceFailed", "unknown"),
+        ("ProviderError", "auth"),
+    ]
     audit_failed = AgentRun.objects.get(error_type="AuditPersistenceFailed")
     assert audit_failed.pending_effect == "non_idempotent_write"
-    # One each from the completed, the audit-failed and the resumed run.
-    assert OutboxNotification.objects.count() == 3
+    # One each from the completed, the audit-failed, the resumed and the
+    # approved run; none from the denied or the waiting one.
+    assert OutboxNotification.objects.count() == 4
     # The fault injected for the demo is gone.
     for completed in AgentRun.objects.filter(status="completed"):
-        assert completed.steps.filter(tool_name="send_notification").count() == 1
+        assert completed.steps.filter(kind="tool", tool_name="send_notification").count() == 1
     resumed = AgentRun.objects.get(requeue_count=1)
-    assert resumed.steps.filter(kind="resume").count() == 1
+    assert resumed.steps.filter(kind="resume").count() == 2  # after its approval, its retry
+    assert OutboxNotification.objects.filter(run_id=resumed.pk).count() == 1
 
     out = io.StringIO()
     call_command("seed_demo", stdout=out)
-    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 5
+    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 8
+
+
+def seeded(scenario: dict) -> AgentRun:
+    """The demo's run of ``scenario`` (one of seed_demo's requests)."""
+    return AgentRun.objects.get(prompt=scenario["prompt"])
+
+
+def test_seed_demo_leaves_one_run_waiting_and_decides_one_each_way_as_the_demo_approver(
+    approvals,
+):
+    out = io.StringIO()
+    call_command("seed_demo", stdout=out)
+    demo_approver = get_user_model().objects.get(username=seed_demo.DEMO_APPROVER)
+
+    waiting = seeded(seed_demo.WAITING)
+    assert waiting.status == "waiting_for_approval"
+    (pending,) = waiting.approvals.all()
+    assert (pending.status, pending.tool_name, pending.decided_by) == (
+        "pending",
+        "send_notification",
+        None,
+    )
+    assert not waiting.steps.filter(kind="tool").exists()
+    assert not OutboxNotification.objects.filter(run_id=waiting.pk).exists()
+
+    approved = seeded(seed_demo.APPROVED)
+    (approval,) = approved.approvals.all()
+    assert (approval.status, approval.decided_by, approval.note) == (
+        "approved",
+        demo_approver,
+        seed_demo.APPROVED_NOTE,
+    )
+    # Sent once: the approved call, with its idempotency key.
+    (notification,) = OutboxNotification.objects.filter(run_id=approved.pk)
+    assert notification.idempotency_key == approval.idempotency_key
+    assert (approved.status, approved.output) == (
+        "completed",
+        seed_demo.APPROVED["provider"]["turns"][-1]["content"],
+    )
+
+    denied = seeded(seed_demo.DENIED)
+    (denial,) = denied.approvals.all()
+    assert (denial.status, denial.decided_by, denial.note) == (
+        "denied",
+        demo_approver,
+        seed_demo.DENIED_NOTE,
+    )
+    assert not OutboxNotification.objects.filter(run_id=denied.pk).exists()
+    # The model was told, note and all, and its next turn answered.
+    told = denied.steps.get(kind="tool", tool_name="send_notification")
+    assert "denied" in told.error and seed_demo.DENIED_NOTE in told.error
+    assert (denied.status, denied.output) == (
+        "completed",
+        seed_demo.DENIED["provider"]["turns"][-1]["content"],
+    )
+
+    # The stories that are not about approval had theirs decided the same way.
+    routine = ApprovalRequest.objects.exclude(run__in=[waiting, approved, denied])
+    assert sorted(routine.values_list("run__prompt", "status", "decided_by__username")) == sorted(
+        (scenario["prompt"], "approved", seed_demo.DEMO_APPROVER)
+        for scenario in (seed_demo.COMPLETED, seed_demo.AUDIT_FAILED, seed_demo.RESUMED)
+    )
+    # The summary names the new runs.
+    summary = out.getvalue()
+    for agent_run, words in [
+        (waiting, "waits for approval"),
+        (approved, "approved"),
+        (denied, "denied"),
+    ]:
+        (line,) = [line for line in summary.splitlines() if line.startswith(str(agent_run.pk))]
+        assert agent_run.status in line and words in line
+
+
+def test_the_demo_approver_may_approve_writes_and_cannot_log_in(client):
+    call_command("seed_demo", stdout=io.StringIO())
+    demo_approver = get_user_model().objects.get(username=seed_demo.DEMO_APPROVER)
+    assert not demo_approver.has_usable_password()
+    assert not (demo_approver.is_staff or demo_approver.is_superuser)
+    assert demo_approver.get_all_permissions() == {"runs.approve_write"}
+    assert not client.login(username=seed_demo.DEMO_APPROVER, password="")
 
 
 def test_ensure_admin_uses_the_given_password_once(monkeypatch):

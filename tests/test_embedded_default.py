@@ -11,12 +11,15 @@ import sys
 import uuid
 from datetime import datetime, timedelta
 
+from runs.management.commands import seed_demo
 from tests.drifting_model import openai_request
 from tests.fake_openai import error
 from tests.helpers import ROOT, manage, sqlite_env, wait_until
 
 
 def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
+    # The shipped approval policy (NRLLM_APPROVAL_REQUIRED_FOR unset:
+    # non_idempotent_write), as `make run` has it.
     env = sqlite_env(tmp_path / "demo.sqlite3", NRLLM_ADMIN_PASSWORD="pw")
     for command in (["migrate", "--noinput"], ["ensure_admin"], ["seed_demo"], ["check"]):
         result = manage(*command, env=env)
@@ -27,6 +30,35 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
     def outcomes():
         return sorted(_rows(env, "SELECT status, termination_reason FROM runs_agentrun"))
 
+    def decisions():
+        return dict(
+            _rows(
+                env,
+                "SELECT run.prompt, approval.status || ' by ' || coalesce(user.username, '-') "
+                "FROM runs_approvalrequest approval JOIN runs_agentrun run ON run.id = "
+                "approval.run_id LEFT JOIN auth_user user ON user.id = approval.decided_by_id",
+            )
+        )
+
+    def sent(scenario) -> int:
+        return _rows(
+            env,
+            "SELECT count(*) FROM tools_outboxnotification WHERE run_id = "
+            "(SELECT id FROM runs_agentrun WHERE prompt = ?)",
+            scenario["prompt"],
+        )[0][0]
+
+    # Each demo notification waited for approval; the demo's approver
+    # decided all but one, which waits for the operator.
+    assert decisions() == {
+        seed_demo.COMPLETED["prompt"]: "approved by demo-approver",
+        seed_demo.AUDIT_FAILED["prompt"]: "approved by demo-approver",
+        seed_demo.RESUMED["prompt"]: "approved by demo-approver",
+        seed_demo.APPROVED["prompt"]: "approved by demo-approver",
+        seed_demo.DENIED["prompt"]: "denied by demo-approver",
+        seed_demo.WAITING["prompt"]: "pending by -",
+    }
+    assert [sent(seed_demo.APPROVED), sent(seed_demo.DENIED), sent(seed_demo.WAITING)] == [1, 0, 0]
     # The demo run that failed once waits its backoff; the embedded worker,
     # which `make run` starts next, runs its retry when due.
     assert ("queued", "") in outcomes()
@@ -34,11 +66,34 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
         ("cancelled", "cancelled"),
         ("completed", "completed"),
         ("completed", "completed"),
+        ("completed", "completed"),
+        ("completed", "completed"),
         ("failed", "not_retryable"),
         ("failed", "not_retryable"),
+        ("waiting_for_approval", ""),
     ]
     with embedded_worker(env):
         wait_until(lambda: outcomes() == expected, what="the demo run's retry")
+        # The worker's passes leave the waiting run alone; the operator
+        # approves it (as the admin does, from another process) and it runs
+        # to its end, its notification sent once.
+        approved = manage(
+            "shell",
+            "-c",
+            "from django.contrib.auth import get_user_model\n"
+            "from runs.approval_actions import approve\n"
+            "from runs.models import ApprovalRequest\n"
+            "approval = ApprovalRequest.objects.get(status='pending')\n"
+            "admin = get_user_model().objects.get(username='admin')\n"
+            "print(approve(approval, admin, digest=approval.digest).code)",
+            env=env,
+        )
+        assert approved.returncode == 0, approved.stderr[-2000:]
+        assert approved.stdout.splitlines()[-1] == "approved"
+        wait_until(lambda: ("waiting_for_approval", "") not in outcomes(), what="the approved run")
+    assert outcomes().count(("completed", "completed")) == 5
+    assert decisions()[seed_demo.WAITING["prompt"]] == "approved by admin"
+    assert sent(seed_demo.WAITING) == 1
 
 
 def test_steps_stay_append_only_on_sqlite_through_every_migration(tmp_path):

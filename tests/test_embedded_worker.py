@@ -6,14 +6,16 @@ import pytest
 from django.db.models import F
 from django.db.models.functions import Now
 
-from runs import transitions
+from runs import approval_actions, transitions
 from runs.dispatch import executing_in_embedded_worker
 from runs.embedded_worker import execute_due_runs
-from runs.models import AgentRun
+from runs.models import AgentRun, ApprovalRequest
 from runs.run_request import parse_run_request
 from runs.runtime import enqueue
 from runs.transitions import db_time
-from tests.helpers import answer, scripted
+from tests.drifting_model import NOTIFY, request_for
+from tests.helpers import answer, fresh, scripted
+from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -75,3 +77,22 @@ def test_outside_the_embedded_worker_a_retry_waits_for_its_backoff(settings):
         assert execute_due_runs(limit=10) == 1
     agent_run.refresh_from_db()
     assert agent_run.status == "completed"
+
+
+def test_a_pass_leaves_a_waiting_run_alone_and_executes_it_once_approved(approvals, approver):
+    # Approved where dispatch leaves runs to the loop (the worker's own
+    # process): the run the decision releases is due at once, and the next
+    # pass executes the approved call, once.
+    agent_run = enqueue(
+        request_for("scripted", [{"calls": [NOTIFY]}, {"answer": "sent"}], ["send_notification"])
+    )
+    assert fresh(agent_run).status == "waiting_for_approval"
+    with executing_in_embedded_worker():
+        assert execute_due_runs(limit=10) == 0
+        approval = ApprovalRequest.objects.get(run=agent_run)
+        assert approval_actions.approve(approval, approver, digest=approval.digest).ok
+        assert fresh(agent_run).status == "queued"
+        assert execute_due_runs(limit=10) == 1
+    assert (fresh(agent_run).status, fresh(agent_run).output) == ("completed", "sent")
+    (notification,) = OutboxNotification.objects.filter(run_id=agent_run.pk)
+    assert notification.idempotency_key == approval.idempotency_key

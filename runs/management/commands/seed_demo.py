@@ -1,13 +1,29 @@
-"""Demo data made by executing real scenarios through the runtime."""
+"""Demo data made by executing real scenarios through the runtime.
 
-from django.core.management.base import BaseCommand
+Every run is executed, nothing is written by hand. With the shipped
+approval policy (``NRLLM_APPROVAL_REQUIRED_FOR=non_idempotent_write``) each
+``send_notification`` waits for an operator: the demo decides those calls
+through ``runs.approval_actions``, as an operator does in the admin, under
+a user of its own (``DEMO_APPROVER``), and leaves one waiting for whoever
+opens the admin. Without Redis each decision executes the run on inline.
+"""
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from runs import transitions
+from runs import approval_actions, transitions
 from runs.faults import step_inserts_refused
-from runs.models import AgentRun
+from runs.models import AgentRun, ApprovalRequest
 from runs.runtime import enqueue, run
+from runs.vocabulary import ApprovalStatus, StepKind
 from tools.models import Note
+
+#: Who the demo's decisions are recorded under. It may approve writes and
+#: nothing else, and it has no usable password: nobody can log in as it, so
+#: the demo documents no second password (the operator's is ``admin``'s).
+DEMO_APPROVER = "demo-approver"
 
 NOTIFY = {"recipient": "ops@example.org", "message": "Release notes updated."}
 
@@ -69,13 +85,17 @@ NOT_RETRYABLE = {
 RESUMED = {
     "prompt": "Tell the team the deploy is done, then confirm.",
     "tools": ["send_notification"],
+    # Whatever NRLLM_APPROVAL_REQUIRED_FOR says, so that its attempts are
+    # counted the same: the first parks for the notification's approval.
+    "require_approval": ["send_notification"],
     "provider": {
         "kind": "scripted",
         "turns": [
             {"tool_calls": [{"name": "send_notification", "arguments": NOTIFY}]},
-            # The provider fails once after the notification went out: the
-            # retry resumes from the journal and does not send it again.
-            {"error": "server_error", "attempts": 1},
+            # The second attempt (approved) sends it and the provider fails
+            # (on attempts up to the second): the retry, the third, resumes
+            # from the journal and does not send it again.
+            {"error": "server_error", "attempts": 2},
             {"content": "The team knows."},
         ],
     },
@@ -88,6 +108,96 @@ CANCELLED = {
 }
 
 
+def _notifying(prompt: str, notification: dict, answer: str, *, read: dict | None = None) -> dict:
+    """A run that may read a note, sends one notification, then answers.
+    It asks for the notification's approval itself (``require_approval``),
+    so the approval stories are told whatever NRLLM_APPROVAL_REQUIRED_FOR
+    says; under the shipped policy the policy requires it anyway."""
+    turns = [{"tool_calls": [{"name": "read_note", "arguments": read}]}] if read else []
+    turns += [
+        {"tool_calls": [{"name": "send_notification", "arguments": notification}]},
+        # After a denial too: the model is told, and its next turn answers.
+        {"content": answer},
+    ]
+    return {
+        "prompt": prompt,
+        "tools": (["read_note"] if read else []) + ["send_notification"],
+        "require_approval": ["send_notification"],
+        "provider": {"kind": "scripted", "turns": turns},
+    }
+
+
+WAITING = _notifying(
+    "Tell on-call the database failover starts at 22:00 UTC.",
+    {"recipient": "oncall@example.org", "message": "Database failover starts at 22:00 UTC."},
+    "On-call knows the failover starts at 22:00 UTC.",
+)
+
+APPROVED = _notifying(
+    "Tell the team incident 42 is resolved.",
+    {"recipient": "team@example.org", "message": "Incident 42 (disk full on db-2) is resolved."},
+    "The team knows incident 42 is resolved.",
+    read={"slug": "incident-42"},
+)
+
+DENIED = _notifying(
+    "Announce the v2 release to every customer.",
+    {"recipient": "customers@example.org", "message": "v2 is out: leases and fences."},
+    "I did not announce v2: an operator denied the notification.",
+)
+
+APPROVED_NOTE = "Checked the recipient and the text."
+DENIED_NOTE = "Not yet: marketing announces v2 on Monday."
+#: The note on the approvals of the stories that are not about approval.
+ROUTINE_NOTE = "Demo: approved so the run ends as its story says."
+
+
+def demo_approver():
+    """The ``DEMO_APPROVER`` user, created on first use with
+    ``runs.approve_write`` only and an unusable password."""
+    users = get_user_model().objects
+    approver = users.filter(username=DEMO_APPROVER).first()
+    if approver is None:
+        approver = users.create_user(DEMO_APPROVER)  # no password: unusable
+        approver.user_permissions.add(
+            Permission.objects.get(content_type__app_label="runs", codename="approve_write")
+        )
+    # Fetched again: a user caches its permissions on first use.
+    return users.get(pk=approver.pk)
+
+
+def _pending(agent_run) -> ApprovalRequest | None:
+    return (
+        ApprovalRequest.objects.filter(run=agent_run, status=ApprovalStatus.PENDING)
+        .order_by("position")
+        .first()
+    )
+
+
+def _decide(agent_run, approver, *, approved: bool, note: str) -> None:
+    """Decide the call ``agent_run`` waits for, through the operators'
+    path; refused, the demo cannot tell its story, and says why."""
+    approval = _pending(agent_run)
+    if approval is None:
+        raise CommandError(f"demo run {agent_run.pk} is {agent_run.status}: no call waits")
+    decide = approval_actions.approve if approved else approval_actions.deny
+    result = decide(approval, approver, digest=approval.digest, note=note)
+    if not result.ok:
+        raise CommandError(
+            f"demo run {agent_run.pk}: {approval.tool_name} not decided ({result.code}): "
+            f"{result.detail}"
+        )
+
+
+def _approve_every_write(agent_run, approver) -> None:
+    """Approve each call ``agent_run`` waits for until it waits no more:
+    each approval executes it on (inline, no Redis) until it ends or asks
+    again. Under NRLLM_APPROVAL_REQUIRED_FOR=none nothing waits (but what
+    a request asks for); under ``write`` its idempotent writes wait too."""
+    while _pending(agent_run) is not None:
+        _decide(agent_run, approver, approved=True, note=ROUTINE_NOTE)
+
+
 class Command(BaseCommand):
     help = "Seed demo runs by executing real scenarios (once; skipped if runs exist)."
 
@@ -97,26 +207,51 @@ class Command(BaseCommand):
             return
         Note.objects.get_or_create(slug="release-notes", defaults={"body": "v1: first release."})
         Note.objects.get_or_create(slug="incident-42", defaults={"body": "Disk full on db-2."})
+        approver = demo_approver()
 
         completed = run(COMPLETED)
-        # The database refuses the write's step: the run must fail closed.
-        with step_inserts_refused("send_notification"):
-            audit_failed = run(AUDIT_FAILED)
+        _approve_every_write(completed, approver)
+        # The write executes (once approved) and the database refuses its
+        # step: the run must fail closed, and is dead-lettered as a write in
+        # doubt (queued, as every run is once approved, whatever the policy).
+        # Only the tool's step is refused: the approval's, which names the
+        # tool too, is recorded.
+        with step_inserts_refused("send_notification", kind=StepKind.TOOL):
+            audit_failed = enqueue(AUDIT_FAILED)
+            _approve_every_write(audit_failed, approver)
         dead_lettered = enqueue(NOT_RETRYABLE)
         # Its retry waits its backoff (NRLLM_RETRY_BACKOFF_SECONDS): the
         # embedded worker that `make run` starts next, or an rqworker, runs it.
         resumed = enqueue(RESUMED)
+        _approve_every_write(resumed, approver)
         # Cancelled before any worker could claim it: its job finds nothing to do.
         with transaction.atomic():
             cancelled = enqueue(CANCELLED)
             transitions.cancel(cancelled.pk)
+        approved = enqueue(APPROVED)
+        _decide(approved, approver, approved=True, note=APPROVED_NOTE)
+        denied = enqueue(DENIED)
+        _decide(denied, approver, approved=False, note=DENIED_NOTE)
+        # Left for the operator: the admin's approvals inbox shows it until
+        # it expires (NRLLM_APPROVAL_TIMEOUT_SECONDS), when the reaper ends
+        # the run failed, approval_expired.
+        waiting = enqueue(WAITING)
 
         for label, agent_run in [
             ("completed (reads and writes)", completed),
-            ("write audit failed", audit_failed),
+            ("write audit failed: dead-lettered, a write in doubt", audit_failed),
             ("dead-lettered, not retryable", dead_lettered),
             ("retried: resumes after its write, does not repeat it", resumed),
             ("cancelled", cancelled),
+            ("approved: sent its notification once", approved),
+            ("denied: never sent; the model was told why", denied),
+            ("waits for approval: decide it in the admin's approvals inbox", waiting),
         ]:
             agent_run.refresh_from_db()
-            self.stdout.write(f"{agent_run.pk}  {agent_run.status:<10} {label}")
+            self.stdout.write(f"{agent_run.pk}  {agent_run.status:<20} {label}")
+        expires_at = _pending(waiting).expires_at
+        self.stdout.write(
+            f"the demo's decisions were made as the user {DEMO_APPROVER} "
+            "(permission runs.approve_write only; no password: nobody logs in as it); "
+            f"the waiting call expires at {expires_at:%Y-%m-%d %H:%M} UTC"
+        )
