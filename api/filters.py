@@ -5,9 +5,16 @@ from datetime import UTC
 import django_filters
 from rest_framework.exceptions import ValidationError
 
-from runs.models import AgentRun
+from api.approval_serializers import REQUIRED_BY
+from runs.models import AgentRun, ApprovalRequest
 from runs.selectors import offering_tool, writes_in_doubt
-from runs.vocabulary import FailureClass, RunMode, RunStatus, TerminationReason
+from runs.vocabulary import (
+    ApprovalStatus,
+    FailureClass,
+    RunMode,
+    RunStatus,
+    TerminationReason,
+)
 
 
 class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
@@ -45,3 +52,23 @@ class RunFilter(django_filters.FilterSet):
     def filter_write_in_doubt(self, queryset, name, value):
         doubtful = writes_in_doubt(AgentRun.objects.all()).values("pk")
         return queryset.filter(pk__in=doubtful) if value else queryset.exclude(pk__in=doubtful)
+
+
+class ApprovalFilter(django_filters.FilterSet):
+    """Filters of ``GET /api/approvals/``; the ordering is the paginator's
+    (``api.views.approvals.ApprovalOrder``)."""
+
+    status = django_filters.ChoiceFilter(choices=ApprovalStatus.choices)
+    run = django_filters.UUIDFilter(field_name="run_id", help_text="the run's id")
+    tool_name = django_filters.CharFilter(help_text="the tool called")
+    decided_by = django_filters.CharFilter(
+        field_name="decided_by__username", help_text="the username of who decided"
+    )
+    required_by = django_filters.ChoiceFilter(
+        choices=REQUIRED_BY,
+        help_text="policy: the tool's approval policy; request: the run's require_approval",
+    )
+
+    class Meta:
+        model = ApprovalRequest
+        fields = []

@@ -2,17 +2,65 @@
 checked by the runtime's own validation (``parse_run_request``) or by the
 small explicit serializers below."""
 
+from django.db.models import Prefetch
 from rest_framework import serializers
 
-from runs.models import AgentRun, DeadLetter, RunStep
+from runs.models import EFFECT_CHOICES, AgentRun, ApprovalRequest, DeadLetter, RunStep
 from runs.selectors import is_write_in_doubt
-from runs.vocabulary import ReconciliationOutcome
+from runs.vocabulary import (
+    ApprovalStatus,
+    FailureClass,
+    ReconciliationOutcome,
+    RunStatus,
+    SubmittedVia,
+    TerminationReason,
+)
 from tools.effects import ToolEffect
 from tools.registry import effect_for, get_registry
+
+#: ``Prefetch`` of a run list's pending approvals, into this attribute.
+PENDING_APPROVALS_ATTR = "pending_approval_rows"
+
+
+def with_run_relations(runs):
+    """``runs`` fetching what ``RunSerializer`` shows of their relations
+    once per page (the submitter, reconciliations, pending approvals),
+    not once per run."""
+    pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).only("id", "run_id")
+    return runs.select_related("submitted_by").prefetch_related(
+        "reconciliations__operator",
+        Prefetch("approvals", queryset=pending.order_by("pk"), to_attr=PENDING_APPROVALS_ATTR),
+    )
+
+
+def _blank_or(choices, help_text: str = ""):
+    """A read-only choice that may be empty: declared, because DRF drops a
+    read-only model field's ``allow_blank``, and the schema would then
+    refuse the empty string the field holds."""
+    return serializers.ChoiceField(
+        choices=choices, allow_blank=True, read_only=True, help_text=help_text
+    )
 
 
 class RunSerializer(serializers.ModelSerializer):
     write_in_doubt = serializers.SerializerMethodField()
+    termination_reason = _blank_or(TerminationReason.choices, "empty until the run ends")
+    failure_class = _blank_or(FailureClass.choices, "empty unless it failed")
+    pending_effect = _blank_or(EFFECT_CHOICES, "the write fence (G6): empty when none stands")
+    submitted_by = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="the user whose API token or session submitted the run; "
+        "null from the command line",
+    )
+    submitted_via = _blank_or(
+        SubmittedVia.choices, "how it was submitted; empty for a run stored before it was recorded"
+    )
+    pending_approvals = serializers.SerializerMethodField(
+        help_text="ids of the calls a waiting_for_approval run waits for "
+        "(GET /api/approvals/{id}/); empty otherwise"
+    )
 
     class Meta:
         model = AgentRun
@@ -24,6 +72,8 @@ class RunSerializer(serializers.ModelSerializer):
             "error_type",
             "error_message",
             "mode",
+            "submitted_by",
+            "submitted_via",
             "request",
             "output",
             "lease_owner",
@@ -38,6 +88,7 @@ class RunSerializer(serializers.ModelSerializer):
             "tokens_saved_by_replay",
             "journal_begins_after",
             "write_in_doubt",
+            "pending_approvals",
             "created_at",
             "started_at",
             "finished_at",
@@ -46,6 +97,18 @@ class RunSerializer(serializers.ModelSerializer):
 
     def get_write_in_doubt(self, run) -> bool:
         return is_write_in_doubt(run)
+
+    def get_pending_approvals(self, run) -> list[int]:
+        # Only a waiting run has pending requests (its release, expiry and
+        # cancel end them all), so no other run costs a query; a list
+        # prefetches them for its page (``PENDING_APPROVALS_ATTR``).
+        if run.status != RunStatus.WAITING_FOR_APPROVAL:
+            return []
+        prefetched = getattr(run, PENDING_APPROVALS_ATTR, None)
+        if prefetched is not None:
+            return [approval.pk for approval in prefetched]
+        pending = ApprovalRequest.objects.filter(run=run, status=ApprovalStatus.PENDING)
+        return list(pending.order_by("pk").values_list("pk", flat=True))
 
 
 class StepSerializer(serializers.ModelSerializer):

@@ -3,7 +3,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from api.views import audits, providers, runs, tools
+from api.views import approvals, audits, providers, runs, tools
 
 urlpatterns = [
     path("runs/", runs.RunListCreate.as_view(), name="api-runs"),
@@ -12,6 +12,14 @@ urlpatterns = [
     path("runs/<str:pk>/cancel/", runs.RunCancel.as_view(), name="api-run-cancel"),
     path("runs/<str:pk>/requeue/", runs.RunRequeue.as_view(), name="api-run-requeue"),
     path("runs/<str:pk>/restart/", runs.RunRestart.as_view(), name="api-run-restart"),
+    path("approvals/", approvals.ApprovalList.as_view(), name="api-approvals"),
+    path("approvals/<str:pk>/", approvals.ApprovalDetail.as_view(), name="api-approval"),
+    path(
+        "approvals/<str:pk>/approve/",
+        approvals.ApprovalApprove.as_view(),
+        name="api-approval-approve",
+    ),
+    path("approvals/<str:pk>/deny/", approvals.ApprovalDeny.as_view(), name="api-approval-deny"),
     path("dead-letters/", audits.DeadLetterList.as_view(), name="api-dead-letters"),
     path("write-audits/", audits.WriteAuditList.as_view(), name="api-write-audits"),
     path(

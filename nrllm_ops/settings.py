@@ -196,7 +196,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"ToolEffectEnum": "runs.models.EFFECT_CHOICES"},
+    "ENUM_NAME_OVERRIDES": {
+        "ToolEffectEnum": "runs.models.EFFECT_CHOICES",
+        # Two choice sets in fields named "status": a run's, an approval's.
+        "RunStatusEnum": "runs.vocabulary.RunStatus",
+        "ApprovalStatusEnum": "runs.vocabulary.ApprovalStatus",
+    },
 }
 
 LOGGING = {

@@ -16,6 +16,21 @@ from tests.helpers import ROOT
 from tests.http_fixture import TestResolver, start_http_server
 
 
+def pytest_collection_modifyitems(items):
+    """Give each schemathesis item (one per API operation, named
+    ``test[GET /api/...]``) a node id of its own. Under pytest 9.2 they all
+    get their test function's, and xdist keys its work by node id: with
+    ``--dist loadgroup`` it ran one operation per schemathesis test and
+    dropped the others without a word. ``test_api_schema.py`` checks each
+    item's id, so a pytest that no longer has ``_id`` fails there."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        if label and hasattr(item, "_id") and item._id.params is None:
+            item._id = NodeId.parse(f"{item.nodeid}[{label}]")
+
+
 def pytest_terminal_summary(terminalreporter):
     """Print what tests recorded as their ``summary`` (the soak's counts)."""
     for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get(

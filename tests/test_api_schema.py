@@ -1,5 +1,7 @@
 """Schemathesis against our own OpenAPI schema: generated requests to every
-endpoint find no 5xx and no response that the schema does not describe."""
+endpoint find no 5xx and no response that the schema does not describe;
+the approvals' endpoints again with calls that wait and one decided, so
+that their answers carry real requests and their ids name real ones."""
 
 import pytest
 import schemathesis
@@ -14,14 +16,38 @@ from schemathesis.checks import (
 )
 
 from nrllm_ops.wsgi import application
+from runs import approval_actions
+from runs.models import ApprovalRequest
+from runs.runtime import enqueue
+from runs.vocabulary import SubmittedVia
+from tests.approval_requests import PLAN, TOOLS
+from tests.drifting_model import request_for
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", application)
+FUZZED = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+    ],
+)
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,
 ]
+
+
+@pytest.fixture(autouse=True)
+def each_operation_has_a_node_id_of_its_own(request):
+    """xdist runs items by node id: one shared by several operations' items
+    ran one of them (``conftest.pytest_collection_modifyitems``)."""
+    label = getattr(request.node, "operation_label", None)
+    if label is not None:
+        assert request.node.nodeid.endswith(f"[{label}]"), request.node.nodeid
 
 
 @pytest.fixture
@@ -47,14 +73,48 @@ def authorization(operator, api_token, settings, keep_test_connection):
 @pytest.mark.slow
 @pytest.mark.django_db
 @schema.parametrize()
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.filter_too_much,
-    ],
-)
+@FUZZED
 def test_the_api_keeps_to_its_schema(case, authorization):
     case.call_and_validate(headers={"Authorization": authorization}, checks=CHECKS)
+
+
+#: The approvals' endpoints, and the run detail that lists a run's pending ones.
+approvals_schema = schema.include(path_regex=r"^/api/(approvals/|runs/\{id\}/$)")
+
+
+@pytest.fixture
+def approvals_to_decide(operator, approvals, django_capture_on_commit_callbacks):
+    """A run that waits for a call submitted through the API, and a call
+    denied: the runs execute inline at the captured commits."""
+    with django_capture_on_commit_callbacks(execute=True):
+        waiting = enqueue(
+            request_for("scripted", PLAN, TOOLS),
+            submitted_by=operator,
+            submitted_via=SubmittedVia.API,
+        )
+    with django_capture_on_commit_callbacks(execute=True):
+        denied_run = enqueue(request_for("scripted", PLAN, TOOLS))
+    denied = ApprovalRequest.objects.get(run=denied_run)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert approval_actions.deny(denied, operator, digest=denied.digest, note="no").ok
+    return {"run": waiting.pk, "ids": [ApprovalRequest.objects.get(run=waiting).pk, denied.pk]}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+@approvals_schema.parametrize()
+@FUZZED
+def test_the_approvals_api_keeps_to_its_schema_with_calls_waiting(
+    case, authorization, approvals_to_decide
+):
+    """Two of three generated integer ids are replaced by a real request's
+    (the pending one, the decided one); the rest, and every malformed id,
+    stay as generated. No generated digest is the real one, so no decision
+    goes through: each is refused (400, 404 or 409) without a 500."""
+    generated = case.path_parameters.get("id")
+    if case.operation.path == "/api/runs/{id}/":
+        case.path_parameters["id"] = str(approvals_to_decide["run"])
+    elif isinstance(generated, int) and not isinstance(generated, bool) and generated % 3 < 2:
+        case.path_parameters["id"] = approvals_to_decide["ids"][generated % 3]
+    case.call_and_validate(headers={"Authorization": authorization}, checks=CHECKS)
+    assert ApprovalRequest.objects.filter(status="pending").count() == 1

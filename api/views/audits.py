@@ -3,16 +3,17 @@
 import django_filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 
 from api import permissions
 from api.errors import Conflict
+from api.pagination import TimeCursorPagination
 from api.serializers import (
     ActionResultSerializer,
     DeadLetterSerializer,
     ReconcileSerializer,
     WriteAuditSerializer,
+    with_run_relations,
 )
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from api.views.runs import get_run
@@ -32,7 +33,7 @@ class DeadLetterFilter(django_filters.FilterSet):
         fields = ["reason", "failure_class"]
 
 
-class NewestDeadLettersFirst(CursorPagination):
+class NewestDeadLettersFirst(TimeCursorPagination):
     ordering = "-created_at"
     page_size = 50
 
@@ -78,7 +79,8 @@ class WriteAuditList(BaseAPIView):
     def get(self, request):
         """Runs whose write audit failed, dead-lettered ``write_interrupted``, or
         with a non-idempotent fence standing (newest 200)."""
-        return Response([_audit_item(run) for run in write_audit_runs()])
+        runs = with_run_relations(write_audit_runs())
+        return Response([_audit_item(run) for run in runs])
 
 
 class WriteAuditReconcile(BaseAPIView):

@@ -13,13 +13,13 @@ from drf_spectacular.utils import (
 )
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 
 from api import permissions
 from api.errors import Conflict, Unprocessable
 from api.filters import RunFilter
 from api.models import RunCreationKey
+from api.pagination import TimeCursorPagination
 from api.serializers import (
     ActionResultSerializer,
     NoteSerializer,
@@ -28,6 +28,7 @@ from api.serializers import (
     StepPageSerializer,
     StepSerializer,
     VerdictSerializer,
+    with_run_relations,
 )
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from runs import operator_actions
@@ -40,7 +41,7 @@ from runs.vocabulary import SubmittedVia
 STEPS_PAGE = 100
 
 
-class NewestFirst(CursorPagination):
+class NewestFirst(TimeCursorPagination):
     ordering = "-created_at"
     page_size = 50
     max_page_size = 200
@@ -53,7 +54,7 @@ def get_run(pk) -> AgentRun:
         run_id = uuid.UUID(str(pk))
     except ValueError:
         raise NotFound(f"{pk!r} is not a run id (a UUID)") from None
-    run = AgentRun.objects.prefetch_related("reconciliations__operator").filter(pk=run_id).first()
+    run = with_run_relations(AgentRun.objects.filter(pk=run_id)).first()
     if run is None:
         raise NotFound(f"no run {run_id}")
     return run
@@ -64,7 +65,7 @@ def _body_digest(data) -> str:
 
 
 class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
-    queryset = AgentRun.objects.prefetch_related("reconciliations__operator")
+    queryset = with_run_relations(AgentRun.objects.all())
     serializer_class = RunSerializer
     pagination_class = NewestFirst
     filterset_class = RunFilter
