@@ -196,7 +196,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"ToolEffectEnum": "runs.models.EFFECT_CHOICES"},
+    "ENUM_NAME_OVERRIDES": {
+        "ToolEffectEnum": "runs.models.EFFECT_CHOICES",
+        # Named for what it is: other resources may have a field "approval".
+        "ApprovalPolicyEnum": "tools.approval_policy.ApprovalPolicy",
+    },
 }
 
 LOGGING = {
