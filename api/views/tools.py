@@ -5,7 +5,7 @@ import json
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
@@ -26,6 +26,17 @@ READ_ONLY_FIELDS = {
 }
 WRITABLE_FIELDS = {"enabled", "approval", "note"}
 CHANGEABLE = "only enabled and approval can change (with a note saying why)"
+
+
+#: A name that exists, so that generated requests (schemathesis) reach the
+#: body's checks rather than only the 404 of a random name.
+NAME_PARAMETER = OpenApiParameter(
+    "name",
+    str,
+    OpenApiParameter.PATH,
+    description="the tool's name",
+    examples=[OpenApiExample("a builtin tool", value="send_notification")],
+)
 
 
 def _setting(name) -> ToolSetting:
@@ -49,12 +60,31 @@ class ToolDetail(BaseAPIView):
             return [permissions.CHANGE_TOOLS()]
         return [permissions.VIEW_TOOLS()]
 
-    @extend_schema(responses={200: ToolSerializer, **errors(404)})
+    @extend_schema(parameters=[NAME_PARAMETER], responses={200: ToolSerializer, **errors(404)})
     def get(self, request, name):
         return Response(ToolSerializer.describe(_setting(name)))
 
     @extend_schema(
         request=ToolSerializer(partial=True),
+        parameters=[NAME_PARAMETER],
+        examples=[
+            OpenApiExample(
+                "require approval of every call",
+                request_only=True,
+                value={"approval": "required", "note": "new integration, watch it"},
+            ),
+            OpenApiExample(
+                "refused: a relaxation without tools.relax_approval",
+                response_only=True,
+                status_codes=["403"],
+                value={
+                    "code": "relax_permission_required",
+                    "detail": "letting a non_idempotent_write tool run without approval "
+                    "(NRLLM_APPROVAL_REQUIRED_FOR=non_idempotent_write asks for it) needs "
+                    "the permission 'tools.relax_approval'",
+                },
+            ),
+        ],
         responses={200: ToolSerializer, **errors(400, 404, 413)},
     )
     def patch(self, request, name):
