@@ -375,3 +375,4 @@ def test_the_admin_shows_the_effective_policy(operator_client, viewer_client):
     seen = viewer_client.get(CHANGE_PAGE)
     assert seen.status_code == 200
     assert "required (the default for non_idempotent_write)" in seen.content.decode()
+    assert "Note:" in page.content.decode() and "Note:" not in seen.content.decode()

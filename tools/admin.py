@@ -39,6 +39,7 @@ class ToolSettingForm(forms.ModelForm):
     class Meta:
         model = ToolSetting
         fields = ["enabled", "approval"]
+        labels = {"approval": "approval setting"}
         help_texts = {
             "approval": "default: what the tool's effect and NRLLM_APPROVAL_REQUIRED_FOR say. "
             "not_required on a tool whose default asks for approval lets its writes run "
@@ -85,9 +86,15 @@ class ToolSettingAdmin(admin.ModelAdmin):
     def effect(self, obj):
         return effect_for(obj.name).value
 
-    @admin.display(description="approval")
+    @admin.display(description="approval (in effect)")
     def approval_policy(self, obj):
         return approval_settings.describe_policy(effect_for(obj.name), obj.approval)
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        if not self.has_change_permission(request, obj):
+            return [name for name in fields if name != "note"]  # nothing to note
+        return fields
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change=change, **kwargs)
