@@ -295,6 +295,10 @@ def test_a_relaxation_in_the_admin_is_audited_once(operator_client, tool_keeper)
     assert ToolSetting.objects.get(name="send_notification").enabled is False
     assert approval_of("send_notification") == "not_required"
     assert log_messages("send_notification")[-1] == "Changed Enabled."
+    # A note with no change of approval is refused, not dropped.
+    response = operator_client.post(CHANGE_PAGE, {"approval": "not_required", "note": "hm"})
+    assert response.status_code == 200
+    assert "approval setting" in response.context["adminform"].form.errors["note"][0]
 
 
 @pytest.mark.usefixtures("approvals")

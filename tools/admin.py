@@ -66,6 +66,9 @@ class ToolSettingForm(forms.ModelForm):
         problem = approval_settings.note_problem(note)
         if problem:
             raise forms.ValidationError(f"The note {problem}.")
+        if note and "approval" not in self.changed_data:
+            # Said, not dropped: only a change of approval carries a note.
+            raise forms.ValidationError("A note goes with a change of the approval setting.")
         return note
 
 
