@@ -15,6 +15,8 @@ from runs.vocabulary import (
     SubmittedVia,
     TerminationReason,
 )
+from tools.approval_policy import ApprovalPolicy, requires_approval
+from tools.approval_settings import MAX_NOTE_CHARS
 from tools.effects import ToolEffect
 from tools.registry import effect_for, get_registry
 
@@ -242,18 +244,42 @@ class ToolSerializer(serializers.Serializer):
     )
     parameters = serializers.JSONField(read_only=True)
     enabled = serializers.BooleanField()
+    approval = serializers.ChoiceField(
+        choices=ApprovalPolicy.choices,
+        help_text="the operators' approval setting: default (what the effect and "
+        "NRLLM_APPROVAL_REQUIRED_FOR say), required, or not_required. Setting not_required "
+        "where the default asks for approval needs the permission tools.relax_approval "
+        "(403 relax_permission_required without it)",
+    )
+    approval_required = serializers.BooleanField(
+        read_only=True,
+        help_text="whether its calls wait for an operator's approval: the effect, "
+        "NRLLM_APPROVAL_REQUIRED_FOR and approval together; a run's request may add "
+        "tools (require_approval), never remove one",
+    )
+    note = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        max_length=MAX_NOTE_CHARS,
+        help_text="why, recorded in the admin log with the change",
+    )
 
     @staticmethod
     def describe(setting) -> dict:
         tool = get_registry().get(setting.name)
+        # Through the resolver, so a removed tool fails closed (G1): it is a
+        # non_idempotent_write, and its approval follows from that.
+        effect = effect_for(setting.name)
         return {
             "name": setting.name,
             "description": tool.description if tool else "",
-            # Through the resolver, so a removed tool fails closed (G1).
-            "effect": effect_for(setting.name).value,
+            "effect": effect.value,
             "registered": tool is not None,
             "parameters": tool.parameters if tool else None,
             "enabled": setting.enabled,
+            "approval": setting.approval,
+            "approval_required": requires_approval(effect, setting.approval),
         }
 
 

@@ -7,6 +7,7 @@ silently replaced by a default.
 
 import os
 
+import httpx
 from django.core.exceptions import ImproperlyConfigured
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -61,3 +62,27 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
     if raw is None:
         return list(default or [])
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_http_url(name: str) -> str:
+    """An http(s) URL with a host, or "" when unset. Parsed as the HTTP
+    client will parse it, so a URL accepted here is one it can send to;
+    credentials in it are refused (they would be logged with it)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return ""
+    if any(character.isspace() for character in raw):
+        raise ImproperlyConfigured(f"{name}={raw!r} must not contain spaces")
+    try:
+        url = httpx.URL(raw)
+    except httpx.InvalidURL as error:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a valid URL ({error})") from None
+    if url.scheme not in ("http", "https"):
+        raise ImproperlyConfigured(f"{name}={raw!r} must be an http or https URL")
+    if not url.host:
+        raise ImproperlyConfigured(f"{name}={raw!r} has no host")
+    if url.port is not None and not 0 < url.port < 65536:
+        raise ImproperlyConfigured(f"{name}={raw!r}: port {url.port} is not a TCP port")
+    if url.userinfo:
+        raise ImproperlyConfigured(f"{name}={raw!r} must not hold a user name or password")
+    return raw

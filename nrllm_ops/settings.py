@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
 from nrllm_ops.database import database_from_url
-from nrllm_ops.env import env_bool, env_choice, env_int, env_list, env_str
+from nrllm_ops.env import env_bool, env_choice, env_http_url, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -143,8 +143,16 @@ NRLLM_APPROVAL_TIMEOUT_SECONDS = env_int("NRLLM_APPROVAL_TIMEOUT_SECONDS", 86400
 # Four-eyes: the user who submitted a run may deny its calls but not approve them.
 NRLLM_APPROVAL_SECOND_PERSON = env_bool("NRLLM_APPROVAL_SECOND_PERSON", False)
 # Posted (JSON) when a run starts to wait, through the SSRF-guarded HTTP
-# client of the tools; empty: no webhook.
-NRLLM_APPROVAL_WEBHOOK_URL = env_str("NRLLM_APPROVAL_WEBHOOK_URL")
+# client of the tools (its host need not be in NRLLM_HTTP_ALLOWED_HOSTS; a
+# non-public address it resolves to must be); empty: no webhook. At most
+# once per park, best effort (runs.approval_webhook).
+NRLLM_APPROVAL_WEBHOOK_URL = env_http_url("NRLLM_APPROVAL_WEBHOOK_URL")
+# When set, each POST carries X-Nrllm-Signature-256: sha256=<HMAC-SHA256 of the body>.
+NRLLM_APPROVAL_WEBHOOK_SECRET = env_str("NRLLM_APPROVAL_WEBHOOK_SECRET")
+# The whole POST (connect, send, answer) ends by then; the run is parked already.
+NRLLM_APPROVAL_WEBHOOK_TIMEOUT_SECONDS = env_int(
+    "NRLLM_APPROVAL_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1
+)
 
 # --- The OpenAI-compatible provider ------------------------------------------------
 # Endpoint and key come from here only: never from a request, never stored.
@@ -201,6 +209,8 @@ SPECTACULAR_SETTINGS = {
         # Two choice sets in fields named "status": a run's, an approval's.
         "RunStatusEnum": "runs.vocabulary.RunStatus",
         "ApprovalStatusEnum": "runs.vocabulary.ApprovalStatus",
+        # Named for what it is: other resources may have a field "approval".
+        "ApprovalPolicyEnum": "tools.approval_policy.ApprovalPolicy",
     },
 }
 

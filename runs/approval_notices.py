@@ -7,14 +7,15 @@ run (``GET /api/approvals/?status=pending`` is the reliable way to learn
 what waits).
 """
 
-import logging
+from django.conf import settings
 
+from runs import approval_webhook
 from runs.metrics import APPROVAL_REQUESTS
-
-logger = logging.getLogger(__name__)
 
 
 def run_waits(run_id, approvals: list) -> None:
     """The run ``run_id`` was parked with ``approvals`` (its new requests)."""
     for approval in approvals:
         APPROVAL_REQUESTS.labels(approval.tool_name).inc()
+    if settings.NRLLM_APPROVAL_WEBHOOK_URL and approvals:
+        approval_webhook.notify(run_id, approvals)

@@ -48,6 +48,12 @@ APPROVAL_DECISION_SECONDS = Histogram(
     ["outcome"],
     buckets=(10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600),
 )
+APPROVAL_WEBHOOKS = Counter(
+    "nrllm_approval_webhooks_total",
+    "Approval webhook POSTs: delivered (2xx), rejected (another status), failed "
+    "(refused by the guard, or no answer)",
+    ["outcome"],
+)
 # Defining them created this process's files (multiprocess mode): it folds
 # them as it exits.
 metrics_files.fold_at_exit()

@@ -1,7 +1,7 @@
 """A local HTTP server for the HTTP tools: it records what it receives, can
 hold a request until the test releases it, and can misbehave (drop the
-connection, cut a body short, answer garbage, send a huge or gzip-bomb body,
-trickle its answer, name a charset that is not one).
+connection, cut a body short, answer garbage or any status, send a huge or
+gzip-bomb body, trickle its answer, name a charset that is not one).
 And the resolver the tests install in ``http_guard`` so names reach it."""
 
 import functools
@@ -177,6 +177,8 @@ def _handler(state: LocalHttpServer):
                 return self._reply(302, headers=[("location", "http://blocked.invalid/x")])
             if self.path == "/redirect-in":
                 return self._reply(302, headers=[("location", "/ok")])
+            if self.path.startswith("/status/"):  # answer with the status the path names
+                return self._reply(int(self.path.removeprefix("/status/")), {"error": "as asked"})
             return self._reply(payload={"path": self.path})
 
         do_GET = _route

@@ -119,7 +119,9 @@ def test_the_admin_form_has_no_effect_field_and_a_post_cannot_change_it(admin_cl
     assert "effect" not in form_fields
     assert "non_idempotent_write" in page.content.decode()  # shown, read-only
 
-    response = admin_client.post(url, {"enabled": "on", "effect": "read_only"})
+    response = admin_client.post(
+        url, {"enabled": "on", "approval": "default", "effect": "read_only"}
+    )
     assert response.status_code == 302
     assert effect_for("send_notification") is ToolEffect.NON_IDEMPOTENT_WRITE
     assert ToolSetting.objects.get(name="send_notification").enabled is True

@@ -1,18 +1,84 @@
-"""Tools in the admin: operators switch them on and off; the effect is shown
-from the code and cannot be edited (there is no field for it)."""
+"""Tools in the admin: operators switch them on and off and set their
+approval policy; the effect is shown from the code and cannot be edited
+(there is no field for it).
 
+The approval policy is changed on a tool's own page only, through
+``tools.approval_settings.set_approval_policy`` (which checks the
+relaxation permission and writes the log entry), never in the list: the
+list's inline edit saves rows without a note and reports a refused row
+tersely, so there it is shown, not edited.
+"""
+
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.utils.translation import override as translation_override
 
+from tools import approval_settings
 from tools.models import Note, OutboxNotification, ToolSetting
 from tools.registry import effect_for, get_registry
+
+#: Form fields whose change ``set_approval_policy`` logs itself.
+_APPROVAL_FIELDS = ("approval", "note")
+
+
+class ToolSettingForm(forms.ModelForm):
+    """A tool's switch and approval policy. ``operator`` (set by the admin
+    for each request) is who submits it: a relaxation they may not make is
+    a form error, and nothing is saved."""
+
+    operator = None
+
+    note = forms.CharField(
+        required=False,
+        max_length=approval_settings.MAX_NOTE_CHARS,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Why: recorded in the admin log with a change of approval.",
+    )
+
+    class Meta:
+        model = ToolSetting
+        fields = ["enabled", "approval"]
+        labels = {"approval": "approval setting"}
+        help_texts = {
+            "approval": "default: what the tool's effect and NRLLM_APPROVAL_REQUIRED_FOR say. "
+            "not_required on a tool whose default asks for approval lets its writes run "
+            "unattended and needs the permission “Can let a tool whose effect needs approval "
+            "by default run without it”.",
+        }
+
+    def clean_approval(self):
+        policy = self.cleaned_data["approval"]
+        # The instance still holds the stored value here (the form copies
+        # its data onto it after cleaning).
+        refused = approval_settings.policy_refusal(
+            effect_for(self.instance.name),
+            self.operator,
+            policy,
+            current=self.instance.approval,
+        )
+        if refused is not None:
+            raise forms.ValidationError(refused.detail, code=refused.code)
+        return policy
+
+    def clean_note(self):
+        note = self.cleaned_data["note"]
+        problem = approval_settings.note_problem(note)
+        if problem:
+            raise forms.ValidationError(f"The note {problem}.")
+        if note and "approval" not in self.changed_data:
+            # Said, not dropped: only a change of approval carries a note.
+            raise forms.ValidationError("A note goes with a change of the approval setting.")
+        return note
 
 
 @admin.register(ToolSetting)
 class ToolSettingAdmin(admin.ModelAdmin):
-    list_display = ["name", "description", "effect", "enabled", "updated_at"]
+    form = ToolSettingForm
+    list_display = ["name", "description", "effect", "enabled", "approval_policy", "updated_at"]
     list_editable = ["enabled"]
-    fields = ["name", "description", "effect", "enabled"]
-    readonly_fields = ["name", "description", "effect"]
+    fields = ["name", "description", "effect", "approval_policy", "enabled", "approval", "note"]
+    readonly_fields = ["name", "description", "effect", "approval_policy"]
 
     @admin.display(description="description")
     def description(self, obj):
@@ -22,6 +88,53 @@ class ToolSettingAdmin(admin.ModelAdmin):
     @admin.display(description="effect (from code)")
     def effect(self, obj):
         return effect_for(obj.name).value
+
+    @admin.display(description="approval (in effect)")
+    def approval_policy(self, obj):
+        return approval_settings.describe_policy(effect_for(obj.name), obj.approval)
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        if not self.has_change_permission(request, obj):
+            return [name for name in fields if name != "note"]  # nothing to note
+        return fields
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"operator": request.user})
+
+    def save_model(self, request, obj, form, change):
+        """Save the switch; hand a change of approval to
+        ``set_approval_policy``, which checks it again under the row's lock
+        and logs it. The admin's transaction holds both: a refusal there (a
+        permission withdrawn since the form was checked) saves neither."""
+        obj.save(update_fields=["enabled", "updated_at"])
+        if "approval" not in form.changed_data:
+            return
+        result = approval_settings.set_approval_policy(
+            obj,
+            request.user,
+            form.cleaned_data["approval"],
+            form.cleaned_data.get("note", ""),
+            via=approval_settings.VIA_ADMIN,
+        )
+        if not result.ok:
+            raise PermissionDenied(result.detail)
+
+    def construct_change_message(self, request, form, formsets, add=False):
+        """The fields changed other than the approval (logged on its own by
+        ``set_approval_policy``); None when that was the only change."""
+        others = [name for name in form.changed_data if name not in _APPROVAL_FIELDS]
+        if not others:
+            return None if "approval" in form.changed_data else []
+        with translation_override(None):
+            labels = [str(form.fields[name].label or name) for name in others]
+        return [{"changed": {"fields": labels}}]
+
+    def log_change(self, request, obj, message):
+        if message is None:
+            return None  # set_approval_policy's entry says it all
+        return super().log_change(request, obj, message)
 
     def has_add_permission(self, request):
         return False

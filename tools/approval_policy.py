@@ -5,7 +5,8 @@ A tool's default follows its declared effect (code, G1) and the setting
 ``write`` (every write) or ``none``. An operator may require approval of any
 tool (``ToolSetting.approval = required``); letting a tool whose default
 asks for approval run unattended (``not_required``) is a relaxation, which
-needs the permission ``tools.relax_approval`` and is audited. A run's
+needs the permission ``tools.relax_approval`` and is audited; so does
+``not_required`` on any write, whatever the default is now. A run's
 request may add tools (``require_approval``), never remove one.
 """
 
@@ -49,9 +50,12 @@ def requires_approval(effect: ToolEffect, policy: str) -> bool:
 
 
 def is_relaxation(effect: ToolEffect, policy: str) -> bool:
-    """Whether setting ``policy`` lets a tool that would need approval by
-    default run without it."""
-    return policy == ApprovalPolicy.NOT_REQUIRED and required_by_default(effect)
+    """Whether setting ``policy`` lets a write run unattended whatever the
+    default says: ``not_required`` on any write tool. Not only where the
+    default asks for approval now — under ``NRLLM_APPROVAL_REQUIRED_FOR=none``
+    the setting would otherwise become a relaxation, granted by nobody, the
+    day the default is tightened."""
+    return policy == ApprovalPolicy.NOT_REQUIRED and effect.is_write
 
 
 def tools_needing_approval(

@@ -1,19 +1,42 @@
-"""``/api/tools/``: the registry as operators see it. Only ``enabled`` can change."""
+"""``/api/tools/``: the registry as operators see it. Only ``enabled`` and
+``approval`` can change; the effect is code (G1)."""
 
 import json
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
-from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import NotFound, ValidationError
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from api import permissions
 from api.serializers import ToolSerializer
 from api.views.base import BaseAPIView, errors
+from tools import approval_settings
+from tools.approval_policy import ApprovalPolicy
 from tools.models import ToolSetting
 
-READ_ONLY_FIELDS = {"name", "description", "effect", "registered", "parameters"}
+READ_ONLY_FIELDS = {
+    "name",
+    "description",
+    "effect",
+    "registered",
+    "parameters",
+    "approval_required",
+}
+WRITABLE_FIELDS = {"enabled", "approval", "note"}
+CHANGEABLE = "only enabled and approval can change (with a note saying why)"
+
+
+#: A name that exists, so that generated requests (schemathesis) reach the
+#: body's checks rather than only the 404 of a random name.
+NAME_PARAMETER = OpenApiParameter(
+    "name",
+    str,
+    OpenApiParameter.PATH,
+    description="the tool's name",
+    examples=[OpenApiExample("a builtin tool", value="send_notification")],
+)
 
 
 def _setting(name) -> ToolSetting:
@@ -37,54 +60,113 @@ class ToolDetail(BaseAPIView):
             return [permissions.CHANGE_TOOLS()]
         return [permissions.VIEW_TOOLS()]
 
-    @extend_schema(responses={200: ToolSerializer, **errors(404)})
+    @extend_schema(parameters=[NAME_PARAMETER], responses={200: ToolSerializer, **errors(404)})
     def get(self, request, name):
         return Response(ToolSerializer.describe(_setting(name)))
 
     @extend_schema(
         request=ToolSerializer(partial=True),
+        parameters=[NAME_PARAMETER],
+        examples=[
+            OpenApiExample(
+                "require approval of every call",
+                request_only=True,
+                value={"approval": "required", "note": "new integration, watch it"},
+            ),
+            OpenApiExample(
+                "refused: a relaxation without tools.relax_approval",
+                response_only=True,
+                status_codes=["403"],
+                value={
+                    "code": "relax_permission_required",
+                    "detail": "letting a non_idempotent_write tool run without approval "
+                    "(NRLLM_APPROVAL_REQUIRED_FOR=non_idempotent_write asks for it) needs "
+                    "the permission 'tools.relax_approval'",
+                },
+            ),
+        ],
         responses={200: ToolSerializer, **errors(400, 404, 413)},
     )
     def patch(self, request, name):
-        """Switch a tool on or off, with an entry in the admin log. The effect
-        comes from code: naming it (or any other read-only field) is refused,
-        and nothing changes."""
+        """Switch a tool on or off and set its approval policy, each change
+        with an entry in the admin log; all of the body or nothing. The
+        effect comes from code: naming it (or any other read-only field) is
+        refused, and nothing changes. ``approval: not_required`` where the
+        default asks for approval needs ``tools.relax_approval`` (403
+        ``relax_permission_required``)."""
         setting = _setting(name)
-        body = request.data
-        if not isinstance(body, dict):
-            raise ValidationError({"body": "must be a JSON object"})
-        for field in body:
-            if field in READ_ONLY_FIELDS:
-                raise ValidationError({field: f"{field} is read-only; only enabled can change"})
-            if field != "enabled":
-                raise ValidationError({field: f"unknown field {field!r}; only enabled can change"})
-        if "enabled" not in body or not isinstance(body["enabled"], bool):
-            raise ValidationError({"enabled": "must be true or false"})
+        changes = _changes(request.data)
         with transaction.atomic():
             # Locked, so the log's "before" is the value this change replaced.
             # Gone if deleted since the lookup above: the same 404 as before it.
             setting = ToolSetting.objects.select_for_update().filter(pk=setting.pk).first()
             if setting is None:
                 raise NotFound(f"no tool {name!r}")
-            before, after = setting.enabled, body["enabled"]
-            ToolSetting.objects.filter(pk=setting.pk).update(enabled=after)
-            # In the admin's log like a change made there (G11), in the same
-            # transaction: no change without its entry.
-            LogEntry.objects.log_actions(
-                request.user.pk,
-                [setting],
-                CHANGE,
-                change_message=_change_message(before, after),
-                single_object=True,
-            )
+            if "enabled" in changes:
+                before, after = setting.enabled, changes["enabled"]
+                ToolSetting.objects.filter(pk=setting.pk).update(enabled=after)
+                # In the admin's log like a change made there (G11), in the same
+                # transaction: no change without its entry.
+                LogEntry.objects.log_actions(
+                    request.user.pk,
+                    [setting],
+                    CHANGE,
+                    change_message=_change_message(before, after, changes.get("note", "")),
+                    single_object=True,
+                )
+                setting.enabled = after
+            if "approval" in changes:
+                result = approval_settings.set_approval_policy(
+                    setting,
+                    request.user,
+                    changes["approval"],
+                    changes.get("note", ""),
+                    via=approval_settings.VIA_API,
+                )
+                if not result.ok:
+                    # Raised inside the transaction: the switch above is undone too.
+                    raise _refusal(result)
         # The row as this change left it, not read again: deleted after the
         # commit, it would be a 404 for a change that happened.
-        setting.enabled = after
         return Response(ToolSerializer.describe(setting))
 
 
-def _change_message(before: bool, after: bool) -> str:
+def _changes(body) -> dict:
+    """The PATCH body checked: ``enabled`` and/or ``approval`` (with an
+    optional ``note``), or a 400 naming what is wrong."""
+    if not isinstance(body, dict):
+        raise ValidationError({"body": "must be a JSON object"})
+    for field in body:
+        if field in READ_ONLY_FIELDS:
+            raise ValidationError({field: f"{field} is read-only; {CHANGEABLE}"})
+        if field not in WRITABLE_FIELDS:
+            raise ValidationError({field: f"unknown field {field!r}; {CHANGEABLE}"})
+    if not body.keys() & {"enabled", "approval"}:
+        raise ValidationError({"body": f"nothing to change; {CHANGEABLE}"})
+    if "enabled" in body and not isinstance(body["enabled"], bool):
+        raise ValidationError({"enabled": "must be true or false"})
+    if "approval" in body and body["approval"] not in ApprovalPolicy.values:
+        raise ValidationError(
+            {"approval": f"must be one of {ApprovalPolicy.values}, not {body['approval']!r}"}
+        )
+    problem = approval_settings.note_problem(body.get("note", ""))
+    if problem:
+        raise ValidationError({"note": problem})
+    return body
+
+
+def _refusal(result: approval_settings.PolicyChange) -> Exception:
+    if result.code == "not_found":
+        return NotFound(result.detail)
+    if result.code == "invalid":
+        return ValidationError({"approval": result.detail})
+    return PermissionDenied(result.detail, code=result.code)
+
+
+def _change_message(before: bool, after: bool, note: str) -> str:
     was, now = json.dumps(before), json.dumps(after)
     if before == after:
-        return f"No fields changed through the API (enabled stays {now})."
-    return f"Changed enabled through the API: {was} → {now}."
+        text = f"No fields changed through the API (enabled stays {now})."
+    else:
+        text = f"Changed enabled through the API: {was} → {now}."
+    return f"{text} Note: {note}" if note else text

@@ -86,13 +86,17 @@ class _Entry:
         return self.host == host and port == (self.port or DEFAULT_PORTS[scheme])
 
 
-def check_url(url: str | httpx.URL) -> Target:
+def check_url(url: str | httpx.URL, *, host_allowed: bool = False) -> Target:
     """Parse ``url`` as the request will use it and check where it goes.
 
     Returns the URL and its ``Destination``. Raises ``ToolError`` (nothing has
     been sent) unless the URL is http(s) to an allowed host and port whose
     every address is public or allowed literally; the message says which
     rule refused it and what an operator could allow instead.
+
+    ``host_allowed``: an operator's own setting names this URL (the approval
+    webhook), so its host and port need no entry — which would let the
+    tools reach it too; every address it resolves to is checked all the same.
     """
     try:
         parsed = httpx.URL(url)
@@ -106,7 +110,7 @@ def check_url(url: str | httpx.URL) -> Target:
         raise ToolError(f"refused {shown!r}: the URL has no host")
     port = parsed.port or DEFAULT_PORTS[parsed.scheme]
     entries = allowed_entries()
-    if not any(entry.allows(host, port, parsed.scheme) for entry in entries):
+    if not host_allowed and not any(entry.allows(host, port, parsed.scheme) for entry in entries):
         raise ToolError(f"refused {shown!r}: {_not_allowed(entries, host, port)}")
     addresses = _addresses_of(shown, host, port)
     for address in addresses:
