@@ -21,6 +21,9 @@ from runs.transitions import DecisionOutcome
 from runs.vocabulary import ApprovalStatus, RunStatus
 
 APPROVE_PERMISSION = "runs.approve_write"
+#: A decision's note, at most: the API and the inbox refuse a longer one (a
+#: denial's note is the model's tool result, and is in the step and the log).
+MAX_NOTE_CHARS = 10_000
 
 
 def approve(approval: ApprovalRequest, operator, *, digest: str, note: str = "") -> ActionResult:
