@@ -390,6 +390,7 @@ def test_a_webhook_token_in_the_url_is_not_logged_when_refused(settings, http_se
     assert fresh(agent_run).status == RunStatus.WAITING_FOR_APPROVAL
     assert webhook_log(caplog), "the refusal is logged"
     assert all("tok-SECRET-123" not in message for message in webhook_log(caplog))
+    assert "'https://hooks.test/…': hooks.test resolves to 10.1.2.3" in webhook_log(caplog)[0]
 
 
 def test_the_decided_list_does_not_show_the_submitter_approval_as_anyone_elses(api, operator):
