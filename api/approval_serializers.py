@@ -13,6 +13,7 @@ from django.db.models.functions import Left, Now
 from rest_framework import serializers
 
 from api.serializers import StrictSerializer, TextField
+from runs.approval_actions import MAX_NOTE_CHARS
 from runs.models import ApprovalRequest
 from runs.vocabulary import ApprovalStatus, RunStatus
 
@@ -123,7 +124,7 @@ class DecisionSerializer(StrictSerializer):
         help_text="the request's digest as it was shown (a stale one is refused with 409)",
     )
     note = TextField(
-        max_length=10_000,
+        max_length=MAX_NOTE_CHARS,
         required=False,
         allow_blank=True,
         help_text="why; a denial's note is passed to the model",

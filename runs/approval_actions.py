@@ -21,6 +21,9 @@ from runs.transitions import DecisionOutcome
 from runs.vocabulary import ApprovalStatus, RunStatus
 
 APPROVE_PERMISSION = "runs.approve_write"
+#: A decision's note, at most: the API and the inbox refuse a longer one (a
+#: denial's note is the model's tool result, and is in the step and the log).
+MAX_NOTE_CHARS = 10_000
 
 
 def approve(approval: ApprovalRequest, operator, *, digest: str, note: str = "") -> ActionResult:
@@ -51,6 +54,11 @@ def may_approve(approval: ApprovalRequest, operator) -> ActionResult | None:
 
 
 def _is_submitter(approval: ApprovalRequest, operator) -> bool:
+    if ApprovalRequest.run.is_cached(approval):
+        # Joined by the caller (the inbox lists its calls so): who submitted
+        # a run is set once, when it is created, so the row read is as good.
+        submitted_by = approval.run.submitted_by_id
+        return submitted_by is not None and submitted_by == operator.pk
     submitted_by = (
         AgentRun.objects.filter(pk=approval.run_id).values_list("submitted_by", flat=True).first()
     )

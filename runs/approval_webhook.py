@@ -55,7 +55,10 @@ def notify(run_id, approvals: list) -> None:
         status, answer = _post(url, body, _headers(body))
     except (ToolError, httpx.HTTPError) as error:
         APPROVAL_WEBHOOKS.labels("failed").inc()
-        logger.warning("run=%s approval webhook not delivered: %s", run_id, error)
+        # The guard's refusal quotes the URL, whose path or query is often
+        # the receiver's credential (a hook token): the log shows its origin.
+        shown = str(error).replace(url, _origin(url))
+        logger.warning("run=%s approval webhook not delivered: %s", run_id, shown)
         return
     except Exception:
         # Whatever it is, the run is parked already and must stay so.
@@ -112,6 +115,17 @@ def signature(body: bytes, secret: str) -> str:
 def _shortened(prompt) -> str:
     text = prompt if isinstance(prompt, str) else ""
     return text if len(text) <= PROMPT_CHARS else text[: PROMPT_CHARS - 1] + "…"
+
+
+def _origin(url: str) -> str:
+    """``url`` without its path and query, which may hold a token."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return "(the webhook URL)"
+    port = f":{parsed.port}" if parsed.port else ""
+    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+    return f"{parsed.scheme}://{host}{port}/…"
 
 
 def _inbox_path(run_id) -> str:

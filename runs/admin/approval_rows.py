@@ -31,9 +31,9 @@ def pending_groups(user, run_id=None) -> tuple[list[dict], int]:
     ``user`` may do; and how many pending calls there are in all.
 
     A run waits on one turn at a time, so a group is a run. Queries: two,
-    then one per group shown (its steps; two when they are cut) and one per
-    call (``may_approve``'s look at the submitter): bounded by
-    ``PENDING_SHOWN``.
+    then one per group shown (its steps; two when they are cut): bounded by
+    ``PENDING_SHOWN``. ``may_approve`` reads the submitter from the joined
+    run, so four-eyes adds none.
     """
     pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING)
     if run_id is not None:

@@ -89,12 +89,21 @@ class ApprovalsInbox:
             self.message_user(request, "There is no such approval request.", messages.ERROR)
             return redirect(back)
         what = f"{approval.tool_name} at {approval.position} of run {approval.run_id}"
+        note = request.POST.get("note", "").strip()
+        if len(note) > approval_actions.MAX_NOTE_CHARS:
+            self.message_user(
+                request,
+                f"{what}: the note is longer than {approval_actions.MAX_NOTE_CHARS} characters; "
+                "nothing was changed.",
+                messages.ERROR,
+            )
+            return redirect(back)
         try:
             result = DECISIONS[decision](
                 approval,
                 request.user,
                 digest=request.POST.get("digest", ""),
-                note=request.POST.get("note", "").strip(),
+                note=note,
             )
         except DatabaseError:
             # The decision, its step and the release are one transaction.
