@@ -1,6 +1,7 @@
-"""Adversarial review of G14's surface (issue 17): what operators and
-integrators touch — the API of approvals, the inbox, the tool settings,
-the webhook. Real PostgreSQL, the Django test client and DRF's APIClient,
+"""G14 at its edges, where operators and integrators touch it — the API of
+approvals, the inbox, the tool settings, the webhook: permissions through
+groups and sessions, digests of the wrong form, bad input, escaping, query
+counts. Real PostgreSQL, the Django test client and DRF's APIClient,
 the local HTTP server; nothing of the code under test is mocked."""
 
 import html
