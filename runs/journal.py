@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from django.db.models import F, Q
 
 from runs.loop import RecordedOutcome, RecordedTurn, StepEvent
-from runs.models import RunStep
+from runs.models import ApprovalRequest, RunStep
 from runs.providers.base import ToolCall, Turn
 from runs.run_request import RunRequest
-from runs.vocabulary import StepKind
+from runs.vocabulary import ApprovalStatus, StepKind
 from tools.canonical import token_count
 from tools.contract import idempotency_key_for
 from tools.effects import ToolEffect
@@ -290,7 +290,10 @@ def _check_calls_to_go_live(last, turn_number, run_key, requested, registered, d
         why = _unavailable(call.name, registered, disabled)
         effect = effect_for(call.name)
         if why and effect.is_write:
-            key = idempotency_key_for(run_key, f"{turn_number}.{index}", call.name, call.arguments)
+            position = f"{turn_number}.{index}"
+            key = idempotency_key_for(run_key, position, call.name, call.arguments)
+            if _denied(run_key, turn_sequence, position, key):
+                continue  # denied: it never ran, in any attempt (G14)
             raise JournalUnreplayable(
                 f"step {turn_sequence}: the model turn asked for the {effect} tool "
                 f"{call.name!r}, whose outcome is not recorded and which {why}",
@@ -301,3 +304,15 @@ def _check_calls_to_go_live(last, turn_number, run_key, requested, registered, d
                     "idempotency_key": key,
                 },
             )
+
+
+def _denied(run_id, turn_sequence: int, position: str, key: str) -> bool:
+    """Whether an operator denied this call of the turn: a denied call is
+    never executed by any attempt, so its outcome is known (G14)."""
+    return ApprovalRequest.objects.filter(
+        run_id=run_id,
+        turn_sequence=turn_sequence,
+        position=position,
+        idempotency_key=key,
+        status=ApprovalStatus.DENIED,
+    ).exists()
