@@ -284,6 +284,7 @@ def expire_approvals(as_of=None) -> tuple[list[str], int]:
         if not rows:
             return [], 0
         ended = [str(run_id) for run_id, _, _ in rows]
+        _void_decisions(ended)
         expired = ApprovalRequest.objects.filter(
             run_id__in=ended, status=ApprovalStatus.PENDING
         ).update(status=ApprovalStatus.EXPIRED, decided_at=Now())
@@ -304,7 +305,27 @@ def expire_approvals(as_of=None) -> tuple[list[str], int]:
 
 def withdraw_approvals(run_id) -> int:
     """The pending requests of a run that was cancelled while it waited
-    (the caller holds the run's row: ``cancel``)."""
+    (the caller holds the run's row: ``cancel``); returns how many. The
+    decisions already made for the turn go with them (``_void_decisions``)."""
+    _void_decisions([run_id])
     return ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(
         status=ApprovalStatus.WITHDRAWN, decided_at=Now()
     )
+
+
+def _void_decisions(run_ids) -> None:
+    """A wait that ends without a release (a cancel, an expiry) ends its
+    decisions too: the approved and denied calls of the turns those runs
+    wait on are ``withdrawn``, who decided and the note kept (the approval
+    steps on the run keep the history). A run requeued later asks for every
+    call of the turn again, with new digests: an approval given for a run
+    someone then stopped, or left to expire, is not spent silently by an
+    attempt nobody approved. Call it before the pending requests change."""
+    same_turn_waits = ApprovalRequest.objects.filter(
+        run=OuterRef("run"), turn_sequence=OuterRef("turn_sequence"), status=ApprovalStatus.PENDING
+    )
+    ApprovalRequest.objects.filter(
+        Exists(same_turn_waits),
+        run_id__in=run_ids,
+        status__in=[ApprovalStatus.APPROVED, ApprovalStatus.DENIED],
+    ).update(status=ApprovalStatus.WITHDRAWN)

@@ -1,5 +1,6 @@
-"""Adversarial review of G14 in the runtime core (issue 17): what a waiting
-run, a decision and the resumed attempt do at the edges. Real PostgreSQL,
+"""G14 at the edges of the runtime: what a waiting run, a decision and the
+resumed attempt do when a tool is disabled, a policy tightened, a wait
+cancelled or expired, a decision raced. Real PostgreSQL,
 in-process dispatch (the embedded default's), faults at real boundaries."""
 
 import threading
