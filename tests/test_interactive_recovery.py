@@ -44,11 +44,19 @@ def start_run_agent(model, worker_env, *, plan=PLAN) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As an operator's shell starts it: with Ctrl-C's default action. A
+        # test suite started in the background (`make test &`) ignores
+        # SIGINT, and a child would inherit that and never see the signal.
+        preexec_fn=_default_sigint,
     )
     process.stdin.write(json.dumps(request))
     process.stdin.close()
     process.stdin = None  # communicate() has nothing more to send
     return process
+
+
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def the_read_is_recorded():
