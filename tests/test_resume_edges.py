@@ -112,7 +112,7 @@ def test_a_cancel_during_a_resume_that_replays_the_final_answer_wins(queue, oper
         finally:
             connection.close()
 
-    with _slow_resume_step(seconds=3):
+    with _slow_resume_step(seconds=30):
         canceller = threading.Thread(target=cancel_while_the_resume_step_is_written)
         canceller.start()
         run_queued(agent_run.pk)
@@ -131,7 +131,11 @@ def _a_resume_step_sleeping() -> bool:
 
 
 class _slow_resume_step:
-    """A resume step's INSERT takes ``seconds`` (a slow disk, a lock wait)."""
+    """A resume step's INSERT is slow (a slow disk, a lock wait): it waits
+    until another backend waits on a lock — the cancel, on the run row the
+    statement holds — or at most ``seconds``. Not a fixed sleep: a canceller
+    thread starved by a busy machine for longer than a fixed window would
+    cancel after the run had ended, and the test would fail for it."""
 
     def __init__(self, seconds):
         self.seconds = seconds
@@ -139,8 +143,16 @@ class _slow_resume_step:
     def __enter__(self):
         with connection.cursor() as cursor:
             cursor.execute(
-                "CREATE OR REPLACE FUNCTION nrllm_slow_resume() RETURNS trigger AS $$ BEGIN "
-                f"PERFORM pg_sleep({self.seconds}); RETURN NEW; END $$ LANGUAGE plpgsql"
+                "CREATE OR REPLACE FUNCTION nrllm_slow_resume() RETURNS trigger AS $$ "
+                f"DECLARE deadline timestamptz := clock_timestamp() + interval '{self.seconds} s'; "
+                "BEGIN LOOP "
+                "PERFORM pg_sleep(0.05); "
+                # pg_stat_activity is read once per transaction unless cleared.
+                "PERFORM pg_stat_clear_snapshot(); "
+                "EXIT WHEN clock_timestamp() > deadline OR EXISTS (SELECT 1 FROM "
+                "pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()); "
+                "END LOOP; RETURN NEW; END $$ LANGUAGE plpgsql"
             )
             cursor.execute(
                 f"CREATE TRIGGER nrllm_slow_resume BEFORE INSERT ON {RunStep._meta.db_table} "
