@@ -18,9 +18,10 @@ from runs.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.models import AgentRun
 from runs.run_request import InvalidRunRequest, RunRequest, parse_stored_request
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
+from tools.approval_policy import tools_needing_approval
 from tools.effects import ToolEffect
-from tools.enabled import disabled_tool_names
-from tools.registry import effect_for
+from tools.enabled import approval_overrides, disabled_tool_names
+from tools.registry import effect_for, get_registry
 
 REQUEUEABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 
@@ -70,7 +71,8 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
             "(max_iterations), each call with its outcome: a resumed attempt would end "
             "max_iterations again; restart it from the beginning instead",
         )
-    return RequeueVerdict(True, "safe", _resume_plan(run, journal), _tools(run), journal)
+    plan = _resume_plan(run, journal) + _approvals_to_ask(journal, request)
+    return RequeueVerdict(True, "safe", plan, _tools(run), journal)
 
 
 def restart_safety(run: AgentRun) -> RequeueVerdict:
@@ -147,6 +149,28 @@ def _refused_for_status_or_doubt(run: AgentRun) -> tuple[RequeueVerdict | None, 
             "outcome is not in the journal: running the run again would repeat it",
         ), request
     return None, request
+
+
+def _approvals_to_ask(journal: Journal, request: RunRequest) -> str:
+    """What the plan adds when the journal ends in a turn whose calls still
+    to run need an operator's approval: the resumed attempt waits again
+    (G14; a wait that ended without the run going on left no decision)."""
+    if not journal.turns:
+        return ""
+    last = journal.turns[-1]
+    still_to_run = [call.name for call in last.turn.tool_calls[len(last.outcomes) :]]
+    if not still_to_run:
+        return ""
+    disabled = disabled_tool_names() & set(request.tools)
+    offered = {name: get_registry().get(name) for name in request.tools if name in get_registry()}
+    offered = {name: tool for name, tool in offered.items() if name not in disabled}
+    needing = tools_needing_approval(
+        offered, approval_overrides(request.tools), request.require_approval
+    )
+    waiting = sorted({name for name in still_to_run if name in needing})
+    if not waiting:
+        return ""
+    return f"; it waits for an operator's approval of {', '.join(waiting)} first"
 
 
 def _resume_plan(run: AgentRun, journal: Journal) -> str:

@@ -236,7 +236,11 @@ def test_a_run_requeued_after_expiry_asks_again_and_an_old_digest_does_not_count
     (first,) = pending(agent_run)
     reap_stale_runs(as_of=later(86400 + 60))
     from runs import operator_actions
+    from runs.requeue_safety import requeue_safety
 
+    # The verdict says what the requeue will do: wait again, for the same call.
+    verdict = requeue_safety(fresh(agent_run))
+    assert "waits for an operator's approval of send_notification first" in verdict.reason
     assert operator_actions.requeue(fresh(agent_run), operator, "try again").ok
 
     (second,) = pending(agent_run)
