@@ -132,7 +132,7 @@ def _a_resume_step_sleeping() -> bool:
 
 class _slow_resume_step:
     """A resume step's INSERT is slow (a slow disk, a lock wait): it waits
-    until another backend waits on a lock — the cancel, on the run row the
+    until another backend waits on it — the cancel, on the run row the
     statement holds — or at most ``seconds``. Not a fixed sleep: a canceller
     thread starved by a busy machine for longer than a fixed window would
     cancel after the run had ended, and the test would fail for it."""
@@ -149,9 +149,10 @@ class _slow_resume_step:
                 "PERFORM pg_sleep(0.05); "
                 # pg_stat_activity is read once per transaction unless cleared.
                 "PERFORM pg_stat_clear_snapshot(); "
+                # Waiting on this backend, not on any lock: a backend an
+                # earlier test left waiting must not end the wait.
                 "EXIT WHEN clock_timestamp() > deadline OR EXISTS (SELECT 1 FROM "
-                "pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()); "
+                "pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))); "
                 "END LOOP; RETURN NEW; END $$ LANGUAGE plpgsql"
             )
             cursor.execute(
