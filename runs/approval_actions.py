@@ -36,13 +36,21 @@ def deny(approval: ApprovalRequest, operator, *, digest: str, note: str = "") ->
     return _decide(approval, operator, approved=False, digest=digest, note=note)
 
 
-def may_approve(approval: ApprovalRequest, operator) -> ActionResult | None:
-    """Why ``operator`` may not approve ``approval`` (or None): the
-    permission, and four-eyes."""
+def _may_decide(operator) -> ActionResult | None:
+    """Why ``operator`` may decide no call at all (or None)."""
     if not operator.has_perm(APPROVE_PERMISSION):
         return ActionResult(
             False, "permission_denied", f"you need the permission {APPROVE_PERMISSION!r}"
         )
+    return None
+
+
+def may_approve(approval: ApprovalRequest, operator) -> ActionResult | None:
+    """Why ``operator`` may not approve ``approval`` (or None): the
+    permission, and four-eyes."""
+    refused = _may_decide(operator)
+    if refused is not None:
+        return refused
     if settings.NRLLM_APPROVAL_SECOND_PERSON and _is_submitter(approval, operator):
         return ActionResult(
             False,
@@ -68,18 +76,13 @@ def _is_submitter(approval: ApprovalRequest, operator) -> bool:
 def _decide(
     approval: ApprovalRequest, operator, *, approved: bool, digest: str, note: str
 ) -> ActionResult:
-    if approved:
-        refused = may_approve(approval, operator)
-        if refused is not None:
-            return refused
-    elif not operator.has_perm(APPROVE_PERMISSION):
-        return ActionResult(
-            False, "permission_denied", f"you need the permission {APPROVE_PERMISSION!r}"
-        )
+    refused = may_approve(approval, operator) if approved else _may_decide(operator)
+    if refused is not None:
+        return refused
     by_submitter = _is_submitter(approval, operator)
     word = "approved" if approved else "denied"
     with transaction.atomic():
-        outcome, dispatch_count = transitions.decide_approval(
+        decided = transitions.decide_approval(
             approval.pk,
             digest=digest,
             approved=approved,
@@ -87,7 +90,7 @@ def _decide(
             note=note,
             by_submitter=by_submitter,
         )
-        if outcome is DecisionOutcome.STALE:
+        if decided.outcome is DecisionOutcome.STALE:
             return _why_stale(approval.pk, digest)
         LogEntry.objects.log_actions(
             operator.pk,
@@ -98,13 +101,11 @@ def _decide(
             ),
             single_object=True,
         )
-        decided = ApprovalRequest.objects.get(pk=approval.pk)
-        waited = (decided.decided_at - decided.requested_at).total_seconds()
-        transaction.on_commit(lambda: _count(word, waited))
-        if dispatch_count is not None:
-            run_id = approval.run_id
+        transaction.on_commit(lambda: _count(word, decided.waited_seconds))
+        if decided.dispatch_count is not None:
+            run_id, dispatch_count = approval.run_id, decided.dispatch_count
             transaction.on_commit(lambda: dispatch_or_fail(run_id, dispatch_count=dispatch_count))
-    if outcome is DecisionOutcome.RELEASED:
+    if decided.outcome is DecisionOutcome.RELEASED:
         return ActionResult(True, word, f"{word}; the run goes back to the queue")
     return ActionResult(True, word, f"{word}; the run still waits for its other calls")
 

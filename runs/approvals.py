@@ -24,28 +24,20 @@ from runs.vocabulary import ApprovalStatus
 from tools.contract import idempotency_key_for
 
 
-def digest(
-    run_id,
-    *,
-    lease_token: int,
-    turn_sequence: int,
-    position: str,
-    tool_name: str,
-    effect: str,
-    arguments,
-    idempotency_key: str,
-) -> str:
-    """The digest a decision of this call must carry."""
+def digest(request: ApprovalRequest) -> str:
+    """The digest a decision of ``request``'s call must carry: its run, the
+    attempt that asked, the turn, and the call (place, tool, effect,
+    arguments, idempotency key)."""
     material = json.dumps(
         [
-            str(run_id),
-            lease_token,
-            turn_sequence,
-            position,
-            tool_name,
-            effect,
-            arguments,
-            idempotency_key,
+            str(request.run_id),
+            request.lease_token,
+            request.turn_sequence,
+            request.position,
+            request.tool_name,
+            request.effect,
+            request.arguments,
+            request.idempotency_key,
         ],
         sort_keys=True,
         separators=(",", ":"),

@@ -21,7 +21,7 @@ from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from tools.approval_policy import tools_needing_approval
 from tools.effects import ToolEffect
 from tools.enabled import approval_overrides, disabled_tool_names
-from tools.registry import effect_for, get_registry
+from tools.registry import effect_for, offered_tools
 
 REQUEUEABLE = (RunStatus.FAILED, RunStatus.CANCELLED)
 
@@ -53,10 +53,9 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
     refused, request = _refused_for_status_or_doubt(run)
     if refused is not None:
         return refused
+    disabled = disabled_tool_names() & set(request.tools)
     try:
-        journal = read_journal_of(
-            run.pk, request, disabled=disabled_tool_names() & set(request.tools)
-        )
+        journal = read_journal_of(run.pk, request, disabled=disabled)
     except JournalUnreplayable as error:
         return RequeueVerdict(
             False,
@@ -71,7 +70,7 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
             "(max_iterations), each call with its outcome: a resumed attempt would end "
             "max_iterations again; restart it from the beginning instead",
         )
-    plan = _resume_plan(run, journal) + _approvals_to_ask(journal, request)
+    plan = _resume_plan(run, journal) + _approvals_to_ask(journal, request, disabled)
     return RequeueVerdict(True, "safe", plan, _tools(run), journal)
 
 
@@ -151,7 +150,7 @@ def _refused_for_status_or_doubt(run: AgentRun) -> tuple[RequeueVerdict | None, 
     return None, request
 
 
-def _approvals_to_ask(journal: Journal, request: RunRequest) -> str:
+def _approvals_to_ask(journal: Journal, request: RunRequest, disabled: set[str]) -> str:
     """What the plan adds when the journal ends in a turn whose calls still
     to run need an operator's approval: the resumed attempt waits again
     (G14; a wait that ended without the run going on left no decision)."""
@@ -161,11 +160,10 @@ def _approvals_to_ask(journal: Journal, request: RunRequest) -> str:
     still_to_run = [call.name for call in last.turn.tool_calls[len(last.outcomes) :]]
     if not still_to_run:
         return ""
-    disabled = disabled_tool_names() & set(request.tools)
-    offered = {name: get_registry().get(name) for name in request.tools if name in get_registry()}
-    offered = {name: tool for name, tool in offered.items() if name not in disabled}
     needing = tools_needing_approval(
-        offered, approval_overrides(request.tools), request.require_approval
+        offered_tools(request.tools, disabled),
+        approval_overrides(request.tools),
+        request.require_approval,
     )
     waiting = sorted({name for name in still_to_run if name in needing})
     if not waiting:

@@ -37,7 +37,7 @@ from runs.transitions import Lease
 from runs.vocabulary import RunMode, RunStatus, StepKind, SubmittedVia, TerminationReason
 from tools.approval_policy import tools_needing_approval
 from tools.enabled import approval_overrides
-from tools.registry import get_registry
+from tools.registry import offered_tools
 
 logger = logging.getLogger(__name__)
 
@@ -183,11 +183,6 @@ def _stored_request(stored: dict) -> RunRequest:
     )
 
 
-def _offered_tools(names, disabled: frozenset[str]) -> dict:
-    registry = get_registry()
-    return {name: registry.get(name) for name in names if name in registry and name not in disabled}
-
-
 def _resumption(lease: Lease, stored: dict, disabled: frozenset[str]) -> tuple[RunRequest, Journal]:
     """What a re-executed attempt continues from: its request, checked again,
     and its journal (G12). Raises ``JournalUnreplayable`` rather than improvise."""
@@ -243,7 +238,7 @@ def _execute(
             request, journal = _resumption(lease, stored_request, disabled_tools)
         else:
             request, journal = _stored_request(stored_request), Journal()
-        offered = _offered_tools(request.tools, disabled_tools)
+        offered = offered_tools(request.tools, disabled_tools)
         execution.approvals = _approval_gate(lease, request, offered, approval_overrides, journal)
         if mode == RunMode.INTERACTIVE:
             execution.record_request(stored_request)

@@ -5,7 +5,7 @@ Loading refuses a broken tool, naming it, rather than running with it.
 """
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -102,6 +102,13 @@ def get_registry() -> ToolRegistry:
 def effect_for(name: str) -> ToolEffect:
     """The effect of the tool called ``name``; ``NON_IDEMPOTENT_WRITE`` if unknown (G1)."""
     return get_registry().effect_for(name)
+
+
+def offered_tools(names: Iterable[str], disabled: Collection[str]) -> dict[str, Tool]:
+    """The tools of ``names`` a run is offered, by name and in that order:
+    those registered and not ``disabled`` by an operator."""
+    registry = get_registry()
+    return {name: registry.get(name) for name in names if name in registry and name not in disabled}
 
 
 def _reset_on_change(*, setting: str, **kwargs) -> None:

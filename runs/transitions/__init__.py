@@ -10,6 +10,7 @@ The modules of this package are split by concern; import from the package.
 
 from runs.transitions._common import Lease, db_time, recover_connection
 from runs.transitions.approvals import (
+    Decided,
     DecisionOutcome,
     ParkOutcome,
     WaitingCall,
@@ -61,6 +62,7 @@ __all__ = [
     "AUDIT_FAILED",
     "CancelOutcome",
     "ClaimedRun",
+    "Decided",
     "DecisionOutcome",
     "FinishOutcome",
     "Lease",

@@ -99,22 +99,14 @@ def wait_for_approval(
                 arguments=call.arguments,
                 idempotency_key=call.idempotency_key,
                 required_by=call.required_by,
-                digest=approvals.digest(
-                    lease.run_id,
-                    lease_token=lease.token,
-                    turn_sequence=turn_sequence,
-                    position=call.position,
-                    tool_name=call.tool_name,
-                    effect=call.effect,
-                    arguments=call.arguments,
-                    idempotency_key=call.idempotency_key,
-                ),
                 status=ApprovalStatus.PENDING,
                 requested_at=requested_at,
                 expires_at=requested_at + timedelta(seconds=timeout_seconds),
             )
             for call in calls
         ]
+        for request in requests:
+            request.digest = approvals.digest(request)
         waiting_step = {
             "kind": StepKind.APPROVAL,
             "result": {
@@ -153,6 +145,17 @@ def _database_now(run_id):
     return now.get()
 
 
+@dataclass(frozen=True)
+class Decided:
+    """What ``decide_approval`` did."""
+
+    outcome: "DecisionOutcome"
+    #: The new job's dispatch number when the run was released.
+    dispatch_count: int | None = None
+    #: How long the call waited for its decision.
+    waited_seconds: float = 0.0
+
+
 class DecisionOutcome(enum.Enum):
     #: Decided; another call of the turn still waits, so the run does too.
     DECIDED = "decided"
@@ -171,11 +174,10 @@ def decide_approval(
     operator,
     note: str,
     by_submitter: bool,
-) -> tuple[DecisionOutcome, int | None]:
+) -> Decided:
     """Decide one waiting call, guarded by the digest the operator saw; the
     decision's step and, for the last one, the release (``waiting →
     queued``, a worker's from now on) commit with it or not at all.
-    Returns the outcome and, when released, the new job's dispatch number.
     Raises DatabaseError when the database refused any of it: then nothing
     changed, and the run still waits."""
     status = ApprovalStatus.APPROVED if approved else ApprovalStatus.DENIED
@@ -184,7 +186,7 @@ def decide_approval(
             ApprovalRequest.objects.filter(pk=approval_id).values_list("run_id", flat=True).first()
         )
         if run_id is None:
-            return DecisionOutcome.STALE, None
+            return Decided(DecisionOutcome.STALE)
         # The run's row first (every transition here locks in that order):
         # two decisions of one run's calls take turns, so exactly one of
         # them sees no call left waiting and releases the run.
@@ -194,7 +196,7 @@ def decide_approval(
             .values_list("pk", flat=True)
         )
         if not waiting:
-            return DecisionOutcome.STALE, None
+            return Decided(DecisionOutcome.STALE)
         decided = ApprovalRequest.objects.filter(
             pk=approval_id,
             status=ApprovalStatus.PENDING,
@@ -208,8 +210,9 @@ def decide_approval(
             by_submitter=by_submitter,
         )
         if not decided:
-            return DecisionOutcome.STALE, None
+            return Decided(DecisionOutcome.STALE)
         request = ApprovalRequest.objects.get(pk=approval_id)
+        waited = (request.decided_at - request.requested_at).total_seconds()
         still_waiting = ApprovalRequest.objects.filter(
             run_id=run_id, status=ApprovalStatus.PENDING
         ).exists()
@@ -234,17 +237,15 @@ def decide_approval(
                 "idempotency_key": request.idempotency_key,
                 "digest": request.digest,
                 "by_submitter": by_submitter,
-                "waited_seconds": round(
-                    (request.decided_at - request.requested_at).total_seconds(), 3
-                ),
+                "waited_seconds": round(waited, 3),
             },
         }
         _append_steps(run_id, None, [step])
     _log_change("decide_approval", run_id, approval=approval_id, decision=status.value)
     if still_waiting:
-        return DecisionOutcome.DECIDED, None
+        return Decided(DecisionOutcome.DECIDED, waited_seconds=waited)
     _log_change("release", run_id, status=RunStatus.QUEUED)
-    return DecisionOutcome.RELEASED, rows[0][0]
+    return Decided(DecisionOutcome.RELEASED, rows[0][0], waited)
 
 
 def _released() -> dict:
