@@ -200,8 +200,9 @@ def test_a_run_whose_wait_cannot_be_recorded_does_not_run_the_call():
     assert fresh(agent_run).status == RunStatus.WAITING_FOR_APPROVAL
 
 
-def test_a_run_cancelled_while_waiting_and_requeued_asks_again(operator):
-    agent_run = enqueue(request_for("scripted", PLAN, TOOLS))
+@pytest.mark.parametrize("model", ["scripted", "drifting"], indirect=True)
+def test_a_run_cancelled_while_waiting_and_requeued_asks_again(model, operator):
+    agent_run = enqueue(request_for(model_name(model), PLAN, TOOLS))
     first = the_request(agent_run)
     assert operator_actions.cancel(fresh(agent_run), operator, "wrong day").ok
     assert fresh(agent_run).status == RunStatus.CANCELLED

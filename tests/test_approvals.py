@@ -231,8 +231,9 @@ def test_a_request_may_ask_for_more_approvals_than_the_policy(operator):
     assert fresh(agent_run).status == RunStatus.COMPLETED
 
 
-def test_a_run_requeued_after_expiry_asks_again_and_an_old_digest_does_not_count(operator):
-    agent_run = enqueue(request_for("scripted", PLAN, TOOLS))
+@pytest.mark.parametrize("model", ["scripted", "drifting"], indirect=True)
+def test_a_run_requeued_after_expiry_asks_again_and_an_old_digest_does_not_count(model, operator):
+    agent_run = enqueue(request_for("scripted" if model is None else "drifting", PLAN, TOOLS))
     (first,) = pending(agent_run)
     reap_stale_runs(as_of=later(86400 + 60))
     from runs import operator_actions
