@@ -212,6 +212,19 @@ def operator(db):
 
 
 @pytest.fixture
+def screenshots(tmp_path):
+    """Where the browser tests' screenshots go: the README's, with `make
+    screenshots` (NRLLM_UPDATE_SCREENSHOTS=1); otherwise a temporary folder,
+    so a test run leaves the work tree clean."""
+    from tests.browser import DOCS_SCREENSHOTS
+
+    update = os.environ.get("NRLLM_UPDATE_SCREENSHOTS") == "1"
+    folder = DOCS_SCREENSHOTS if update else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
 def approver(db):
     """Ada, staff, who may look at runs and approve or deny their calls."""
     return _user("ada", staff=True, permissions=APPROVER_PERMISSIONS)

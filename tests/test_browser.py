@@ -1,32 +1,19 @@
 """The console in a real browser: Playwright driving Debian's chromium against
 the live test server. Saves screenshots of the main pages for the README."""
 
-import os
 import re
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun
 from runs.runtime import enqueue, run
+from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.helpers import answer, call, retried_when_due, scripted
 from tools.models import Note
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-DOCS_SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture
@@ -72,16 +59,6 @@ def runs_to_operate_on():
     return {"completed": completed, "safe": safe, "unsafe": unsafe, "resumed": resumed}
 
 
-@pytest.fixture
-def screenshots(tmp_path):
-    """Where the screenshots go: the README's, with `make screenshots`
-    (NRLLM_UPDATE_SCREENSHOTS=1); otherwise a temporary folder, so a test run
-    leaves the work tree clean."""
-    if os.environ.get("NRLLM_UPDATE_SCREENSHOTS") == "1":
-        return DOCS_SCREENSHOTS
-    return tmp_path
-
-
 def test_an_operator_filters_requeues_is_refused_and_reconciles(
     live_server, operator, runs_to_operate_on, monkeypatch, screenshots
 ):
@@ -89,18 +66,8 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
     # below happen between its calls, never inside them.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     safe, unsafe = runs_to_operate_on["safe"], runs_to_operate_on["unsafe"]
-    screenshots.mkdir(parents=True, exist_ok=True)
     base = live_server.url
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 900})
-
-        page.goto(f"{base}/admin/login/")
-        page.fill("#id_username", "olivia")
-        page.fill("#id_password", "pw")
-        page.click("input[type=submit]")
-        expect(page.locator("#site-name")).to_be_visible()
-
+    with admin_page(base, "olivia") as page:
         page.goto(f"{base}/admin/runs/agentrun/")
         page.click("#changelist-filter >> text=failed")
         expect(page).to_have_url(f"{base}/admin/runs/agentrun/?status__exact=failed")
@@ -135,7 +102,6 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
         page.goto(f"{base}/admin/runs/agentrun/overview/")
         expect(page.locator("#writes-in-doubt")).to_have_text("0")
         page.screenshot(path=screenshots / "overview.png", full_page=True)
-        browser.close()
 
     assert AgentRun.objects.get(pk=safe.pk).steps.filter(kind="operator").count() == 1
     assert AgentRun.objects.get(pk=unsafe.pk).reconciliation.outcome == "not_applied"

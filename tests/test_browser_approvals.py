@@ -2,17 +2,16 @@
 overview, approves one call and denies another, and the run page shows the
 history. Saves the README's screenshots of both pages (`make screenshots`)."""
 
-import os
 import re
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from runs.models import ApprovalRequest
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus
+from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.helpers import answer, call, fresh, scripted
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, DOCS_SCREENSHOTS
 from tools.models import OutboxNotification
 
 pytestmark = [
@@ -22,15 +21,6 @@ pytestmark = [
 ]
 
 TOOLS = ["search_notes", "send_notification"]
-
-
-@pytest.fixture
-def screenshots(tmp_path):
-    """As test_browser.py's: the README's folder with `make screenshots`
-    (NRLLM_UPDATE_SCREENSHOTS=1), else a temporary one."""
-    if os.environ.get("NRLLM_UPDATE_SCREENSHOTS") == "1":
-        return DOCS_SCREENSHOTS
-    return tmp_path
 
 
 @pytest.fixture
@@ -80,18 +70,8 @@ def test_an_approver_approves_one_call_and_denies_another(
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     announce, on_call = waiting_runs
     to_team, to_customers = ApprovalRequest.objects.filter(run=announce).order_by("position")
-    screenshots.mkdir(parents=True, exist_ok=True)
     base = live_server.url
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 900})
-
-        page.goto(f"{base}/admin/login/")
-        page.fill("#id_username", "ada")
-        page.fill("#id_password", "pw")
-        page.click("input[type=submit]")
-        expect(page.locator("#site-name")).to_be_visible()
-
+    with admin_page(base, "ada") as page:
         page.goto(f"{base}/admin/runs/agentrun/overview/")
         expect(page.locator("#pending-approvals")).to_have_text("3")
         page.click("#pending-approvals")
@@ -142,7 +122,6 @@ def test_an_approver_approves_one_call_and_denies_another(
                 "height": bottom["y"] + bottom["height"] - top["y"] + 60,
             },
         )
-        browser.close()
 
     assert fresh(announce).status == RunStatus.COMPLETED
     (notification,) = OutboxNotification.objects.all()
