@@ -62,6 +62,15 @@ class FakeOpenAI:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
+    def tool_results_told(self) -> list[str]:
+        """What the model was told as tool results, over every request."""
+        return [
+            message["content"]
+            for sent in self.requests
+            for message in sent["body"]["messages"]
+            if message["role"] == "tool"
+        ]
+
     def script(self, *replies: Reply) -> None:
         self.replies.extend(replies)
 

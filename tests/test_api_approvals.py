@@ -86,12 +86,7 @@ def test_denied_through_the_api_the_call_never_executes_and_the_model_is_told(
     denial = agent_run.steps.get(kind=StepKind.TOOL, tool_name="send_notification")
     assert "denied" in denial.error and "not on a Friday" in denial.error
     if model is not None:
-        told = [
-            message["content"]
-            for sent in fake_openai.requests
-            for message in sent["body"]["messages"]
-            if message["role"] == "tool"
-        ]
+        told = fake_openai.tool_results_told()
         assert any("olivia" in content and "not on a Friday" in content for content in told)
 
 

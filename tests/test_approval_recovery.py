@@ -35,6 +35,26 @@ def the_request(agent_run) -> ApprovalRequest:
     return request
 
 
+def parked_and_approved(model, workers, operator):
+    """A run parked by a real worker, its notification approved: queued for
+    the next worker. Returns the run and its approval request."""
+    agent_run = enqueue(request_for(model_name(model), PLAN, TOOLS))
+    workers.run_burst()
+    request = the_request(agent_run)
+    assert approval_actions.approve(request, operator, digest=request.digest).ok
+    return agent_run, request
+
+
+def killed_at(workers, held: str, *, what: str) -> None:
+    """A worker takes the run and is SIGKILLed while a step where ``held``
+    holds waits to be inserted (it never becomes durable)."""
+    with step_inserts_held(held) as (waiting, end_the_wait):
+        worker = workers.start(NRLLM_LEASE_SECONDS=2)
+        wait_until(waiting, timeout=30, what=what)
+        workers.kill(worker)
+        end_the_wait()
+
+
 @pytest.mark.worker
 @pytest.mark.parametrize("model", ["scripted", "drifting"], indirect=True)
 def test_an_approved_write_resumes_on_another_worker_and_executes_once(
@@ -68,18 +88,11 @@ def test_an_approved_write_resumes_on_another_worker_and_executes_once(
 def test_a_worker_killed_after_the_approval_before_the_write_repeats_nothing(
     model, queue, workers, operator
 ):
-    agent_run = enqueue(request_for(model_name(model), PLAN, TOOLS))
-    workers.run_burst()
-    request = the_request(agent_run)
-    assert approval_actions.approve(request, operator, digest=request.digest).ok
+    agent_run, request = parked_and_approved(model, workers, operator)
 
     # The resumed attempt stops before its first step is durable: nothing of
     # the approved turn has run.
-    with step_inserts_held("NEW.kind = 'resume'") as (waiting, end_the_wait):
-        worker = workers.start(NRLLM_LEASE_SECONDS=2)
-        wait_until(waiting, timeout=30, what="the resumed attempt's first step")
-        workers.kill(worker)
-        end_the_wait()
+    killed_at(workers, "NEW.kind = 'resume'", what="the resumed attempt's first step")
     assert OutboxNotification.objects.count() == 0
     report = reap_stale_runs(as_of=later())
     assert report.decisions[str(agent_run.pk)].startswith("requeued"), report.decisions
@@ -101,18 +114,11 @@ def test_a_worker_killed_after_the_approval_before_the_write_repeats_nothing(
 def test_a_worker_killed_during_the_approved_write_is_dead_lettered_write_interrupted(
     model, queue, workers, operator
 ):
-    agent_run = enqueue(request_for(model_name(model), PLAN, TOOLS))
-    workers.run_burst()
-    request = the_request(agent_run)
-    assert approval_actions.approve(request, operator, digest=request.digest).ok
+    agent_run, request = parked_and_approved(model, workers, operator)
 
     # The notification went out; the worker dies before its step is durable.
     held = "NEW.kind = 'tool' AND NEW.tool_name = 'send_notification'"
-    with step_inserts_held(held) as (waiting, end_the_wait):
-        worker = workers.start(NRLLM_LEASE_SECONDS=2)
-        wait_until(waiting, timeout=30, what="the approved write's step")
-        workers.kill(worker)
-        end_the_wait()
+    killed_at(workers, held, what="the approved write's step")
     report = reap_stale_runs(as_of=later())
 
     assert report.decisions[str(agent_run.pk)] == "dead_lettered: write_interrupted"

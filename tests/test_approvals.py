@@ -93,12 +93,7 @@ def test_a_denied_call_never_executes_and_the_model_is_told(model, operator, fak
     assert denial.idempotency_key == "" and denial.effect == ""
     assert "denied" in denial.error and "not today" in denial.error
     if model is not None:
-        told = [
-            message["content"]
-            for sent in fake_openai.requests
-            for message in sent["body"]["messages"]
-            if message["role"] == "tool"
-        ]
+        told = fake_openai.tool_results_told()
         assert any("not today" in content for content in told)
 
 
