@@ -130,6 +130,9 @@ NRLLM_OPERATION_MARGIN_SECONDS = env_int("NRLLM_OPERATION_MARGIN_SECONDS", 30, m
 NRLLM_HTTP_ALLOWED_HOSTS = env_list("NRLLM_HTTP_ALLOWED_HOSTS")
 NRLLM_HTTP_TIMEOUT_SECONDS = env_int("NRLLM_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
 NRLLM_TOOLS = env_list("NRLLM_TOOLS")
+# How long opening a session with an MCP server (or listing its tools) may
+# take before the server counts as unreachable.
+NRLLM_MCP_CONNECT_TIMEOUT_SECONDS = env_int("NRLLM_MCP_CONNECT_TIMEOUT_SECONDS", 10, minimum=1)
 
 # --- Approvals of writes (G14) -----------------------------------------------
 # Which calls wait for an operator by default: non_idempotent_write, write

@@ -91,6 +91,10 @@ def parse_run_request(data) -> RunRequest:
     disabled = sorted(disabled_tool_names() & set(tools))
     if disabled:
         raise InvalidRunRequest(f"tools: disabled by an operator: {disabled}")
+    unavailable = registry.unavailable(tools)
+    if unavailable:
+        reasons = "; ".join(f"{name}: {why}" for name, why in unavailable.items())
+        raise InvalidRunRequest(f"tools: unavailable now: {reasons}")
 
     require_approval = tuple(data.get("require_approval", []))
     not_offered = [name for name in require_approval if name not in tools]

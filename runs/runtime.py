@@ -37,7 +37,7 @@ from runs.transitions import Lease
 from runs.vocabulary import RunMode, RunStatus, StepKind, SubmittedVia, TerminationReason
 from tools.approval_policy import tools_needing_approval
 from tools.enabled import approval_overrides
-from tools.registry import offered_tools
+from tools.registry import offered_tools, require_available
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +234,9 @@ def _execute(
         recorded_steps=recorded_steps,
     )
     try:
+        # Before the journal is read: it checks recorded calls against the
+        # tools registered, which for MCP tools is what their servers list.
+        require_available(stored_request.get("tools", []), disabled_tools)
         if resumed:
             request, journal = _resumption(lease, stored_request, disabled_tools)
         else:

@@ -14,6 +14,7 @@ from django.db import connection
 from runs.dispatch import run_queue
 from tests.helpers import ROOT
 from tests.http_fixture import TestResolver, start_http_server
+from tests.mcp_fixtures import http_tracker, tracker  # noqa: F401 (fixtures)
 
 
 def pytest_collection_modifyitems(items):

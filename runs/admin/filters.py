@@ -26,7 +26,9 @@ class OffersToolFilter(admin.SimpleListFilter):
     parameter_name = "tool"
 
     def lookups(self, request, model_admin):
-        return [(tool.name, f"{tool.name} ({tool.effect.value})") for tool in get_registry()]
+        # Names and effects from code: no MCP server is asked to list its tools.
+        registry = get_registry()
+        return [(name, f"{name} ({registry.effect_for(name).value})") for name in registry.names()]
 
     def queryset(self, request, queryset):
         name = self.value()

@@ -1,0 +1,1 @@
+"""Real MCP servers the tests start, written with the SDK's ``MCPServer``."""

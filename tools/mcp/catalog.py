@@ -1,0 +1,126 @@
+"""What each MCP server offers, as this process last listed it.
+
+A listing is asked for when first needed (never at start-up: a server that
+cannot be reached must not stop the app, and ``migrate`` need not start
+one), kept for ``LISTING_SECONDS``, and asked again sooner after a failure
+(``RETRY_SECONDS``), so a server that comes back is seen without a restart.
+
+A declared tool is unavailable when the server cannot be reached, does not
+offer it, or offers it with a schema or a name this runtime cannot use;
+each has its reason, for operators and for the refusal at enqueue.
+"""
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tools.effects import ToolEffect
+from tools.mcp import metrics
+from tools.mcp.declaration import McpToolset, Undeclared
+from tools.mcp.hints import contradictions, hints_of
+from tools.mcp.sessions import NotSent, sessions
+from tools.mcp.tool import McpTool
+from tools.validation import check_schema
+
+LISTING_SECONDS = 60.0
+RETRY_SECONDS = 5.0
+#: What chat-completions APIs accept as a function name.
+_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One toolset's tools as listed once: those that can be offered, and
+    why each other one cannot (by registered name)."""
+
+    tools: dict[str, McpTool] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    #: Why the server could not be listed; "" when it was.
+    unreachable: str = ""
+    listed_at: float = 0.0
+
+    def is_fresh(self) -> bool:
+        age = time.monotonic() - self.listed_at
+        return age < (RETRY_SECONDS if self.unreachable else LISTING_SECONDS)
+
+
+_listings: dict[type[McpToolset], Listing] = {}
+_locks: dict[type[McpToolset], threading.Lock] = {}
+_locks_lock = threading.Lock()
+
+
+def listing(toolset: type[McpToolset], *, refresh: bool = False) -> Listing:
+    """The toolset's listing, asked of its server when there is none fresh."""
+    cached = _listings.get(toolset)
+    if cached is not None and cached.is_fresh() and not refresh:
+        return cached
+    with _locks_lock:
+        lock = _locks.setdefault(toolset, threading.Lock())
+    with lock:
+        cached = _listings.get(toolset)
+        if cached is not None and cached.is_fresh() and not refresh:
+            return cached  # another thread listed it meanwhile
+        _listings[toolset] = fresh = _listed(toolset)
+        return fresh
+
+
+def cached_listing(toolset: type[McpToolset]) -> Listing | None:
+    """The last listing, however old; None if none was asked for."""
+    return _listings.get(toolset)
+
+
+def forget() -> None:
+    """Drop every listing: the next use lists again."""
+    _listings.clear()
+
+
+def _listed(toolset: type[McpToolset]) -> Listing:
+    try:
+        offered = sessions().list_tools(toolset)
+    except NotSent as error:
+        metrics.LISTINGS.labels(toolset.server, "unreachable").inc()
+        reason = f"MCP server {toolset.server!r} cannot be reached: {error}"
+        return Listing(
+            unavailable=dict.fromkeys(toolset.declared_names(), reason),
+            unreachable=reason,
+            listed_at=time.monotonic(),
+        )
+    metrics.LISTINGS.labels(toolset.server, "ok").inc()
+    tools, unavailable = {}, {}
+    for remote in offered:
+        declared = toolset.declaration(remote.name)
+        if declared is None and toolset.undeclared is Undeclared.HIDE:
+            continue
+        name = toolset.registered_name(remote.name)
+        problem = _problem(name, remote.input_schema)
+        if problem:
+            unavailable[name] = problem
+            continue
+        effect = declared.effect if declared else ToolEffect.NON_IDEMPOTENT_WRITE
+        hints = hints_of(remote.annotations)
+        tools[name] = McpTool(
+            toolset,
+            remote.name,
+            effect=effect,
+            declared=declared is not None,
+            description=remote.description or "",
+            parameters=remote.input_schema,
+            hints=hints,
+            contradictions=contradictions(effect, hints),
+            timeout_seconds=(declared and declared.timeout_seconds) or toolset.timeout_seconds,
+        )
+    for name in toolset.declared_names():
+        if name not in tools and name not in unavailable:
+            unavailable[name] = f"MCP server {toolset.server!r} does not offer it"
+    return Listing(tools=tools, unavailable=unavailable, listed_at=time.monotonic())
+
+
+def _problem(name: str, schema) -> str:
+    if not _FUNCTION_NAME.match(name):
+        return (
+            f"its name {name!r} is not 1-64 letters, digits, '_' or '-', "
+            "which chat-completions APIs require"
+        )
+    problem = check_schema(schema)
+    return f"the server's input schema: {problem}" if problem else ""

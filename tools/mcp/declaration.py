@@ -1,0 +1,176 @@
+"""What a deployment writes to offer an MCP server's tools: the server
+(how to reach it) and the effect of each tool, declared in code.
+
+A toolset is listed in ``NRLLM_TOOLS`` like a tool class. Its tools are
+registered as ``<server>__<tool>`` (the characters every chat-completions
+API accepts in a function name). A tool the server offers and the class does
+not declare is registered as a ``non_idempotent_write`` — the riskiest
+effect, which needs approval under the default policy — or not at all, if
+the class says ``undeclared = Undeclared.HIDE``.
+
+Credentials are named, never written: an HTTP header's value or a stdio
+server's environment is read from this process's environment each time a
+session opens, and nothing of it is stored on a run or a step.
+"""
+
+import enum
+import os
+import re
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from tools.effects import ToolEffect
+
+#: How a registered name joins the server's name to the tool's.
+SEPARATOR = "__"
+_SERVER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
+
+
+class Undeclared(enum.StrEnum):
+    """What becomes of a tool the server offers and the class does not list."""
+
+    #: Offered, as a ``non_idempotent_write``.
+    AS_NON_IDEMPOTENT_WRITE = "as_non_idempotent_write"
+    #: Not offered at all.
+    HIDE = "hide"
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A tool's declaration when it has more than an effect."""
+
+    effect: ToolEffect
+    #: The longest one call may take; None: the toolset's ``timeout_seconds``.
+    timeout_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Stdio:
+    """A server this process starts and talks to over its stdin and stdout.
+
+    ``env_from`` names variables of this process's environment handed on to
+    the server (its credentials, say); the server gets those and the SDK's
+    safe default (``PATH``, ``HOME``, ...) only."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    env_from: tuple[str, ...] = ()
+    cwd: str | None = None
+
+    def describe(self) -> str:
+        return " ".join([self.command, *self.args])
+
+    def environment(self) -> dict[str, str]:
+        from mcp.client.stdio import get_default_environment
+
+        return {
+            **get_default_environment(),
+            **{name: os.environ[name] for name in self.env_from if name in os.environ},
+        }
+
+
+@dataclass(frozen=True)
+class StreamableHttp:
+    """A server reached over streamable HTTP at ``url``.
+
+    ``headers_from_env`` maps a header to the environment variable holding
+    its value (``{"Authorization": "TRACKER_AUTHORIZATION"}``); a variable
+    that is not set sends no header."""
+
+    url: str
+    headers_from_env: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return self.url
+
+    def headers(self) -> dict[str, str]:
+        return {
+            header: os.environ[variable]
+            for header, variable in self.headers_from_env.items()
+            if variable in os.environ
+        }
+
+
+class McpToolset:
+    """Base class of a toolset: one MCP server and the effects of its tools.
+
+    Subclasses set ``server`` (a short name: it prefixes the tools' names and
+    labels the metrics), ``transport`` — or override ``get_transport()`` to
+    build it when a session opens — and ``tools``, mapping each tool's name
+    on the server to a ``ToolEffect`` or a ``Declared``."""
+
+    server: ClassVar[str] = ""
+    transport: ClassVar[Stdio | StreamableHttp | None] = None
+    tools: ClassVar[dict[str, ToolEffect | Declared]] = {}
+    undeclared: ClassVar[Undeclared] = Undeclared.AS_NON_IDEMPOTENT_WRITE
+    #: A call's time limit when its declaration names none.
+    timeout_seconds: ClassVar[float] = 60.0
+
+    @classmethod
+    def get_transport(cls) -> Stdio | StreamableHttp:
+        return cls.transport
+
+    @classmethod
+    def registered_name(cls, remote_name: str) -> str:
+        return f"{cls.server}{SEPARATOR}{remote_name}"
+
+    @classmethod
+    def remote_name(cls, registered_name: str) -> str | None:
+        """The server's name of the tool registered as ``registered_name``,
+        or None when that name is not one of this toolset's."""
+        prefix = f"{cls.server}{SEPARATOR}"
+        if registered_name.startswith(prefix) and len(registered_name) > len(prefix):
+            return registered_name[len(prefix) :]
+        return None
+
+    @classmethod
+    def declaration(cls, remote_name: str) -> Declared | None:
+        declared = cls.tools.get(remote_name)
+        if declared is None or isinstance(declared, Declared):
+            return declared
+        return Declared(declared)
+
+    @classmethod
+    def declared_names(cls) -> list[str]:
+        return [cls.registered_name(name) for name in cls.tools]
+
+
+def dotted(value: type) -> str:
+    return f"{value.__module__}.{value.__qualname__}"
+
+
+def toolset_problem(toolset: type[McpToolset]) -> str | None:
+    """Why ``toolset`` cannot be loaded, naming it; None when it can."""
+    where = dotted(toolset)
+    if not isinstance(toolset.server, str) or not _SERVER_NAME.match(toolset.server):
+        return (
+            f"MCP toolset {where}: server {toolset.server!r} must be 1-40 letters, digits, "
+            "'_' or '-', starting with a letter"
+        )
+    if SEPARATOR in toolset.server:
+        return f"MCP toolset {where}: server {toolset.server!r} must not contain {SEPARATOR!r}"
+    if toolset.get_transport is McpToolset.get_transport and not isinstance(
+        toolset.transport, Stdio | StreamableHttp
+    ):
+        return f"MCP toolset {where}: transport must be a Stdio or a StreamableHttp"
+    if not isinstance(toolset.tools, dict):
+        return f"MCP toolset {where}: tools must be a dict of tool name to ToolEffect"
+    for name, declared in toolset.tools.items():
+        effect = declared.effect if isinstance(declared, Declared) else declared
+        # type() rather than isinstance(): a plain "read_only" string must
+        # not pass for a declared effect (as for a tool class).
+        if type(effect) is not ToolEffect:
+            return (
+                f"MCP toolset {where}: tool {name!r}: effect {effect!r} is not a ToolEffect "
+                "member; use ToolEffect.READ_ONLY, IDEMPOTENT_WRITE or NON_IDEMPOTENT_WRITE"
+            )
+        if not isinstance(name, str) or not name:
+            return f"MCP toolset {where}: tool name {name!r} is not a non-empty string"
+        limit = declared.timeout_seconds if isinstance(declared, Declared) else None
+        if limit is not None and not (isinstance(limit, int | float) and limit > 0):
+            return f"MCP toolset {where}: tool {name!r}: timeout_seconds must be above 0"
+    if type(toolset.undeclared) is not Undeclared:
+        return f"MCP toolset {where}: undeclared must be an Undeclared member"
+    if not (isinstance(toolset.timeout_seconds, int | float) and toolset.timeout_seconds > 0):
+        return f"MCP toolset {where}: timeout_seconds must be above 0"
+    return None

@@ -1,0 +1,302 @@
+"""Sessions with MCP servers, kept open for the life of the process.
+
+The ``mcp`` SDK is asynchronous and the runtime is not: one daemon thread per
+process runs an asyncio loop, which holds one session per toolset and
+serves the runtime's calls (``asyncio.run_coroutine_threadsafe``). A session
+is opened on first use and reused by every later call and run in the
+process: a stdio server is started once, not per call (G4's worker, a
+``SimpleWorker``, keeps it for all its jobs; RQ's forking worker starts one
+work horse per job, and so one session per run attempt).
+
+What a failure means depends on whether the call may have reached the
+server, which is what the runtime needs to know of a write (G13):
+
+- ``NotSent``: the call was not sent — the server cannot be reached, a
+  session cannot be opened, or a probe of the open session failed.
+- ``MaybeSent``: it was handed to the server and no answer came (the server
+  went away, the connection broke, the call ran past its time limit).
+
+A forked child (RQ's work horse) starts with no sessions: the loop thread
+did not survive the fork, and the parent's sessions stay the parent's.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Awaitable
+from typing import Any
+
+from django.conf import settings
+
+from tools.mcp.declaration import McpToolset, Stdio, StreamableHttp
+
+logger = logging.getLogger(__name__)
+
+
+class NotSent(Exception):
+    """The call never left this process: nothing reached the server."""
+
+
+class MaybeSent(Exception):
+    """The call was handed to the server; whether it acted is unknown."""
+
+
+async def _probe(client) -> None:
+    """One round trip that changes nothing at the server: ``server/discover``
+    on a connection of the 2026 protocol (which has no ping), a ping on an
+    older one."""
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    version = client.protocol_version
+    if version in MODERN_PROTOCOL_VERSIONS:
+        await client.session.send_discover(version)
+    else:
+        await client.session.send_ping()
+
+
+def _described(error: BaseException) -> str:
+    """An error as an operator can read it: an exception group (the SDK's
+    task groups raise them) by its first leaf."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class _Session:
+    """One open session with one server, owned by the loop's thread.
+
+    ``_holder`` is the task that entered the SDK's ``Client`` (its cancel
+    scopes must be left by the task that entered them) and keeps it open
+    until ``close``."""
+
+    def __init__(self, toolset: type[McpToolset]):
+        self.toolset = toolset
+        self.client = None
+        self._holder: asyncio.Task | None = None
+        self._release: asyncio.Event | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.client is not None and self._holder is not None and not self._holder.done()
+
+    async def open(self, timeout: float) -> None:
+        opened: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._release = asyncio.Event()
+        self._holder = asyncio.create_task(self._hold(opened, self._release))
+        try:
+            self.client = await asyncio.wait_for(asyncio.shield(opened), timeout)
+        except TimeoutError:
+            await self.close()
+            raise NotSent(f"no session within {timeout:g}s") from None
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _hold(self, opened: asyncio.Future, release: asyncio.Event) -> None:
+        from mcp import Client
+
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                transport = await _transport(self.toolset.get_transport(), stack)
+                client = await stack.enter_async_context(Client(transport, cache=None))
+                opened.set_result(client)
+                await release.wait()
+        except BaseException as error:
+            if not opened.done():
+                opened.set_exception(NotSent(_described(error)))
+            elif not isinstance(error, asyncio.CancelledError):
+                server = self.toolset.server
+                logger.info("MCP server %r: session ended: %s", server, _described(error))
+        finally:
+            self.client = None
+
+    async def close(self) -> None:
+        holder, self._holder, self.client = self._holder, None, None
+        if holder is None:
+            return
+        self._release.set()
+        try:
+            await asyncio.wait_for(holder, 10)
+        except BaseException:
+            holder.cancel()
+
+
+async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncExitStack):
+    """What the SDK's ``Client`` connects to, its resources on ``stack``."""
+    from mcp import StdioServerParameters
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    if isinstance(transport, Stdio):
+        return StdioServerParameters(
+            command=transport.command,
+            args=list(transport.args),
+            env=transport.environment(),
+            cwd=transport.cwd,
+        )
+    http_client = await stack.enter_async_context(
+        create_mcp_http_client(headers=transport.headers())
+    )
+    return streamable_http_client(transport.url, http_client=http_client)
+
+
+class Sessions:
+    """The process's sessions, by toolset, and the loop that serves them."""
+
+    def __init__(self):
+        self._pid = os.getpid()
+        self._loop = asyncio.new_event_loop()
+        self._sessions: dict[type[McpToolset], _Session] = {}
+        self._lock: asyncio.Lock | None = None
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, args=(ready,), name="mcp-sessions", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._lock = asyncio.Lock()
+        self._loop.call_soon(ready.set)
+        self._loop.run_forever()
+
+    def _run(self, coroutine: Awaitable, timeout: float):
+        """Run ``coroutine`` on the loop and wait up to ``timeout`` seconds;
+        on a timeout (or a signal stopping the wait, a tool's time limit),
+        the coroutine is cancelled."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result(timeout)
+        finally:
+            if not future.done():
+                future.cancel()
+
+    async def _session(self, toolset: type[McpToolset]) -> _Session:
+        """The toolset's open session, opening one if there is none."""
+        async with self._lock:
+            session = self._sessions.get(toolset)
+            if session is None or not session.is_open:
+                session = _Session(toolset)
+                await session.open(settings.NRLLM_MCP_CONNECT_TIMEOUT_SECONDS)
+                self._sessions[toolset] = session
+            return session
+
+    async def _forget(self, toolset: type[McpToolset], session: _Session) -> None:
+        async with self._lock:
+            if self._sessions.get(toolset) is session:
+                del self._sessions[toolset]
+        await session.close()
+
+    def list_tools(self, toolset: type[McpToolset]) -> list:
+        """The server's tools (every page), over a session opened if need be.
+        Raises ``NotSent`` when the server cannot be reached."""
+        timeout = settings.NRLLM_MCP_CONNECT_TIMEOUT_SECONDS
+        try:
+            return self._run(self._list_tools(toolset, timeout), 2 * timeout + 1)
+        except TimeoutError:
+            raise NotSent(f"no tool list within {timeout:g}s") from None
+
+    async def _list_tools(self, toolset: type[McpToolset], timeout: float) -> list:
+        session = await self._session(toolset)
+        tools, cursor = [], None
+        try:
+            async with asyncio.timeout(timeout):
+                for _ in range(100):  # a paginator that never ends cannot hang us
+                    page = await session.client.list_tools(cursor=cursor)
+                    tools.extend(page.tools)
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+        except (Exception, TimeoutError) as error:
+            await self._forget(toolset, session)
+            raise NotSent(_described(error)) from error
+        return tools
+
+    def call_tool(
+        self,
+        toolset: type[McpToolset],
+        name: str,
+        arguments: dict,
+        *,
+        meta: dict[str, Any],
+        timeout: float,
+    ):
+        """Call ``name`` once and return the SDK's ``CallToolResult``.
+
+        Before the call, the session is proved alive with a probe (a session
+        whose server went away since it was last used is reopened), so a
+        failure of the call itself means it may have reached the server."""
+        sent = threading.Event()
+        try:
+            return self._run(self._call(toolset, name, arguments, meta, sent), timeout)
+        except TimeoutError:
+            if not sent.is_set():
+                raise NotSent(f"no session within the call's {timeout:g}s") from None
+            raise MaybeSent(f"no answer within {timeout:g}s") from None
+
+    async def _call(self, toolset, name, arguments, meta, sent: threading.Event):
+        session = await self._live_session(toolset)
+        sent.set()
+        try:
+            return await session.client.call_tool(name, arguments, meta=meta)
+        except (Exception, asyncio.CancelledError) as error:
+            if not isinstance(error, asyncio.CancelledError):
+                # The session may be broken: the next call opens a fresh one.
+                await self._forget(toolset, session)
+                raise MaybeSent(_described(error)) from error
+            raise
+
+    async def _live_session(self, toolset: type[McpToolset]) -> _Session:
+        session = await self._session(toolset)
+        try:
+            async with asyncio.timeout(settings.NRLLM_MCP_CONNECT_TIMEOUT_SECONDS):
+                await _probe(session.client)
+        except (Exception, TimeoutError):
+            await self._forget(toolset, session)
+            session = await self._session(toolset)  # NotSent when it cannot be reopened
+        return session
+
+    def close_all(self) -> None:
+        """Close every session (a stdio server is asked to exit)."""
+        if os.getpid() != self._pid:
+            return
+        with contextlib.suppress(Exception):
+            self._run(self._close_all(), 30)
+
+    async def _close_all(self) -> None:
+        async with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
+
+
+_sessions: Sessions | None = None
+_started = threading.Lock()
+#: Sessions of a parent process, held (never closed) by its forked child.
+_inherited: list[Sessions] = []
+
+
+def sessions() -> Sessions:
+    """This process's sessions, started on first use."""
+    global _sessions
+    with _started:
+        if _sessions is None:
+            _sessions = Sessions()
+        return _sessions
+
+
+def _after_fork_in_child() -> None:
+    global _sessions, _started
+    if _sessions is not None:
+        # Keep the parent's objects referenced: collecting them here would
+        # run finalizers on pipes and sockets that are the parent's.
+        _inherited.append(_sessions)
+    _sessions = None
+    _started = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
