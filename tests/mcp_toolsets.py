@@ -43,3 +43,33 @@ class TrackerHidingUndeclared(McpToolset):
     transport = TrackerOverStdio.transport
     tools = {"search_issues": ToolEffect.READ_ONLY}
     undeclared = Undeclared.HIDE
+
+
+class ImpatientTracker(McpToolset):
+    """Gives ``create_issue`` one second: a held call runs out of time."""
+
+    server = "impatient"
+    transport = TrackerOverStdio.transport
+    tools = {
+        "search_issues": ToolEffect.READ_ONLY,
+        "create_issue": Declared(ToolEffect.NON_IDEMPOTENT_WRITE, timeout_seconds=1),
+    }
+
+
+class MissingTracker(McpToolset):
+    """A server whose command does not exist: it can never be reached."""
+
+    server = "missing"
+    transport = Stdio(command=str(ROOT / "no-such-tracker-server"))
+    tools = {"create_issue": ToolEffect.NON_IDEMPOTENT_WRITE}
+
+
+class OverpromisingTracker(McpToolset):
+    """Declares a tool the tracker does not have."""
+
+    server = "overpromising"
+    transport = TrackerOverStdio.transport
+    tools = {
+        "search_issues": ToolEffect.READ_ONLY,
+        "merge_issues": ToolEffect.NON_IDEMPOTENT_WRITE,
+    }

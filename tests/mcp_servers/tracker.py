@@ -16,9 +16,11 @@ import sys
 import time
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-server = MCPServer("tracker")
+# Quiet: the tests read what reached the tools from the log, not stderr.
+server = MCPServer("tracker", log_level="CRITICAL")
 
 
 def _log(tool: str, arguments: dict, ctx: Context | None) -> None:
@@ -47,7 +49,7 @@ def create_issue(title: str, ctx: Context) -> dict:
     """Open a new issue with a title."""
     _log("create_issue", {"title": title}, ctx)
     if os.environ.get("TRACKER_FAIL_CREATE"):
-        raise ValueError("the tracker is read-only today")
+        raise ToolError("the tracker is read-only today")
     if title.startswith("hold"):
         release = os.environ["TRACKER_RELEASE"]
         while not os.path.exists(release):

@@ -149,9 +149,8 @@ def toolset_problem(toolset: type[McpToolset]) -> str | None:
         )
     if SEPARATOR in toolset.server:
         return f"MCP toolset {where}: server {toolset.server!r} must not contain {SEPARATOR!r}"
-    if toolset.get_transport is McpToolset.get_transport and not isinstance(
-        toolset.transport, Stdio | StreamableHttp
-    ):
+    builds_its_own = toolset.get_transport.__func__ is not McpToolset.get_transport.__func__
+    if not builds_its_own and not isinstance(toolset.transport, Stdio | StreamableHttp):
         return f"MCP toolset {where}: transport must be a Stdio or a StreamableHttp"
     if not isinstance(toolset.tools, dict):
         return f"MCP toolset {where}: tools must be a dict of tool name to ToolEffect"

@@ -137,6 +137,8 @@ async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncE
             env=transport.environment(),
             cwd=transport.cwd,
         )
+    if not isinstance(transport, StreamableHttp):
+        raise TypeError(f"get_transport() returned {transport!r}, not a Stdio or a StreamableHttp")
     http_client = await stack.enter_async_context(
         create_mcp_http_client(headers=transport.headers())
     )

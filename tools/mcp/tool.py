@@ -25,6 +25,10 @@ from tools.mcp.results import result_value
 from tools.mcp.sessions import MaybeSent, NotSent, sessions
 
 IDEMPOTENCY_KEY_META = "nrllm-ops/idempotencyKey"
+#: How much later than the call's own limit the runtime's stop (SIGALRM,
+#: ``tools.deadline``) comes: the call ends by its own wait first, where
+#: it can tell a call never sent from one sent and not answered.
+RUNTIME_STOP_GRACE_SECONDS = 2.0
 RUN_ID_META = "nrllm-ops/runId"
 
 
@@ -60,6 +64,11 @@ class McpTool(Tool):
     def server(self) -> str:
         return self.toolset.server
 
+    def time_limit(self) -> float:
+        """What the runtime covers with the lease and stops the call at: a
+        little past the call's own limit, which ends it first."""
+        return self.timeout_seconds + RUNTIME_STOP_GRACE_SECONDS
+
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         meta = {IDEMPOTENCY_KEY_META: context.idempotency_key, RUN_ID_META: context.run_id}
         started = time.monotonic()
@@ -70,7 +79,7 @@ class McpTool(Tool):
                 self.remote_name,
                 arguments,
                 meta=meta,
-                timeout=context.timeout_seconds or self.timeout_seconds,
+                timeout=self.timeout_seconds,
             )
             if result.is_error:
                 raise ToolError(f"{self.name}: the server reports an error: {result_value(result)}")
