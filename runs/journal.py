@@ -200,9 +200,13 @@ def read_journal(
 def read_journal_of(run_id, request: RunRequest, *, disabled: Collection[str]) -> Journal:
     """``read_journal`` as a resumed attempt reads it: the tools registered
     now, the run's request's tools and iteration cap."""
+    registry = get_registry()
+    # An MCP tool its toolset does not declare is registered once its
+    # server listed it, which ``in`` asks for (``names`` never does).
+    registered = {*registry.names(), *(name for name in request.tools if name in registry)}
     return read_journal(
         run_id,
-        registered=get_registry().names(),
+        registered=registered,
         disabled=disabled,
         max_iterations=request.max_iterations,
         requested=request.tools,

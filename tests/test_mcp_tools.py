@@ -10,12 +10,14 @@ servers: ``test_mcp_recovery.py``."""
 import pytest
 
 from runs import approval_actions
+from runs.journal import read_journal_of
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
-from runs.run_request import InvalidRunRequest
+from runs.run_request import InvalidRunRequest, parse_stored_request
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from tests.drifting_model import request_for
 from tests.helpers import answer, call, fresh, scripted
+from tools.mcp import catalog
 from tools.registry import ToolsUnavailable, get_registry, require_available
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -232,3 +234,15 @@ def test_readyz_does_not_fail_over_an_unreachable_mcp_server(client, settings):
     response = client.get("/readyz")
     assert response.status_code == 200, response.content
     assert "missing" not in response.content.decode()
+
+
+def test_a_journal_holding_an_undeclared_tool_reads_where_it_was_not_listed_yet(tracker):
+    agent_run = enqueue(
+        scripted(call("tracker__close_issue", number=1), answer(), tools=["tracker__close_issue"])
+    )
+    assert fresh(agent_run).status == RunStatus.COMPLETED
+    catalog.forget()  # a process (the admin's, say) that never listed the tracker
+
+    journal = read_journal_of(agent_run.pk, parse_stored_request(agent_run.request), disabled=())
+
+    assert (journal.tool_results, journal.ends_with_final_answer) == (1, True)

@@ -122,7 +122,9 @@ class ToolRegistry:
         if toolset is None or toolset.undeclared is Undeclared.HIDE:
             return False
         listed = catalog.listing(toolset)
-        return name in listed.tools or name in listed.unavailable
+        # A server that cannot be reached may well offer it: such a name is
+        # not unknown but unavailable, which says why.
+        return name in listed.tools or name in listed.unavailable or bool(listed.unreachable)
 
     def unavailable(self, names: Iterable[str]) -> dict[str, str]:
         """Why each of the MCP tools ``names`` cannot be offered now; a

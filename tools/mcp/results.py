@@ -6,13 +6,33 @@ without their payload (an image's base64, a blob), which a chat model
 cannot use as a tool result and the journal should not carry.
 """
 
+import json
 from typing import Any
+
+#: The most of a result the journal keeps (as the HTTP tools cut a body):
+#: a larger one is cut, as JSON text, and marked ``truncated``.
+RESULT_CHARS = 64_000
 
 #: Fields of a content block kept when the block is not text.
 _KEPT = ("type", "mimeType", "uri", "name", "title", "description", "text")
 
 
 def result_value(result) -> Any:
+    value = _value(result)
+    text = json.dumps(value, sort_keys=True)
+    if len(text) <= RESULT_CHARS:
+        return value
+    return {"truncated": True, "json": text[:RESULT_CHARS]}
+
+
+def error_text(result) -> str:
+    """What a result with ``isError`` says, cut to a few thousand characters."""
+    value = _value(result)
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text[:4000]
+
+
+def _value(result) -> Any:
     if result.structured_content is not None and not result.is_error:
         return result.structured_content
     blocks = [

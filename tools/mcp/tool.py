@@ -21,7 +21,7 @@ from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
 from tools.effects import ToolEffect
 from tools.mcp import metrics
 from tools.mcp.declaration import McpToolset
-from tools.mcp.results import result_value
+from tools.mcp.results import error_text, result_value
 from tools.mcp.sessions import MaybeSent, NotSent, sessions
 
 IDEMPOTENCY_KEY_META = "nrllm-ops/idempotencyKey"
@@ -82,7 +82,7 @@ class McpTool(Tool):
                 timeout=self.timeout_seconds,
             )
             if result.is_error:
-                raise ToolError(f"{self.name}: the server reports an error: {result_value(result)}")
+                raise ToolError(f"{self.name}: the server reports an error: {error_text(result)}")
             outcome = "ok"
             return result_value(result)
         except NotSent as error:
