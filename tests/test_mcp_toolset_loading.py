@@ -37,6 +37,14 @@ def toolset(**attributes) -> type[McpToolset]:
             {"tools": {"post_entry": Declared(ToolEffect.READ_ONLY, timeout_seconds=0)}},
             "tool 'post_entry': timeout_seconds must be above 0",
         ),
+        (
+            {"tools": {"post.entry": ToolEffect.READ_ONLY}},
+            "tool 'post.entry': its registered name must be 1-64 letters",
+        ),
+        (
+            {"tools": {"p" * 60: ToolEffect.READ_ONLY}},
+            "its registered name must be 1-64 letters",
+        ),
         ({"server": ""}, "server '' must be 1-40 letters"),
         ({"server": "led ger"}, "server 'led ger' must be 1-40 letters"),
         ({"server": "led__ger"}, "server 'led__ger' must not contain '__'"),

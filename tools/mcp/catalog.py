@@ -10,14 +10,13 @@ offer it, or offers it with a schema or a name this runtime cannot use;
 each has its reason, for operators and for the refusal at enqueue.
 """
 
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 
 from tools.effects import ToolEffect
 from tools.mcp import metrics
-from tools.mcp.declaration import McpToolset, Undeclared
+from tools.mcp.declaration import FUNCTION_NAME, McpToolset, Undeclared
 from tools.mcp.hints import contradictions, hints_of
 from tools.mcp.sessions import NotSent, sessions
 from tools.mcp.tool import McpTool
@@ -25,8 +24,6 @@ from tools.validation import check_schema
 
 LISTING_SECONDS = 60.0
 RETRY_SECONDS = 5.0
-#: What chat-completions APIs accept as a function name.
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -117,7 +114,7 @@ def _listed(toolset: type[McpToolset]) -> Listing:
 
 
 def _problem(name: str, schema) -> str:
-    if not _FUNCTION_NAME.match(name):
+    if not FUNCTION_NAME.match(name):
         return (
             f"its name {name!r} is not 1-64 letters, digits, '_' or '-', "
             "which chat-completions APIs require"

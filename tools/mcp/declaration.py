@@ -24,6 +24,9 @@ from tools.effects import ToolEffect
 #: How a registered name joins the server's name to the tool's.
 SEPARATOR = "__"
 _SERVER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
+#: What chat-completions APIs accept as a function name: a registered name
+#: (``<server>__<tool>``) must be one.
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class Undeclared(enum.StrEnum):
@@ -163,8 +166,11 @@ def toolset_problem(toolset: type[McpToolset]) -> str | None:
                 f"MCP toolset {where}: tool {name!r}: effect {effect!r} is not a ToolEffect "
                 "member; use ToolEffect.READ_ONLY, IDEMPOTENT_WRITE or NON_IDEMPOTENT_WRITE"
             )
-        if not isinstance(name, str) or not name:
-            return f"MCP toolset {where}: tool name {name!r} is not a non-empty string"
+        if not isinstance(name, str) or not FUNCTION_NAME.match(toolset.registered_name(name)):
+            return (
+                f"MCP toolset {where}: tool {name!r}: its registered name must be 1-64 "
+                "letters, digits, '_' or '-' (which chat-completions APIs require)"
+            )
         limit = declared.timeout_seconds if isinstance(declared, Declared) else None
         if limit is not None and not (isinstance(limit, int | float) and limit > 0):
             return f"MCP toolset {where}: tool {name!r}: timeout_seconds must be above 0"

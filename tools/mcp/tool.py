@@ -70,6 +70,10 @@ class McpTool(Tool):
         return self.timeout_seconds + RUNTIME_STOP_GRACE_SECONDS
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
+        if not isinstance(arguments, dict):
+            # MCP takes an object; the SDK would refuse anything else before
+            # sending, which must not pass for a call that may have been sent.
+            raise ToolError(f"{self.name}: arguments must be a JSON object, not {arguments!r}")
         meta = {IDEMPOTENCY_KEY_META: context.idempotency_key, RUN_ID_META: context.run_id}
         started = time.monotonic()
         outcome = "error"
