@@ -41,7 +41,9 @@ def test_a_run_reads_and_writes_through_mcp_tools_with_their_declared_effects(mo
     tracker, prefix = server
     plan = plan_for(prefix, [SEARCH], [CREATE], {"answer": "filed (take {take})"})
     tools = [f"{prefix}__search_issues", f"{prefix}__create_issue"]
-    agent_run = fresh(enqueue(request_for("scripted" if model is None else "drifting", plan, tools)))
+    agent_run = fresh(
+        enqueue(request_for("scripted" if model is None else "drifting", plan, tools))
+    )
 
     assert agent_run.status == RunStatus.COMPLETED, agent_run.error
     steps = list(agent_run.steps.filter(kind=StepKind.TOOL).order_by("sequence"))
