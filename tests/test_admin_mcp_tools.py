@@ -29,6 +29,12 @@ def rows_of(page) -> dict[str, ToolSetting]:
     return {setting.name: setting for setting in changelist.result_list}
 
 
+def row_html(content: str, name: str) -> str:
+    """The list's HTML row of the tool ``name``."""
+    (row,) = [row for row in content.split("<tr") if f">{name}</a>" in row]
+    return row
+
+
 def test_the_list_shows_server_declaration_hints_and_the_flag(operator_client, tracker):
     page = operator_client.get(LIST)
 
@@ -37,8 +43,12 @@ def test_the_list_shows_server_declaration_hints_and_the_flag(operator_client, t
     assert "MCP server <strong>tracker</strong>" in content
     headers = [column["text"] for column in page.context["result_headers"]]
     assert {"effect (from code)", "server's hints (untrusted)", "availability"} <= set(headers)
-    # label_issue: the server says read-only, the toolset declares a write.
-    assert LABEL_FLAG in content
+    # label_issue: the server says read-only, the toolset declares a write,
+    # and the write is what the page says.
+    label = row_html(content, "tracker__label_issue")
+    assert '<td class="field-effect">idempotent_write</td>' in label
+    assert LABEL_FLAG in label and "the declaration wins" in label
+    assert '<td class="field-effect">read_only</td>' in row_html(content, "tracker__search_issues")
     assert content.count('class="hint-flag"') == 2  # label_issue, render_issue
     assert "the declaration wins" in content
     assert "readOnlyHint: true" in content and "destructiveHint: true" in content
@@ -108,6 +118,8 @@ def test_the_filters_pick_flagged_unavailable_and_per_server_tools(operator_clie
     builtin = rows_of(operator_client.get(f"{LIST}?source=builtin"))
     assert "search_notes" in builtin and "tracker__search_issues" not in builtin
     assert rows_of(operator_client.get(f"{LIST}?available=no")) == {}
+    counted = operator_client.get(f"{LIST}?_facets=True").content.decode()
+    assert "flagged (2)" in counted and "MCP server tracker (5)" in counted
 
 
 def test_a_server_down_leaves_the_page_fast_and_its_tools_unavailable(
