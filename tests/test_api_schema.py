@@ -118,3 +118,19 @@ def test_the_approvals_api_keeps_to_its_schema_with_calls_waiting(
         case.path_parameters["id"] = approvals_to_decide["ids"][generated % 3]
     case.call_and_validate(headers={"Authorization": authorization}, checks=CHECKS)
     assert ApprovalRequest.objects.filter(status="pending").count() == 1
+
+
+#: The tools' endpoints, with MCP tools in the list.
+tools_schema = schema.include(path_regex=r"^/api/tools/")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+@tools_schema.parametrize()
+@FUZZED
+def test_the_tools_api_keeps_to_its_schema_with_mcp_tools(case, authorization, tracker):
+    """The real tracker server's tools (declared, undeclared, flagged) in
+    the answers; a name of one of them in half the generated paths."""
+    if "name" in case.path_parameters and len(case.path_parameters["name"]) % 2:
+        case.path_parameters["name"] = "tracker__label_issue"
+    case.call_and_validate(headers={"Authorization": authorization}, checks=CHECKS)

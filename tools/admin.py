@@ -14,9 +14,11 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.utils.translation import override as translation_override
 
+from tools import admin_display as display
 from tools import approval_settings
 from tools.models import Note, OutboxNotification, ToolSetting
-from tools.registry import effect_for, get_registry
+from tools.operator_view import setting_for, sync_tool_settings
+from tools.registry import effect_for
 
 #: Form fields whose change ``set_approval_policy`` logs itself.
 _APPROVAL_FIELDS = ("approval", "note")
@@ -74,24 +76,91 @@ class ToolSettingForm(forms.ModelForm):
 
 @admin.register(ToolSetting)
 class ToolSettingAdmin(admin.ModelAdmin):
+    """The tools page. An MCP tool shows its server, the effect its toolset
+    declares (or that it declares none), whether it can be offered now and
+    why not, and the server's hints beside the declaration, flagged where
+    they contradict it. The list syncs the settings rows first
+    (``sync_tool_settings``), so an undeclared tool a server offers can be
+    switched off here; a server is asked through the catalog's cache only,
+    and one that cannot be reached leaves its tools shown unavailable."""
+
     form = ToolSettingForm
-    list_display = ["name", "description", "effect", "enabled", "approval_policy", "updated_at"]
+    #: The description is on each tool's page: the list is for the switch,
+    #: and for the effect beside the server's hints.
+    list_display = [
+        "name",
+        "source",
+        "effect",
+        "hints",
+        "availability",
+        "enabled",
+        "approval_policy",
+    ]
     list_editable = ["enabled"]
-    fields = ["name", "description", "effect", "approval_policy", "enabled", "approval", "note"]
-    readonly_fields = ["name", "description", "effect", "approval_policy"]
+    list_filter = [display.SourceFilter, display.FlaggedFilter, display.AvailableFilter]
+    fields = [
+        "name",
+        "source",
+        "description",
+        "effect",
+        "hints",
+        "availability",
+        "parameters",
+        "approval_policy",
+        "enabled",
+        "approval",
+        "note",
+    ]
+    readonly_fields = [
+        "name",
+        "source",
+        "description",
+        "effect",
+        "hints",
+        "availability",
+        "parameters",
+        "approval_policy",
+    ]
+
+    @admin.display(description="source")
+    def source(self, obj):
+        return display.source_html(display.view_of(obj))
 
     @admin.display(description="description")
     def description(self, obj):
-        tool = get_registry().get(obj.name)
-        return tool.description if tool else "(no longer registered)"
+        view = display.view_of(obj)
+        if not view.registered:
+            return "(no longer registered)"
+        return view.description
 
     @admin.display(description="effect (from code)")
     def effect(self, obj):
-        return effect_for(obj.name).value
+        return display.effect_html(display.view_of(obj))
+
+    @admin.display(description="server's hints (untrusted)")
+    def hints(self, obj):
+        return display.hints_html(display.view_of(obj))
+
+    @admin.display(description="availability")
+    def availability(self, obj):
+        return display.availability_html(display.view_of(obj))
+
+    @admin.display(description="input schema")
+    def parameters(self, obj):
+        return display.parameters_html(display.view_of(obj))
 
     @admin.display(description="approval (in effect)")
     def approval_policy(self, obj):
         return approval_settings.describe_policy(effect_for(obj.name), obj.approval)
+
+    def changelist_view(self, request, extra_context=None):
+        sync_tool_settings()
+        return super().changelist_view(request, extra_context)
+
+    def get_object(self, request, object_id, from_field=None):
+        if from_field is None:
+            setting_for(object_id)  # an undeclared MCP tool no list has synced
+        return super().get_object(request, object_id, from_field)
 
     def get_fields(self, request, obj=None):
         fields = super().get_fields(request, obj)

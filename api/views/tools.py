@@ -15,12 +15,20 @@ from api.views.base import BaseAPIView, errors
 from tools import approval_settings
 from tools.approval_policy import ApprovalPolicy
 from tools.models import ToolSetting
+from tools.operator_view import ToolSource, describe_tool, setting_for, sync_tool_settings
 
 READ_ONLY_FIELDS = {
     "name",
     "description",
+    "source",
+    "server",
     "effect",
+    "declared",
     "registered",
+    "available",
+    "unavailable_reason",
+    "hints",
+    "hint_contradictions",
     "parameters",
     "approval_required",
 }
@@ -40,18 +48,76 @@ NAME_PARAMETER = OpenApiParameter(
 
 
 def _setting(name) -> ToolSetting:
-    setting = ToolSetting.objects.filter(name=name).first()
+    # An undeclared MCP tool no list has synced yet gets its row here.
+    setting = setting_for(name)
     if setting is None:
         raise NotFound(f"no tool {name!r}")
     return setting
 
 
+def _boolean_filter(name: str, help_text: str) -> OpenApiParameter:
+    return OpenApiParameter(name, bool, OpenApiParameter.QUERY, description=help_text)
+
+
+LIST_FILTERS = [
+    _boolean_filter("available", "only tools a run can (true) or cannot (false) be offered now"),
+    _boolean_filter(
+        "flagged", "only tools whose server's hints contradict the declared effect (true) or not"
+    ),
+    OpenApiParameter(
+        "source",
+        str,
+        OpenApiParameter.QUERY,
+        enum=[source.value for source in ToolSource],
+        description="only tools from this source",
+    ),
+    OpenApiParameter(
+        "server", str, OpenApiParameter.QUERY, description="only the tools of this MCP server"
+    ),
+]
+_BOOLEANS = {"true": True, "false": False}
+
+
+def _list_filters(query) -> dict:
+    """The list's filters checked: each a ``ToolView`` attribute and the
+    value it must have, or a 400 naming the parameter and what it takes."""
+    wanted = {}
+    for name in ("available", "flagged"):
+        if name in query:
+            value = query[name]
+            if value not in _BOOLEANS:
+                raise ValidationError({name: f"must be true or false, not {value!r}"})
+            wanted[name] = _BOOLEANS[value]
+    if "source" in query:
+        sources = [source.value for source in ToolSource]
+        if query["source"] not in sources:
+            raise ValidationError({"source": f"must be one of {sources}, not {query['source']!r}"})
+        wanted["source"] = ToolSource(query["source"])
+    if "server" in query:
+        wanted["server"] = query["server"]
+    return wanted
+
+
 class ToolList(BaseAPIView):
     permission_classes = [permissions.VIEW_TOOLS]
 
-    @extend_schema(responses={200: ToolSerializer(many=True), **errors()})
+    @extend_schema(
+        parameters=LIST_FILTERS, responses={200: ToolSerializer(many=True), **errors(400)}
+    )
     def get(self, request):
-        return Response([ToolSerializer.describe(setting) for setting in ToolSetting.objects.all()])
+        """Every tool with a setting: builtin, tool classes, MCP tools (those
+        an MCP server offers undeclared get their setting as this list sees
+        them). An MCP server is asked at most once a minute (every few
+        seconds while it cannot be reached): its tools are listed
+        unavailable with the reason, never a 5xx."""
+        wanted = _list_filters(request.query_params)
+        sync_tool_settings()
+        rows = []
+        for setting in ToolSetting.objects.all():
+            view = describe_tool(setting.name)
+            if all(getattr(view, name) == value for name, value in wanted.items()):
+                rows.append(ToolSerializer.describe(setting, view))
+        return Response(rows)
 
 
 class ToolDetail(BaseAPIView):

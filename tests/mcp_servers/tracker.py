@@ -1,6 +1,8 @@
 """An issue tracker as an MCP server, for the tests: ``search_issues``
 reads, ``create_issue`` appends, ``close_issue`` is undeclared by the test
-toolsets, ``label_issue`` lies in its hints (says read-only, writes).
+toolsets, ``label_issue`` lies in its hints (says read-only, writes),
+``render_issue`` (undeclared too) has markup in its description, which the
+tools pages must show as text.
 
 Run as ``python -m tests.mcp_servers.tracker stdio`` or ``... http PORT``.
 Every call that reaches a tool is appended to ``TRACKER_LOG`` (one JSON
@@ -69,6 +71,15 @@ def label_issue(number: int, label: str, ctx: Context) -> str:
     """Label an issue (its hints say read-only; it writes)."""
     _log("label_issue", {"number": number, "label": label}, ctx)
     return f"labelled {number} {label}"
+
+
+@server.tool(
+    description='Render an issue as HTML: <script>alert("tracker")</script> <b>bold</b>',
+    annotations=ToolAnnotations(readOnlyHint=True),
+)
+def render_issue(number: int, ctx: Context) -> str:
+    _log("render_issue", {"number": number}, ctx)
+    return f"<h1>issue {number}</h1>"
 
 
 if __name__ == "__main__":
