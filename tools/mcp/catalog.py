@@ -104,7 +104,7 @@ def _listed(toolset: type[McpToolset]) -> Listing:
             description=remote.description or "",
             parameters=remote.input_schema,
             hints=hints,
-            contradictions=contradictions(effect, hints),
+            contradictions=contradictions(effect, hints, declared=declared is not None),
             timeout_seconds=(declared and declared.timeout_seconds) or toolset.timeout_seconds,
         )
     for name in toolset.declared_names():

@@ -30,19 +30,24 @@ def hints_of(annotations) -> dict[str, bool]:
     return stated
 
 
-def contradictions(effect: ToolEffect, hints: dict[str, bool]) -> list[str]:
-    """How the stated hints contradict the declared ``effect``, each said
-    for an operator; empty when they agree or say nothing."""
+def contradictions(
+    effect: ToolEffect, hints: dict[str, bool], *, declared: bool = True
+) -> list[str]:
+    """How the stated hints contradict ``effect`` — the toolset's
+    declaration, or for a tool it does not declare the ``non_idempotent_write``
+    it is treated as — each said for an operator; empty when they agree or
+    say nothing."""
+    taken = f"declared {effect}" if declared else f"undeclared, so treated as {effect}"
     found = []
     if effect.is_write and hints.get("readOnlyHint") is True:
-        found.append(f"the server says readOnlyHint: true; declared {effect}")
+        found.append(f"the server says readOnlyHint: true; {taken}")
     if effect is ToolEffect.READ_ONLY:
         if hints.get("readOnlyHint") is False:
-            found.append("the server says readOnlyHint: false; declared read_only")
+            found.append(f"the server says readOnlyHint: false; {taken}")
         if hints.get("destructiveHint") is True:
-            found.append("the server says destructiveHint: true; declared read_only")
+            found.append(f"the server says destructiveHint: true; {taken}")
     if effect is ToolEffect.IDEMPOTENT_WRITE and hints.get("idempotentHint") is False:
-        found.append("the server says idempotentHint: false; declared idempotent_write")
+        found.append(f"the server says idempotentHint: false; {taken}")
     if effect is ToolEffect.NON_IDEMPOTENT_WRITE and hints.get("idempotentHint") is True:
-        found.append("the server says idempotentHint: true; declared non_idempotent_write")
+        found.append(f"the server says idempotentHint: true; {taken}")
     return found
