@@ -5,7 +5,8 @@ tried with the scripted and the drifting model.
 - Down at start-up: a run offering its tools is refused at enqueue, naming
   tool and server, and nothing is stored; a queued run whose server is down
   when a worker claims it fails its attempt ``connection`` and is retried
-  with backoff (G8), and completes once the server is back.
+  with backoff (G8), and completes once the server is back; a worker
+  process that keeps its listings asks the server again at the retry.
 - Gone between two calls: a stdio server is started again for the next call
   (a new process), and the run goes on; an HTTP server that is down makes
   the next call a tool error the model is told ("nothing was sent"), and
@@ -16,6 +17,8 @@ tried with the scripted and the drifting model.
 """
 
 import json
+import os
+import signal
 from datetime import timedelta
 
 import psutil
@@ -106,6 +109,40 @@ def test_a_queued_run_whose_server_is_down_when_claimed_is_retried_with_backoff(
     assert created["idempotency_key"] == write.idempotency_key
     if model is not None:
         assert model.requests_by_turn == {0: 1, 1: 1, 2: 1}
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("model", MODELS, indirect=True)
+def test_a_worker_process_that_found_a_server_unreachable_asks_it_again_when_it_retries(
+    model, over_http, workers
+):
+    """A ``SimpleWorker`` (and the embedded worker) keeps its listings for
+    its next runs; the retry, due sooner than a failed listing is asked
+    again (``catalog.RETRY_SECONDS``), asks the server anew rather than fail
+    on the listing of the attempt it retries."""
+    tracker = over_http.tracker
+    agent_run = enqueue(over_http.request(model, [SEARCH], [CREATE], ANSWER))
+    # Hung (stopped) rather than gone: it answers again the moment it is
+    # continued, well before the retry (the default backoff, 2 s).
+    os.kill(tracker.process.pid, signal.SIGSTOP)
+    try:
+        workers.start(
+            with_scheduler=True,
+            NRLLM_WORKER_CLASS="rq.worker.SimpleWorker",
+            NRLLM_RETRY_BACKOFF_SECONDS=2,
+            NRLLM_MCP_CONNECT_TIMEOUT_SECONDS=1,
+            **tracker.env,
+        )
+        wait_until(lambda: fresh(agent_run).requeue_count, timeout=30, what="the failed attempt")
+    finally:
+        os.kill(tracker.process.pid, signal.SIGCONT)
+    assert fresh(agent_run).failure_class == "connection"
+
+    wait_until(lambda: fresh(agent_run).is_terminal, timeout=60, what="the retry")
+    done = fresh(agent_run)
+    assert done.status == RunStatus.COMPLETED, done.error_message
+    assert (done.requeue_count, done.lease_token) == (1, 2)
+    assert [call["tool"] for call in tracker.calls()] == ["search_issues", "create_issue"]
 
 
 # --- the server going away mid-run --------------------------------------------
