@@ -223,9 +223,20 @@ def offered_tools(names: Iterable[str], disabled: Collection[str]) -> dict[str, 
 def require_available(names: Iterable[str], disabled: Collection[str]) -> None:
     """Raise ``ToolsUnavailable`` unless every MCP tool of ``names`` not
     ``disabled`` can be offered now: an attempt offers a run all its tools,
-    so it waits (is retried) for a server rather than start without one."""
+    so it waits (is retried) for a server rather than start without one.
+
+    A server this process last found unreachable is asked again: the
+    attempt is most likely the retry that waited out its backoff for it,
+    and in a process that keeps its listings (a ``SimpleWorker``, the
+    embedded worker) that listing may be younger than the backoff, which
+    would spend the retry without asking."""
     registry = get_registry()
-    reasons = registry.unavailable(name for name in names if name not in disabled)
+    wanted = [name for name in names if name not in disabled]
+    for toolset in {registry.toolset_of(name) for name in wanted} - {None}:
+        cached = catalog.cached_listing(toolset)
+        if cached is not None and cached.unreachable:
+            catalog.listing(toolset, refresh=True)
+    reasons = registry.unavailable(wanted)
     if reasons:
         unreachable = any(
             catalog.listing(registry.toolset_of(name)).unreachable for name in reasons
