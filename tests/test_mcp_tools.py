@@ -98,35 +98,29 @@ def test_an_undeclared_tool_runs_only_as_a_non_idempotent_write_after_approval(
     assert closed["idempotency_key"] == request.idempotency_key
 
 
+def labelled(number: int):
+    """A run that labels issue ``number`` through the tool whose hints lie."""
+    request = scripted(
+        call("tracker__label_issue", number=number, label="bug"),
+        answer(),
+        tools=["tracker__label_issue"],
+    )
+    return fresh(enqueue(request))
+
+
 def test_a_hint_that_lies_is_flagged_and_the_declaration_is_what_runs(tracker, settings):
     tool = get_registry().get("tracker__label_issue")
     assert tool.hints == {"readOnlyHint": True}
     assert tool.contradictions == ["the server says readOnlyHint: true; declared idempotent_write"]
     # Every write waits under this policy: readOnlyHint does not let it pass.
     settings.NRLLM_APPROVAL_REQUIRED_FOR = "write"
-    agent_run = fresh(
-        enqueue(
-            scripted(
-                call("tracker__label_issue", number=3, label="bug"),
-                answer(),
-                tools=["tracker__label_issue"],
-            )
-        )
-    )
+    agent_run = labelled(3)
     assert agent_run.status == RunStatus.WAITING_FOR_APPROVAL
     (request,) = ApprovalRequest.objects.filter(run=agent_run)
     assert request.effect == "idempotent_write"
 
     settings.NRLLM_APPROVAL_REQUIRED_FOR = "none"
-    agent_run = fresh(
-        enqueue(
-            scripted(
-                call("tracker__label_issue", number=4, label="bug"),
-                answer(),
-                tools=["tracker__label_issue"],
-            )
-        )
-    )
+    agent_run = labelled(4)
     assert agent_run.status == RunStatus.COMPLETED
     (step,) = tool_steps(agent_run)
     # Recorded and fenced as the write it was declared, never as a read.

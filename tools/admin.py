@@ -111,16 +111,8 @@ class ToolSettingAdmin(admin.ModelAdmin):
         "approval",
         "note",
     ]
-    readonly_fields = [
-        "name",
-        "source",
-        "description",
-        "effect",
-        "hints",
-        "availability",
-        "parameters",
-        "approval_policy",
-    ]
+    #: Everything but the operator's own switches is shown, never edited.
+    readonly_fields = [name for name in fields if name not in ("enabled", "approval", "note")]
 
     @admin.display(description="source")
     def source(self, obj):
