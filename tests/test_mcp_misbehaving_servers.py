@@ -13,12 +13,69 @@ import time
 
 import pytest
 
+from runs.models import AgentRun
+from tests.helpers import answer, scripted
+from tests.mcp_fixtures import reset_mcp
 from tests.mcp_toolsets import StuckStarting, TrackerOverStdio
 from tools.mcp import catalog
 
 pytestmark = pytest.mark.django_db
 
+LIAR = "tests.mcp_toolsets.Liar"
 STUCK = "tests.mcp_toolsets.StuckStarting"
+
+
+@pytest.fixture
+def liar(tmp_path, monkeypatch, settings):
+    """``write(tools_json)``: what the liar lists next, as raw JSON text."""
+    tools_file = tmp_path / "liar-tools.json"
+    tools_file.write_text("[]")
+    monkeypatch.setenv("LIAR_TOOLS", str(tools_file))
+    monkeypatch.setenv("LIAR_LOG", str(tmp_path / "liar.log"))
+    settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, LIAR]
+    yield tools_file.write_text
+    reset_mcp()
+
+
+def tools_of(api) -> dict[str, dict]:
+    response = api.get("/api/tools/")
+    assert response.status_code == 200, response.content
+    return {tool["name"]: tool for tool in response.json()}
+
+
+def test_a_listed_schema_json_cannot_carry_makes_its_tool_unavailable_not_a_5xx(liar, api):
+    # NaN is no JSON number: the API could not return the schema, and no
+    # chat-completions request could carry it to the model.
+    liar(
+        '[{"name": "lookup", "description": "Look it up", "inputSchema": {"type": "object", '
+        '"properties": {"n": {"type": "number", "maximum": NaN}}}}]'
+    )
+
+    lookup = tools_of(api)["liar__lookup"]
+
+    assert lookup["available"] is False
+    assert "NaN" in lookup["unavailable_reason"], lookup["unavailable_reason"]
+    refused = api.post("/api/runs/", scripted(answer(), tools=["liar__lookup"]), format="json")
+    assert refused.status_code == 400, refused.content
+    assert "liar__lookup" in refused.content.decode()
+    assert AgentRun.objects.count() == 0
+
+
+def test_a_tool_listed_twice_is_unavailable_rather_than_either_listing(liar, api):
+    # Which of the two the server would run is unknown: the runtime would
+    # check a call's arguments against one schema and send it to the other.
+    liar(
+        '[{"name": "twice", "inputSchema": {"type": "object"}},'
+        ' {"name": "twice", "inputSchema": {"type": "object", "properties": '
+        '{"title": {"type": "string"}}, "required": ["title"]}},'
+        ' {"name": "lookup", "inputSchema": {"type": "object"}}]'
+    )
+
+    tools = tools_of(api)
+
+    assert tools["liar__twice"]["available"] is False
+    assert "more than once" in tools["liar__twice"]["unavailable_reason"]
+    assert tools["liar__lookup"]["available"] is True
 
 
 def test_a_server_stuck_starting_costs_its_listing_the_connect_timeout_and_no_other_listing(

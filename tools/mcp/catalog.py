@@ -10,8 +10,10 @@ offer it, or offers it with a schema or a name this runtime cannot use;
 each has its reason, for operators and for the refusal at enqueue.
 """
 
+import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from tools.effects import ToolEffect
@@ -85,12 +87,17 @@ def _listed(toolset: type[McpToolset]) -> Listing:
         )
     metrics.LISTINGS.labels(toolset.server, "ok").inc()
     tools, unavailable = {}, {}
+    times_listed = Counter(remote.name for remote in offered)
     for remote in offered:
         declared = toolset.declaration(remote.name)
         if declared is None and toolset.undeclared is Undeclared.HIDE:
             continue
         name = toolset.registered_name(remote.name)
         problem = _problem(name, remote.input_schema)
+        if times_listed[remote.name] > 1:
+            # Which of them the server runs is unknown: a call checked
+            # against one schema would be sent to the other.
+            problem = f"the server lists {remote.name!r} more than once"
         if problem:
             unavailable[name] = problem
             continue
@@ -119,5 +126,11 @@ def _problem(name: str, schema) -> str:
             f"its name {name!r} is not 1-64 letters, digits, '_' or '-', "
             "which chat-completions APIs require"
         )
+    try:
+        # Strict JSON, as the API returns it and a chat-completions request
+        # carries it to the model: the SDK reads NaN and the infinities.
+        json.dumps(schema, allow_nan=False)
+    except ValueError:
+        return "the server's input schema holds NaN or an infinity, which JSON has no number for"
     problem = check_schema(schema)
     return f"the server's input schema: {problem}" if problem else ""
