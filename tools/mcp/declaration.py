@@ -27,6 +27,9 @@ _SERVER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
 #: What chat-completions APIs accept as a function name: a registered name
 #: (``<server>__<tool>``) must be one.
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: An HTTP header value as the HTTP client sends one (RFC 9110 field-value,
+#: ASCII): printable, inner spaces and tabs only.
+_HEADER_VALUE = re.compile(r"\A(?:[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?)?\Z")
 
 
 class Undeclared(enum.StrEnum):
@@ -87,11 +90,23 @@ class StreamableHttp:
         return self.url
 
     def headers(self) -> dict[str, str]:
-        return {
-            header: os.environ[variable]
-            for header, variable in self.headers_from_env.items()
-            if variable in os.environ
-        }
+        """The headers to send. Raises ``ValueError``, naming the header and
+        its variable but never the value, for a value HTTP cannot carry: the
+        HTTP client's own refusal quotes the value, and it would end up in
+        the reason a tool is unavailable (pages, API, a run's failure)."""
+        headers = {}
+        for header, variable in self.headers_from_env.items():
+            if variable not in os.environ:
+                continue
+            value = os.environ[variable]
+            if not _HEADER_VALUE.match(value):
+                raise ValueError(
+                    f"header {header!r} (from {variable}): its value is not one HTTP can "
+                    "carry: a line break, a leading or trailing space, or a character "
+                    "outside printable ASCII"
+                )
+            headers[header] = value
+        return headers
 
 
 class McpToolset:
