@@ -10,6 +10,8 @@ import logging
 import pytest
 
 from tests.helpers import answer, scripted
+from tests.mcp_toolsets import TrackerOverHttp
+from tools.mcp import catalog
 
 pytestmark = pytest.mark.django_db
 
@@ -40,3 +42,17 @@ def test_a_malformed_header_value_is_refused_naming_its_variable_and_never_writt
     assert refused.status_code == 400, refused.content
     for written in (listed.content.decode(), refused.content.decode(), caplog.text):
         assert secret not in written
+
+
+def test_a_credential_in_a_servers_url_is_not_written_to_the_log(http_tracker, monkeypatch, caplog):
+    # An HTTP server reached with userinfo or a token in its query: the
+    # HTTP client logs every request's URL at INFO.
+    monkeypatch.setenv(
+        "TRACKER_MCP_URL",
+        http_tracker.url.replace("http://", "http://ops:s3cret-password@") + "?key=s3cret-key",
+    )
+    caplog.set_level(logging.INFO)  # the shipped LOG_LEVEL
+
+    assert not catalog.listing(TrackerOverHttp).unreachable
+
+    assert "s3cret" not in caplog.text
