@@ -48,6 +48,9 @@ def toolset(**attributes) -> type[McpToolset]:
         ({"server": ""}, "server '' must be 1-40 letters"),
         ({"server": "led ger"}, "server 'led ger' must be 1-40 letters"),
         ({"server": "led__ger"}, "server 'led__ger' must not contain '__'"),
+        # "ledger_" + "__" + "entry" is "ledger" + "__" + "_entry": one
+        # registered name for two servers' tools.
+        ({"server": "ledger_"}, "server 'ledger_' must not end with '_'"),
         ({"transport": "stdio://ledger"}, "transport must be a Stdio or a StreamableHttp"),
         ({"tools": ["post_entry"]}, "tools must be a dict"),
         ({"undeclared": "hide"}, "undeclared must be an Undeclared member"),

@@ -167,6 +167,11 @@ def toolset_problem(toolset: type[McpToolset]) -> str | None:
         )
     if SEPARATOR in toolset.server:
         return f"MCP toolset {where}: server {toolset.server!r} must not contain {SEPARATOR!r}"
+    if toolset.server.endswith("_"):
+        # "a_" + "__" + "x" and "a" + "__" + "_x" would be one registered
+        # name for two servers' tools, effect_for taking one's declaration
+        # and a call going to the other.
+        return f"MCP toolset {where}: server {toolset.server!r} must not end with '_'"
     builds_its_own = toolset.get_transport.__func__ is not McpToolset.get_transport.__func__
     if not builds_its_own and not isinstance(toolset.transport, Stdio | StreamableHttp):
         return f"MCP toolset {where}: transport must be a Stdio or a StreamableHttp"
