@@ -35,7 +35,17 @@ def toolset(**attributes) -> type[McpToolset]:
         ),
         (
             {"tools": {"post_entry": Declared(ToolEffect.READ_ONLY, timeout_seconds=0)}},
-            "tool 'post_entry': timeout_seconds must be above 0",
+            "tool 'post_entry': timeout_seconds must be a finite number of seconds above 0",
+        ),
+        (
+            # An endless limit: the lease cannot be extended to cover it,
+            # and the run would fail at the call, not at load.
+            {"tools": {"post_entry": Declared(ToolEffect.READ_ONLY, timeout_seconds=float("inf"))}},
+            "tool 'post_entry': timeout_seconds must be a finite number of seconds above 0",
+        ),
+        (
+            {"tools": {"post_entry": Declared(ToolEffect.READ_ONLY, timeout_seconds=True)}},
+            "tool 'post_entry': timeout_seconds must be a finite number of seconds above 0",
         ),
         (
             {"tools": {"post.entry": ToolEffect.READ_ONLY}},
@@ -54,7 +64,11 @@ def toolset(**attributes) -> type[McpToolset]:
         ({"transport": "stdio://ledger"}, "transport must be a Stdio or a StreamableHttp"),
         ({"tools": ["post_entry"]}, "tools must be a dict"),
         ({"undeclared": "hide"}, "undeclared must be an Undeclared member"),
-        ({"timeout_seconds": -1}, "timeout_seconds must be above 0"),
+        ({"timeout_seconds": -1}, "timeout_seconds must be a finite number of seconds above 0"),
+        (
+            {"timeout_seconds": float("inf")},
+            "timeout_seconds must be a finite number of seconds above 0",
+        ),
     ],
 )
 def test_a_broken_toolset_is_refused_at_load_naming_its_class(attributes, message):

@@ -14,6 +14,7 @@ session opens, and nothing of it is stored on a run or a step.
 """
 
 import enum
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -192,10 +193,24 @@ def toolset_problem(toolset: type[McpToolset]) -> str | None:
                 "letters, digits, '_' or '-' (which chat-completions APIs require)"
             )
         limit = declared.timeout_seconds if isinstance(declared, Declared) else None
-        if limit is not None and not (isinstance(limit, int | float) and limit > 0):
-            return f"MCP toolset {where}: tool {name!r}: timeout_seconds must be above 0"
+        if limit is not None and not _is_time_limit(limit):
+            return (
+                f"MCP toolset {where}: tool {name!r}: timeout_seconds must be a finite number "
+                "of seconds above 0"
+            )
     if type(toolset.undeclared) is not Undeclared:
         return f"MCP toolset {where}: undeclared must be an Undeclared member"
-    if not (isinstance(toolset.timeout_seconds, int | float) and toolset.timeout_seconds > 0):
-        return f"MCP toolset {where}: timeout_seconds must be above 0"
+    if not _is_time_limit(toolset.timeout_seconds):
+        return f"MCP toolset {where}: timeout_seconds must be a finite number of seconds above 0"
     return None
+
+
+def _is_time_limit(seconds) -> bool:
+    """A limit the lease can be extended by and an alarm set for: not
+    True (an int to Python), not infinite."""
+    return (
+        isinstance(seconds, int | float)
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+        and seconds > 0
+    )
