@@ -114,3 +114,11 @@ class StuckStarting(McpToolset):
         command=sys.executable, args=("-m", "tests.mcp_servers.liar", "hang"), cwd=str(ROOT)
     )
     tools = {"lookup": ToolEffect.READ_ONLY}
+
+
+class AlsoStuckStarting(McpToolset):
+    """A second server that never answers its handshake."""
+
+    server = "stuck2"
+    transport = StuckStarting.transport
+    tools = {"lookup": ToolEffect.READ_ONLY}

@@ -105,3 +105,28 @@ def test_a_server_stuck_starting_costs_its_listing_the_connect_timeout_and_no_ot
     # The stuck server is unreachable after its connect timeout, not two.
     assert stuck["listing"].unreachable.startswith("MCP server 'stuck' cannot be reached: ")
     assert stuck["seconds"] < 2 + 1.5, stuck["seconds"]
+
+
+def test_the_tools_list_waits_for_servers_stuck_starting_side_by_side_not_one_after_another(
+    api, settings
+):
+    # Each stuck server costs its listing the connect timeout; one after
+    # another, a few of them would outlast a web worker's timeout (gunicorn
+    # kills it at 30 s), and the page to switch their tools off would fail.
+    settings.NRLLM_MCP_CONNECT_TIMEOUT_SECONDS = 2
+    settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, STUCK, "tests.mcp_toolsets.AlsoStuckStarting"]
+    started = time.monotonic()
+
+    tools = tools_of(api)
+
+    assert time.monotonic() - started < 2 + 1.5
+    for name in ("stuck__lookup", "stuck2__lookup"):
+        assert tools[name]["available"] is False
+        assert "cannot be reached" in tools[name]["unavailable_reason"]
+    refused_at = time.monotonic()
+    catalog.forget()  # an enqueue in a process that has not listed them
+    refused = api.post(
+        "/api/runs/", scripted(answer(), tools=["stuck__lookup", "stuck2__lookup"]), format="json"
+    )
+    assert refused.status_code == 400, refused.content
+    assert time.monotonic() - refused_at < 2 + 1.5

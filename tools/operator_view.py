@@ -142,8 +142,7 @@ def sync_tool_settings() -> list[str]:
     known. Two pages syncing at once insert each row once
     (``ignore_conflicts``); a server that cannot be reached adds nothing."""
     registry = get_registry()
-    for toolset in registry.toolsets:
-        catalog.listing(toolset)
+    catalog.listings(registry.toolsets)
     names = registry.names()
     existing = set(ToolSetting.objects.filter(name__in=names).values_list("name", flat=True))
     missing = [name for name in names if name not in existing]

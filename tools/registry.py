@@ -129,12 +129,16 @@ class ToolRegistry:
     def unavailable(self, names: Iterable[str]) -> dict[str, str]:
         """Why each of the MCP tools ``names`` cannot be offered now; a
         tool that can, or that is not an MCP tool, is not in it."""
+        names = list(names)
+        listed_by = catalog.listings(
+            toolset for toolset in map(self.toolset_of, names) if toolset is not None
+        )
         reasons = {}
         for name in names:
             toolset = self.toolset_of(name)
             if toolset is None:
                 continue
-            listed = catalog.listing(toolset)
+            listed = listed_by[toolset]
             if name not in listed.tools:
                 reasons[name] = listed.unavailable.get(
                     name, listed.unreachable or f"MCP server {toolset.server!r} does not offer it"

@@ -14,6 +14,8 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tools.effects import ToolEffect
@@ -62,6 +64,23 @@ def listing(toolset: type[McpToolset], *, refresh: bool = False) -> Listing:
             return cached  # another thread listed it meanwhile
         _listings[toolset] = fresh = _listed(toolset)
         return fresh
+
+
+def listings(toolsets: Iterable[type[McpToolset]]) -> dict[type[McpToolset], Listing]:
+    """Each toolset's listing, the servers without a fresh one asked side by
+    side: a page or an enqueue naming several servers that hang waits for
+    the connect timeout once, not once per server."""
+    toolsets = list(dict.fromkeys(toolsets))
+    stale = [toolset for toolset in toolsets if not _is_fresh(toolset)]
+    if len(stale) > 1:
+        with ThreadPoolExecutor(max_workers=len(stale), thread_name_prefix="mcp-list") as pool:
+            list(pool.map(listing, stale))
+    return {toolset: listing(toolset) for toolset in toolsets}
+
+
+def _is_fresh(toolset: type[McpToolset]) -> bool:
+    cached = _listings.get(toolset)
+    return cached is not None and cached.is_fresh()
 
 
 def cached_listing(toolset: type[McpToolset]) -> Listing | None:
