@@ -10,6 +10,7 @@ offer it, or offers it with a schema or a name this runtime cannot use;
 each has its reason, for operators and for the refusal at enqueue.
 """
 
+import functools
 import json
 import threading
 import time
@@ -66,16 +67,24 @@ def listing(toolset: type[McpToolset], *, refresh: bool = False) -> Listing:
         return fresh
 
 
-def listings(toolsets: Iterable[type[McpToolset]]) -> dict[type[McpToolset], Listing]:
-    """Each toolset's listing, the servers without a fresh one asked side by
-    side: a page or an enqueue naming several servers that hang waits for
-    the connect timeout once, not once per server."""
+def listings(
+    toolsets: Iterable[type[McpToolset]], *, refresh: bool = False
+) -> dict[type[McpToolset], Listing]:
+    """Each toolset's listing, the servers without a fresh one (every
+    server, with ``refresh``) asked side by side: a page or an enqueue
+    naming several servers that hang waits for the connect timeout once,
+    not once per server."""
     toolsets = list(dict.fromkeys(toolsets))
-    stale = [toolset for toolset in toolsets if not _is_fresh(toolset)]
+    stale = [toolset for toolset in toolsets if refresh or not _is_fresh(toolset)]
+    ask = functools.partial(listing, refresh=refresh)
     if len(stale) > 1:
         with ThreadPoolExecutor(max_workers=len(stale), thread_name_prefix="mcp-list") as pool:
-            list(pool.map(listing, stale))
-    return {toolset: listing(toolset) for toolset in toolsets}
+            listed = dict(zip(stale, pool.map(ask, stale), strict=True))
+    else:
+        listed = {toolset: ask(toolset) for toolset in stale}
+    return {
+        toolset: listed[toolset] if toolset in listed else listing(toolset) for toolset in toolsets
+    }
 
 
 def _is_fresh(toolset: type[McpToolset]) -> bool:
