@@ -176,6 +176,9 @@ def toolset_problem(toolset: type[McpToolset]) -> str | None:
     builds_its_own = toolset.get_transport.__func__ is not McpToolset.get_transport.__func__
     if not builds_its_own and not isinstance(toolset.transport, Stdio | StreamableHttp):
         return f"MCP toolset {where}: transport must be a Stdio or a StreamableHttp"
+    problem = None if builds_its_own else transport_problem(toolset.transport)
+    if problem:
+        return f"MCP toolset {where}: transport: {problem}"
     if not isinstance(toolset.tools, dict):
         return f"MCP toolset {where}: tools must be a dict of tool name to ToolEffect"
     for name, declared in toolset.tools.items():
@@ -202,6 +205,32 @@ def toolset_problem(toolset: type[McpToolset]) -> str | None:
         return f"MCP toolset {where}: undeclared must be an Undeclared member"
     if not _is_time_limit(toolset.timeout_seconds):
         return f"MCP toolset {where}: timeout_seconds must be a finite number of seconds above 0"
+    return None
+
+
+def transport_problem(transport: Stdio | StreamableHttp) -> str | None:
+    """Why ``transport`` cannot be used; None when it can. A str where a
+    tuple belongs is the likely slip (``env_from=("TOKEN")``): iterated, its
+    letters would be the variables handed on, and the server would start
+    without its credential."""
+    if isinstance(transport, Stdio):
+        if not isinstance(transport.command, str) or not transport.command:
+            return "command must be a non-empty string"
+        for name in ("args", "env_from"):
+            value = getattr(transport, name)
+            if isinstance(value, str):
+                return f"{name} must be a tuple of strings, not the str {value!r}"
+            if not isinstance(value, tuple | list) or not all(isinstance(v, str) for v in value):
+                return f"{name} must be a tuple of strings"
+        return None
+    headers = transport.headers_from_env
+    if not isinstance(transport.url, str) or not transport.url:
+        return "url must be a non-empty string"
+    if not isinstance(headers, dict) or not all(
+        isinstance(header, str) and isinstance(variable, str)
+        for header, variable in headers.items()
+    ):
+        return "headers_from_env must map header names to variable names"
     return None
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from django.conf import settings
 
-from tools.mcp.declaration import McpToolset, Stdio, StreamableHttp
+from tools.mcp.declaration import McpToolset, Stdio, StreamableHttp, transport_problem
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,11 @@ async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncE
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
+    if not isinstance(transport, Stdio | StreamableHttp):
+        raise TypeError(f"get_transport() returned {transport!r}, not a Stdio or a StreamableHttp")
+    problem = transport_problem(transport)  # checked at load unless built here
+    if problem:
+        raise TypeError(f"get_transport(): {problem}")
     if isinstance(transport, Stdio):
         return StdioServerParameters(
             command=transport.command,
@@ -150,8 +155,6 @@ async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncE
             env=transport.environment(),
             cwd=transport.cwd,
         )
-    if not isinstance(transport, StreamableHttp):
-        raise TypeError(f"get_transport() returned {transport!r}, not a Stdio or a StreamableHttp")
     http_client = await stack.enter_async_context(
         create_mcp_http_client(headers=transport.headers())
     )
