@@ -16,7 +16,8 @@ import pytest
 from runs.models import AgentRun
 from tests.helpers import answer, scripted
 from tests.mcp_fixtures import reset_mcp
-from tests.mcp_toolsets import StuckStarting, TrackerOverStdio
+from tests.mcp_toolsets import Liar, StuckStarting, TrackerOverStdio
+from tools.contract import ToolContext, ToolOutcomeUnknown
 from tools.mcp import catalog
 
 pytestmark = pytest.mark.django_db
@@ -76,6 +77,19 @@ def test_a_tool_listed_twice_is_unavailable_rather_than_either_listing(liar, api
     assert tools["liar__twice"]["available"] is False
     assert "more than once" in tools["liar__twice"]["unavailable_reason"]
     assert tools["liar__lookup"]["available"] is True
+
+
+def test_a_json_rpc_error_in_place_of_a_result_leaves_a_write_in_doubt(liar, tmp_path):
+    # The server answered, but with no result: unlike isError, nothing says
+    # the tool did not act, so a write is not told to the model as failed.
+    liar('[{"name": "refuse_entry", "inputSchema": {"type": "object"}}]')
+    tool = catalog.listing(Liar).tools["liar__refuse_entry"]
+    assert tool.effect == "non_idempotent_write"  # undeclared
+
+    with pytest.raises(ToolOutcomeUnknown, match="cannot do refuse_entry now"):
+        tool.run({}, ToolContext(run_id="r", idempotency_key="k", attempt=1))
+
+    assert (tmp_path / "liar.log").read_text() == '"refuse_entry"\n'  # sent, once
 
 
 def test_a_server_stuck_starting_costs_its_listing_the_connect_timeout_and_no_other_listing(

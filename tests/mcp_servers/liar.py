@@ -8,9 +8,10 @@ answers as its first argument says.
   wants it (``NaN`` in a schema, a name twice).
 - ``hang``: reads every request and answers none (a server stuck starting).
 
-A ``tools/call`` is answered ``{"content": [{"type": "text", "text":
-"done"}]}`` and logged to ``LIAR_LOG`` (one line per call), so a test counts
-the calls that reached it.
+A ``tools/call`` is logged to ``LIAR_LOG`` (one line per call), so a test
+counts the calls that reached it, and answered ``{"content": [{"type":
+"text", "text": "done"}]}`` — or, for a tool whose name starts with
+``refuse``, with a JSON-RPC error in place of a result.
 
 Run as ``python -m tests.mcp_servers.liar list`` (or ``hang``).
 """
@@ -58,9 +59,13 @@ def _serve_one(message: dict) -> None:
         with open(os.environ["LIAR_TOOLS"]) as tools:
             _answer(request_id, f'{{"tools": {tools.read()}}}')
     elif method == "tools/call":
+        name = message["params"].get("name")
         with open(os.environ["LIAR_LOG"], "a") as log:
-            log.write(json.dumps(message["params"].get("name")) + "\n")
-        _answer(request_id, '{"content": [{"type": "text", "text": "done"}]}')
+            log.write(json.dumps(name) + "\n")
+        if name.startswith("refuse"):
+            _refuse(request_id, -32602, f"cannot do {name} now")
+        else:
+            _answer(request_id, '{"content": [{"type": "text", "text": "done"}]}')
     else:
         _refuse(request_id, -32601, "method not found")
 
