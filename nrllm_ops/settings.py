@@ -226,4 +226,7 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # The MCP SDK's HTTP client logs every request's URL at INFO, and an
+    # MCP server's URL may hold a credential (userinfo, a token in the query).
+    "loggers": {"httpx2": {"level": "WARNING"}},
 }

@@ -73,3 +73,52 @@ class OverpromisingTracker(McpToolset):
         "search_issues": ToolEffect.READ_ONLY,
         "merge_issues": ToolEffect.NON_IDEMPOTENT_WRITE,
     }
+
+
+class TrackerWithAuthorization(McpToolset):
+    """The tracker over HTTP, sent an ``Authorization`` header whose value
+    comes from ``TRACKER_AUTHORIZATION``."""
+
+    server = "authtracker"
+    tools = {"search_issues": ToolEffect.READ_ONLY}
+
+    @classmethod
+    def get_transport(cls):
+        return StreamableHttp(
+            url=os.environ.get("TRACKER_MCP_URL", "http://127.0.0.1:9/mcp"),
+            headers_from_env={"Authorization": "TRACKER_AUTHORIZATION"},
+        )
+
+
+LIAR_ENV = ("LIAR_TOOLS", "LIAR_LOG")
+
+
+class Liar(McpToolset):
+    """``tests.mcp_servers.liar``: lists the tools array of ``LIAR_TOOLS`` as written."""
+
+    server = "liar"
+    transport = Stdio(
+        command=sys.executable,
+        args=("-m", "tests.mcp_servers.liar", "list"),
+        env_from=LIAR_ENV,
+        cwd=str(ROOT),
+    )
+    tools = {"lookup": ToolEffect.READ_ONLY, "twice": ToolEffect.NON_IDEMPOTENT_WRITE}
+
+
+class StuckStarting(McpToolset):
+    """A server that never answers its handshake."""
+
+    server = "stuck"
+    transport = Stdio(
+        command=sys.executable, args=("-m", "tests.mcp_servers.liar", "hang"), cwd=str(ROOT)
+    )
+    tools = {"lookup": ToolEffect.READ_ONLY}
+
+
+class AlsoStuckStarting(McpToolset):
+    """A second server that never answers its handshake."""
+
+    server = "stuck2"
+    transport = StuckStarting.transport
+    tools = {"lookup": ToolEffect.READ_ONLY}

@@ -24,7 +24,10 @@ from datetime import timedelta
 import psutil
 import pytest
 
-from runs.models import AgentRun, DeadLetter
+from runs import approval_actions
+from runs.dispatch import executing_in_embedded_worker
+from runs.embedded_worker import execute_due_runs
+from runs.models import AgentRun, ApprovalRequest, DeadLetter
 from runs.runtime import enqueue
 from runs.selectors import writes_in_doubt
 from runs.vocabulary import RunStatus, StepKind
@@ -143,6 +146,43 @@ def test_a_worker_process_that_found_a_server_unreachable_asks_it_again_when_it_
     assert done.status == RunStatus.COMPLETED, done.error_message
     assert (done.requeue_count, done.lease_token) == (1, 2)
     assert [call["tool"] for call in tracker.calls()] == ["search_issues", "create_issue"]
+
+
+@pytest.mark.parametrize("model", MODELS, indirect=True)
+def test_an_approved_write_whose_server_went_down_since_it_was_listed_waits_for_the_server(
+    model, over_http, approvals, operator, settings
+):
+    """The embedded worker (and a ``SimpleWorker``) keeps its listings for a
+    minute. An attempt asks its servers anew all the same: with the server
+    down since, the approved write is retried once the server is back —
+    not turned into a tool error the model is told, the approval spent on
+    a call that never left."""
+    settings.NRLLM_RETRY_BACKOFF_SECONDS = 0
+    tracker = over_http.tracker
+    agent_run = enqueue(over_http.request(model, [CREATE], ANSWER))  # listed here, now
+    (approval,) = ApprovalRequest.objects.filter(run=agent_run)
+    tracker.stop_http()
+
+    with executing_in_embedded_worker():
+        assert approval_actions.approve(approval, operator, digest=approval.digest).ok
+        execute_due_runs(limit=1)
+        waiting = fresh(agent_run)
+        assert (waiting.status, waiting.failure_class, waiting.requeue_count) == (
+            RunStatus.QUEUED,
+            "connection",
+            1,
+        ), waiting.error_message
+        assert not waiting.steps.filter(kind=StepKind.TOOL).exists()
+        if model is not None:
+            assert model.requests_by_turn == {0: 1}  # the turn after the write was not asked
+
+        tracker.start_http()
+        execute_due_runs(limit=1)
+
+    done = fresh(agent_run)
+    assert done.status == RunStatus.COMPLETED, done.error_message
+    (created,) = tracker.calls("create_issue")
+    assert created["idempotency_key"] == approval.idempotency_key
 
 
 # --- the server going away mid-run --------------------------------------------

@@ -128,6 +128,21 @@ def test_an_undeclared_tool_named_before_any_list_gets_its_setting_on_its_own_pa
     assert not ToolSetting.objects.filter(name="tracker__no_such_tool").exists()
 
 
+def test_a_name_no_listing_showed_gets_no_setting_while_its_server_is_down(api, settings):
+    # A server that cannot be reached may offer any name: the name is not
+    # unknown to the registry, but nothing says such a tool exists, and a
+    # look at its page must not make a settings row for it.
+    settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, "tests.mcp_toolsets.MissingTracker"]
+
+    for name in ("missing__no_such_tool", "missing__another_guess"):
+        assert api.get(f"/api/tools/{name}/").status_code == 404
+
+    assert not ToolSetting.objects.filter(name__startswith="missing__no").exists()
+    assert not ToolSetting.objects.filter(name="missing__another_guess").exists()
+    # Its declared tool has its row from code, server or no server.
+    assert api.get("/api/tools/missing__create_issue/").status_code == 200
+
+
 def test_a_server_down_shows_its_tools_unavailable_with_the_reason(api, http_tracker):
     http_tracker.stop_http()
     started = time.monotonic()

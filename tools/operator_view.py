@@ -142,8 +142,7 @@ def sync_tool_settings() -> list[str]:
     known. Two pages syncing at once insert each row once
     (``ignore_conflicts``); a server that cannot be reached adds nothing."""
     registry = get_registry()
-    for toolset in registry.toolsets:
-        catalog.listing(toolset)
+    catalog.listings(registry.toolsets)
     names = registry.names()
     existing = set(ToolSetting.objects.filter(name__in=names).values_list("name", flat=True))
     missing = [name for name in names if name not in existing]
@@ -159,7 +158,19 @@ def setting_for(name: str) -> ToolSetting | None:
     and it has none yet (an undeclared MCP tool no list page has synced);
     None for a name with neither."""
     setting = ToolSetting.objects.filter(name=name).first()
-    if setting is not None or name not in get_registry():
+    if setting is not None or not _named_now(name):
         return setting
     ToolSetting.objects.bulk_create([ToolSetting(name=name)], ignore_conflicts=True)
     return ToolSetting.objects.filter(name=name).first()
+
+
+def _named_now(name: str) -> bool:
+    """Whether code or a listing names the tool now. Not ``name in
+    registry``: that holds for every name of a toolset whose server cannot
+    be reached (it may offer it), and a look at such a name's page must not
+    leave a settings row behind."""
+    registry = get_registry()
+    toolset = registry.toolset_of(name)
+    if toolset is not None:
+        catalog.listing(toolset)  # from the cache when fresh
+    return name in registry.names()

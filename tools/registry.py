@@ -129,12 +129,16 @@ class ToolRegistry:
     def unavailable(self, names: Iterable[str]) -> dict[str, str]:
         """Why each of the MCP tools ``names`` cannot be offered now; a
         tool that can, or that is not an MCP tool, is not in it."""
+        names = list(names)
+        listed_by = catalog.listings(
+            toolset for toolset in map(self.toolset_of, names) if toolset is not None
+        )
         reasons = {}
         for name in names:
             toolset = self.toolset_of(name)
             if toolset is None:
                 continue
-            listed = catalog.listing(toolset)
+            listed = listed_by[toolset]
             if name not in listed.tools:
                 reasons[name] = listed.unavailable.get(
                     name, listed.unreachable or f"MCP server {toolset.server!r} does not offer it"
@@ -225,22 +229,21 @@ def require_available(names: Iterable[str], disabled: Collection[str]) -> None:
     ``disabled`` can be offered now: an attempt offers a run all its tools,
     so it waits (is retried) for a server rather than start without one.
 
-    A server this process last found unreachable is asked again: the
-    attempt is most likely the retry that waited out its backoff for it,
-    and in a process that keeps its listings (a ``SimpleWorker``, the
-    embedded worker) that listing may be younger than the backoff, which
-    would spend the retry without asking."""
+    Every server of those tools is asked again, whatever this process last
+    listed: a process that keeps its listings (a ``SimpleWorker``, the
+    embedded worker) would otherwise start the attempt on a listing up to
+    a minute old. A server gone since would then not be waited for: the
+    attempt would go live and spend its calls — an approved write among
+    them — as tool errors the model is told. And one this process last
+    found unreachable, the attempt most likely the retry that waited out
+    its backoff for it, is asked rather than taken as still down."""
     registry = get_registry()
     wanted = [name for name in names if name not in disabled]
-    for toolset in {registry.toolset_of(name) for name in wanted} - {None}:
-        cached = catalog.cached_listing(toolset)
-        if cached is not None and cached.unreachable:
-            catalog.listing(toolset, refresh=True)
+    toolsets = {registry.toolset_of(name) for name in wanted} - {None}
+    listed_by = catalog.listings(toolsets, refresh=True)
     reasons = registry.unavailable(wanted)
     if reasons:
-        unreachable = any(
-            catalog.listing(registry.toolset_of(name)).unreachable for name in reasons
-        )
+        unreachable = any(listed_by[registry.toolset_of(name)].unreachable for name in reasons)
         raise ToolsUnavailable(reasons, unreachable=unreachable)
 
 

@@ -10,8 +10,13 @@ offer it, or offers it with a schema or a name this runtime cannot use;
 each has its reason, for operators and for the refusal at enqueue.
 """
 
+import functools
+import json
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tools.effects import ToolEffect
@@ -62,6 +67,31 @@ def listing(toolset: type[McpToolset], *, refresh: bool = False) -> Listing:
         return fresh
 
 
+def listings(
+    toolsets: Iterable[type[McpToolset]], *, refresh: bool = False
+) -> dict[type[McpToolset], Listing]:
+    """Each toolset's listing, the servers without a fresh one (every
+    server, with ``refresh``) asked side by side: a page or an enqueue
+    naming several servers that hang waits for the connect timeout once,
+    not once per server."""
+    toolsets = list(dict.fromkeys(toolsets))
+    stale = [toolset for toolset in toolsets if refresh or not _is_fresh(toolset)]
+    ask = functools.partial(listing, refresh=refresh)
+    if len(stale) > 1:
+        with ThreadPoolExecutor(max_workers=len(stale), thread_name_prefix="mcp-list") as pool:
+            listed = dict(zip(stale, pool.map(ask, stale), strict=True))
+    else:
+        listed = {toolset: ask(toolset) for toolset in stale}
+    return {
+        toolset: listed[toolset] if toolset in listed else listing(toolset) for toolset in toolsets
+    }
+
+
+def _is_fresh(toolset: type[McpToolset]) -> bool:
+    cached = _listings.get(toolset)
+    return cached is not None and cached.is_fresh()
+
+
 def cached_listing(toolset: type[McpToolset]) -> Listing | None:
     """The last listing, however old; None if none was asked for."""
     return _listings.get(toolset)
@@ -85,12 +115,17 @@ def _listed(toolset: type[McpToolset]) -> Listing:
         )
     metrics.LISTINGS.labels(toolset.server, "ok").inc()
     tools, unavailable = {}, {}
+    times_listed = Counter(remote.name for remote in offered)
     for remote in offered:
         declared = toolset.declaration(remote.name)
         if declared is None and toolset.undeclared is Undeclared.HIDE:
             continue
         name = toolset.registered_name(remote.name)
         problem = _problem(name, remote.input_schema)
+        if times_listed[remote.name] > 1:
+            # Which of them the server runs is unknown: a call checked
+            # against one schema would be sent to the other.
+            problem = f"the server lists {remote.name!r} more than once"
         if problem:
             unavailable[name] = problem
             continue
@@ -119,5 +154,11 @@ def _problem(name: str, schema) -> str:
             f"its name {name!r} is not 1-64 letters, digits, '_' or '-', "
             "which chat-completions APIs require"
         )
+    try:
+        # Strict JSON, as the API returns it and a chat-completions request
+        # carries it to the model: the SDK reads NaN and the infinities.
+        json.dumps(schema, allow_nan=False)
+    except ValueError:
+        return "the server's input schema holds NaN or an infinity, which JSON has no number for"
     problem = check_schema(schema)
     return f"the server's input schema: {problem}" if problem else ""

@@ -14,6 +14,7 @@ session opens, and nothing of it is stored on a run or a step.
 """
 
 import enum
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ _SERVER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
 #: What chat-completions APIs accept as a function name: a registered name
 #: (``<server>__<tool>``) must be one.
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: An HTTP header value as the HTTP client sends one (RFC 9110 field-value,
+#: ASCII): printable, inner spaces and tabs only.
+_HEADER_VALUE = re.compile(r"\A(?:[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?)?\Z")
 
 
 class Undeclared(enum.StrEnum):
@@ -87,11 +91,23 @@ class StreamableHttp:
         return self.url
 
     def headers(self) -> dict[str, str]:
-        return {
-            header: os.environ[variable]
-            for header, variable in self.headers_from_env.items()
-            if variable in os.environ
-        }
+        """The headers to send. Raises ``ValueError``, naming the header and
+        its variable but never the value, for a value HTTP cannot carry: the
+        HTTP client's own refusal quotes the value, and it would end up in
+        the reason a tool is unavailable (pages, API, a run's failure)."""
+        headers = {}
+        for header, variable in self.headers_from_env.items():
+            if variable not in os.environ:
+                continue
+            value = os.environ[variable]
+            if not _HEADER_VALUE.match(value):
+                raise ValueError(
+                    f"header {header!r} (from {variable}): its value is not one HTTP can "
+                    "carry: a line break, a leading or trailing space, or a character "
+                    "outside printable ASCII"
+                )
+            headers[header] = value
+        return headers
 
 
 class McpToolset:
@@ -152,9 +168,17 @@ def toolset_problem(toolset: type[McpToolset]) -> str | None:
         )
     if SEPARATOR in toolset.server:
         return f"MCP toolset {where}: server {toolset.server!r} must not contain {SEPARATOR!r}"
+    if toolset.server.endswith("_"):
+        # "a_" + "__" + "x" and "a" + "__" + "_x" would be one registered
+        # name for two servers' tools, effect_for taking one's declaration
+        # and a call going to the other.
+        return f"MCP toolset {where}: server {toolset.server!r} must not end with '_'"
     builds_its_own = toolset.get_transport.__func__ is not McpToolset.get_transport.__func__
     if not builds_its_own and not isinstance(toolset.transport, Stdio | StreamableHttp):
         return f"MCP toolset {where}: transport must be a Stdio or a StreamableHttp"
+    problem = None if builds_its_own else transport_problem(toolset.transport)
+    if problem:
+        return f"MCP toolset {where}: transport: {problem}"
     if not isinstance(toolset.tools, dict):
         return f"MCP toolset {where}: tools must be a dict of tool name to ToolEffect"
     for name, declared in toolset.tools.items():
@@ -172,10 +196,50 @@ def toolset_problem(toolset: type[McpToolset]) -> str | None:
                 "letters, digits, '_' or '-' (which chat-completions APIs require)"
             )
         limit = declared.timeout_seconds if isinstance(declared, Declared) else None
-        if limit is not None and not (isinstance(limit, int | float) and limit > 0):
-            return f"MCP toolset {where}: tool {name!r}: timeout_seconds must be above 0"
+        if limit is not None and not _is_time_limit(limit):
+            return (
+                f"MCP toolset {where}: tool {name!r}: timeout_seconds must be a finite number "
+                "of seconds above 0"
+            )
     if type(toolset.undeclared) is not Undeclared:
         return f"MCP toolset {where}: undeclared must be an Undeclared member"
-    if not (isinstance(toolset.timeout_seconds, int | float) and toolset.timeout_seconds > 0):
-        return f"MCP toolset {where}: timeout_seconds must be above 0"
+    if not _is_time_limit(toolset.timeout_seconds):
+        return f"MCP toolset {where}: timeout_seconds must be a finite number of seconds above 0"
     return None
+
+
+def transport_problem(transport: Stdio | StreamableHttp) -> str | None:
+    """Why ``transport`` cannot be used; None when it can. A str where a
+    tuple belongs is the likely slip (``env_from=("TOKEN")``): iterated, its
+    letters would be the variables handed on, and the server would start
+    without its credential."""
+    if isinstance(transport, Stdio):
+        if not isinstance(transport.command, str) or not transport.command:
+            return "command must be a non-empty string"
+        for name in ("args", "env_from"):
+            value = getattr(transport, name)
+            if isinstance(value, str):
+                return f"{name} must be a tuple of strings, not the str {value!r}"
+            if not isinstance(value, tuple | list) or not all(isinstance(v, str) for v in value):
+                return f"{name} must be a tuple of strings"
+        return None
+    headers = transport.headers_from_env
+    if not isinstance(transport.url, str) or not transport.url:
+        return "url must be a non-empty string"
+    if not isinstance(headers, dict) or not all(
+        isinstance(header, str) and isinstance(variable, str)
+        for header, variable in headers.items()
+    ):
+        return "headers_from_env must map header names to variable names"
+    return None
+
+
+def _is_time_limit(seconds) -> bool:
+    """A limit the lease can be extended by and an alarm set for: not
+    True (an int to Python), not infinite."""
+    return (
+        isinstance(seconds, int | float)
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+        and seconds > 0
+    )

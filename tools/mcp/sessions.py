@@ -30,7 +30,7 @@ from typing import Any
 
 from django.conf import settings
 
-from tools.mcp.declaration import McpToolset, Stdio, StreamableHttp
+from tools.mcp.declaration import McpToolset, Stdio, StreamableHttp, transport_problem
 
 logger = logging.getLogger(__name__)
 
@@ -84,16 +84,29 @@ class _Session:
 
     async def open(self, timeout: float) -> None:
         opened: asyncio.Future = asyncio.get_running_loop().create_future()
+        # Its exception is the holder's word to a waiter that may have gone
+        # (timed out): retrieved here, asyncio does not log it as lost.
+        opened.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._release = asyncio.Event()
         self._holder = asyncio.create_task(self._hold(opened, self._release))
         try:
             self.client = await asyncio.wait_for(asyncio.shield(opened), timeout)
         except TimeoutError:
-            await self.close()
+            await self._abandon()
             raise NotSent(f"no session within {timeout:g}s") from None
         except BaseException:
-            await self.close()
+            await self._abandon()
             raise
+
+    async def _abandon(self) -> None:
+        """Stop a holder whose session never opened: it is stuck in the
+        handshake, where the release ``close`` waits for never comes, so
+        waiting would add ``close``'s 10 s to the connect timeout. The
+        SDK's shutdown of a stdio server is bounded."""
+        holder, self._holder, self.client = self._holder, None, None
+        if holder is not None:
+            holder.cancel()
+            await asyncio.wait({holder}, timeout=10)
 
     async def _hold(self, opened: asyncio.Future, release: asyncio.Event) -> None:
         from mcp import Client
@@ -120,8 +133,8 @@ class _Session:
         self._release.set()
         try:
             await asyncio.wait_for(holder, 10)
-        except BaseException:
-            holder.cancel()
+        except TimeoutError:
+            pass  # wait_for cancelled the holder
 
 
 async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncExitStack):
@@ -130,6 +143,11 @@ async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncE
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
+    if not isinstance(transport, Stdio | StreamableHttp):
+        raise TypeError(f"get_transport() returned {transport!r}, not a Stdio or a StreamableHttp")
+    problem = transport_problem(transport)  # checked at load unless built here
+    if problem:
+        raise TypeError(f"get_transport(): {problem}")
     if isinstance(transport, Stdio):
         return StdioServerParameters(
             command=transport.command,
@@ -137,8 +155,6 @@ async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncE
             env=transport.environment(),
             cwd=transport.cwd,
         )
-    if not isinstance(transport, StreamableHttp):
-        raise TypeError(f"get_transport() returned {transport!r}, not a Stdio or a StreamableHttp")
     http_client = await stack.enter_async_context(
         create_mcp_http_client(headers=transport.headers())
     )
@@ -152,7 +168,10 @@ class Sessions:
         self._pid = os.getpid()
         self._loop = asyncio.new_event_loop()
         self._sessions: dict[type[McpToolset], _Session] = {}
-        self._lock: asyncio.Lock | None = None
+        #: One lock per toolset, made on the loop's thread: a server slow
+        #: to open a session holds up its own callers only, never another
+        #: server's listing or call.
+        self._locks: dict[type[McpToolset], asyncio.Lock] = {}
         ready = threading.Event()
         self._thread = threading.Thread(
             target=self._serve, args=(ready,), name="mcp-sessions", daemon=True
@@ -162,7 +181,6 @@ class Sessions:
 
     def _serve(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
-        self._lock = asyncio.Lock()
         self._loop.call_soon(ready.set)
         self._loop.run_forever()
 
@@ -177,9 +195,12 @@ class Sessions:
             if not future.done():
                 future.cancel()
 
+    def _lock_of(self, toolset: type[McpToolset]) -> asyncio.Lock:
+        return self._locks.setdefault(toolset, asyncio.Lock())
+
     async def _session(self, toolset: type[McpToolset]) -> _Session:
         """The toolset's open session, opening one if there is none."""
-        async with self._lock:
+        async with self._lock_of(toolset):
             session = self._sessions.get(toolset)
             if session is None or not session.is_open:
                 session = _Session(toolset)
@@ -188,7 +209,7 @@ class Sessions:
             return session
 
     async def _forget(self, toolset: type[McpToolset], session: _Session) -> None:
-        async with self._lock:
+        async with self._lock_of(toolset):
             if self._sessions.get(toolset) is session:
                 del self._sessions[toolset]
         await session.close()
@@ -270,10 +291,13 @@ class Sessions:
             self._run(self._close_all(), 30)
 
     async def _close_all(self) -> None:
-        async with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            await session.close()
+        # Every toolset's lock, not only those with a session: one opening
+        # now is closed once it has opened, not left open behind this.
+        for toolset in list(self._locks):
+            async with self._lock_of(toolset):
+                session = self._sessions.pop(toolset, None)
+            if session is not None:
+                await session.close()
 
 
 _sessions: Sessions | None = None

@@ -1,0 +1,82 @@
+"""An MCP server that misbehaves, for the tests: it speaks JSON-RPC over
+stdio by hand (the SDK's servers would not send what this one sends) and
+answers as its first argument says.
+
+- ``list``: answers the handshake (the older protocol: ``server/discover``
+  is refused, ``initialize`` answered) and ``tools/list`` with the text of
+  the file ``LIAR_TOOLS`` as it is — the tools array, written as the test
+  wants it (``NaN`` in a schema, a name twice).
+- ``hang``: reads every request and answers none (a server stuck starting).
+
+A ``tools/call`` is logged to ``LIAR_LOG`` (one line per call), so a test
+counts the calls that reached it, and answered ``{"content": [{"type":
+"text", "text": "done"}]}`` — or, for a tool whose name starts with
+``refuse``, with a JSON-RPC error in place of a result.
+
+Run as ``python -m tests.mcp_servers.liar list`` (or ``hang``).
+"""
+
+import json
+import os
+import sys
+
+HANDSHAKE_VERSION = "2025-06-18"
+
+
+def _answer(request_id, result_text: str) -> None:
+    sys.stdout.write(
+        f'{{"jsonrpc": "2.0", "id": {json.dumps(request_id)}, "result": {result_text}}}\n'
+    )
+    sys.stdout.flush()
+
+
+def _refuse(request_id, code: int, message: str) -> None:
+    error = {"code": code, "message": message}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
+    sys.stdout.flush()
+
+
+def _serve_one(message: dict) -> None:
+    method, request_id = message.get("method"), message.get("id")
+    if request_id is None:
+        return  # a notification
+    if method == "server/discover":
+        _refuse(request_id, -32601, "method not found")
+    elif method == "initialize":
+        _answer(
+            request_id,
+            json.dumps(
+                {
+                    "protocolVersion": HANDSHAKE_VERSION,
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "liar", "version": "1"},
+                }
+            ),
+        )
+    elif method == "ping":
+        _answer(request_id, "{}")
+    elif method == "tools/list":
+        with open(os.environ["LIAR_TOOLS"]) as tools:
+            _answer(request_id, f'{{"tools": {tools.read()}}}')
+    elif method == "tools/call":
+        name = message["params"].get("name")
+        with open(os.environ["LIAR_LOG"], "a") as log:
+            log.write(json.dumps(name) + "\n")
+        if name.startswith("refuse"):
+            _refuse(request_id, -32602, f"cannot do {name} now")
+        else:
+            _answer(request_id, '{"content": [{"type": "text", "text": "done"}]}')
+    else:
+        _refuse(request_id, -32601, "method not found")
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "list"
+    for line in sys.stdin:
+        if mode == "hang" or not line.strip():
+            continue
+        _serve_one(json.loads(line))
+
+
+if __name__ == "__main__":
+    main()

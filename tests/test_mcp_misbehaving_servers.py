@@ -1,0 +1,146 @@
+"""MCP servers that misbehave: what a server lists is checked before a
+tool is offered, and a server that hangs costs its own listing the connect
+timeout and nothing more — not another server's listing, not twice the
+timeout.
+
+Servers: ``tests.mcp_servers.liar`` (raw JSON-RPC over stdio: lists what
+the test writes, or never answers) and the tracker
+(``tests.mcp_servers.tracker``).
+"""
+
+import threading
+import time
+
+import pytest
+
+from runs.models import AgentRun
+from tests.helpers import answer, scripted
+from tests.mcp_fixtures import reset_mcp
+from tests.mcp_toolsets import Liar, StuckStarting, TrackerOverStdio
+from tools.contract import ToolContext, ToolOutcomeUnknown
+from tools.mcp import catalog
+
+pytestmark = pytest.mark.django_db
+
+LIAR = "tests.mcp_toolsets.Liar"
+STUCK = "tests.mcp_toolsets.StuckStarting"
+
+
+@pytest.fixture
+def liar(tmp_path, monkeypatch, settings):
+    """``write(tools_json)``: what the liar lists next, as raw JSON text."""
+    tools_file = tmp_path / "liar-tools.json"
+    tools_file.write_text("[]")
+    monkeypatch.setenv("LIAR_TOOLS", str(tools_file))
+    monkeypatch.setenv("LIAR_LOG", str(tmp_path / "liar.log"))
+    settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, LIAR]
+    yield tools_file.write_text
+    reset_mcp()
+
+
+def tools_of(api) -> dict[str, dict]:
+    response = api.get("/api/tools/")
+    assert response.status_code == 200, response.content
+    return {tool["name"]: tool for tool in response.json()}
+
+
+def test_a_listed_schema_json_cannot_carry_makes_its_tool_unavailable_not_a_5xx(liar, api):
+    # NaN is no JSON number: the API could not return the schema, and no
+    # chat-completions request could carry it to the model.
+    liar(
+        '[{"name": "lookup", "description": "Look it up", "inputSchema": {"type": "object", '
+        '"properties": {"n": {"type": "number", "maximum": NaN}}}}]'
+    )
+
+    lookup = tools_of(api)["liar__lookup"]
+
+    assert lookup["available"] is False
+    assert "NaN" in lookup["unavailable_reason"], lookup["unavailable_reason"]
+    refused = api.post("/api/runs/", scripted(answer(), tools=["liar__lookup"]), format="json")
+    assert refused.status_code == 400, refused.content
+    assert "liar__lookup" in refused.content.decode()
+    assert AgentRun.objects.count() == 0
+
+
+def test_a_tool_listed_twice_is_unavailable_rather_than_either_listing(liar, api):
+    # Which of the two the server would run is unknown: the runtime would
+    # check a call's arguments against one schema and send it to the other.
+    liar(
+        '[{"name": "twice", "inputSchema": {"type": "object"}},'
+        ' {"name": "twice", "inputSchema": {"type": "object", "properties": '
+        '{"title": {"type": "string"}}, "required": ["title"]}},'
+        ' {"name": "lookup", "inputSchema": {"type": "object"}}]'
+    )
+
+    tools = tools_of(api)
+
+    assert tools["liar__twice"]["available"] is False
+    assert "more than once" in tools["liar__twice"]["unavailable_reason"]
+    assert tools["liar__lookup"]["available"] is True
+
+
+def test_a_json_rpc_error_in_place_of_a_result_leaves_a_write_in_doubt(liar, tmp_path):
+    # The server answered, but with no result: unlike isError, nothing says
+    # the tool did not act, so a write is not told to the model as failed.
+    liar('[{"name": "refuse_entry", "inputSchema": {"type": "object"}}]')
+    tool = catalog.listing(Liar).tools["liar__refuse_entry"]
+    assert tool.effect == "non_idempotent_write"  # undeclared
+
+    with pytest.raises(ToolOutcomeUnknown, match="cannot do refuse_entry now"):
+        tool.run({}, ToolContext(run_id="r", idempotency_key="k", attempt=1))
+
+    assert (tmp_path / "liar.log").read_text() == '"refuse_entry"\n'  # sent, once
+
+
+def test_a_server_stuck_starting_costs_its_listing_the_connect_timeout_and_no_other_listing(
+    tracker, settings
+):
+    settings.NRLLM_MCP_CONNECT_TIMEOUT_SECONDS = 2
+    settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, STUCK]
+    assert not catalog.listing(TrackerOverStdio).unreachable  # its session is open
+    stuck = {}
+
+    def list_the_stuck_server():
+        started = time.monotonic()
+        stuck["listing"] = catalog.listing(StuckStarting)
+        stuck["seconds"] = time.monotonic() - started
+
+    lister = threading.Thread(target=list_the_stuck_server)
+    lister.start()
+    time.sleep(0.5)  # the stuck server's session is opening
+    started = time.monotonic()
+    meanwhile = catalog.listing(TrackerOverStdio, refresh=True)
+    meanwhile_seconds = time.monotonic() - started
+    lister.join(timeout=30)
+
+    # Another server's listing does not wait for the stuck one's session.
+    assert not meanwhile.unreachable, meanwhile.unreachable
+    assert meanwhile_seconds < 1.5, meanwhile_seconds
+    # The stuck server is unreachable after its connect timeout, not two.
+    assert stuck["listing"].unreachable.startswith("MCP server 'stuck' cannot be reached: ")
+    assert stuck["seconds"] < 2 + 1.5, stuck["seconds"]
+
+
+def test_the_tools_list_waits_for_servers_stuck_starting_side_by_side_not_one_after_another(
+    api, settings
+):
+    # Each stuck server costs its listing the connect timeout; one after
+    # another, a few of them would outlast a web worker's timeout (gunicorn
+    # kills it at 30 s), and the page to switch their tools off would fail.
+    settings.NRLLM_MCP_CONNECT_TIMEOUT_SECONDS = 2
+    settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, STUCK, "tests.mcp_toolsets.AlsoStuckStarting"]
+    started = time.monotonic()
+
+    tools = tools_of(api)
+
+    assert time.monotonic() - started < 2 + 1.5
+    for name in ("stuck__lookup", "stuck2__lookup"):
+        assert tools[name]["available"] is False
+        assert "cannot be reached" in tools[name]["unavailable_reason"]
+    refused_at = time.monotonic()
+    catalog.forget()  # an enqueue in a process that has not listed them
+    refused = api.post(
+        "/api/runs/", scripted(answer(), tools=["stuck__lookup", "stuck2__lookup"]), format="json"
+    )
+    assert refused.status_code == 400, refused.content
+    assert time.monotonic() - refused_at < 2 + 1.5
