@@ -35,7 +35,11 @@ STEP_TOOLS = ("noop_read", "noop_idempotent_write", "noop_non_idempotent_write")
 def step_figures(steps: int, rounds: int) -> tuple[dict, dict]:
     """The step-overhead figures and their durable baseline, each the median of
     ``rounds`` measurements taken in turn, so drift on a shared machine hits
-    both sides of a ratio alike."""
+    both sides of a ratio alike. Statements are counted first, in a pass of
+    their own that is not timed (and warms up): counting turns on Django's
+    debug cursor, which renders every statement with its parameters, and a
+    timed run under it would measure that instead of the runtime."""
+    statements = {tool: step_statements(tool, steps) for tool in STEP_TOOLS}
     samples = {tool: [] for tool in STEP_TOOLS}
     baselines = []
     for _ in range(rounds):
@@ -45,9 +49,19 @@ def step_figures(steps: int, rounds: int) -> tuple[dict, dict]:
     figures = {}
     for tool, measured in samples.items():
         middle = median_by(measured, "steps_per_second")
-        figures[tool] = {**middle, "rounds": [m["steps_per_second"] for m in measured]}
+        figures[tool] = {
+            **middle,
+            "statements_per_step": statements[tool],
+            "rounds": [round(m["steps_per_second"]) for m in measured],
+            # Each round's rate over the same round's floor: the spread of the ratio.
+            "ratio_rounds": [
+                round(m["steps_per_second"] / b["steps_per_second"], 2)
+                for m, b in zip(measured, baselines, strict=True)
+            ],
+        }
     baseline = median_by(baselines, "steps_per_second")
-    baseline["rounds"] = [b["steps_per_second"] for b in baselines]
+    baseline["rounds"] = [round(b["steps_per_second"]) for b in baselines]
+    baseline["commits_per_second"] = commit_rate(steps)
     return figures, baseline
 
 
@@ -57,22 +71,31 @@ def median_by(measurements: list[dict], key: str) -> dict:
 
 
 def step_overhead(tool: str, steps: int) -> dict:
-    """Steps per second of one in-process run of ``tool`` calls, and round trips per step."""
+    """Steps per second of one in-process run of ``tool`` calls, timed with
+    nothing watching the database adapter."""
     from runs.models import AgentRun
     from runs.runtime import enqueue
 
     request = _steps_request(tool, steps // 2)
-    with CaptureQueriesContext(connection) as queries:
-        started = time.perf_counter()
-        run = enqueue(request)  # without REDIS_URL: executed here, as a worker would
-        elapsed = time.perf_counter() - started
+    started = time.perf_counter()
+    run = enqueue(request)  # without REDIS_URL: executed here, as a worker would
+    elapsed = time.perf_counter() - started
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "completed", run.error_message
-    return {
-        "steps": run.step_count,
-        "steps_per_second": run.step_count / elapsed,
-        "statements_per_step": len(queries) / run.step_count,
-    }
+    return {"steps": run.step_count, "steps_per_second": run.step_count / elapsed}
+
+
+def step_statements(tool: str, steps: int) -> float:
+    """Round trips per step of the same run as ``step_overhead``'s, counted
+    in an untimed run."""
+    from runs.models import AgentRun
+    from runs.runtime import enqueue
+
+    with CaptureQueriesContext(connection) as queries:
+        run = enqueue(_steps_request(tool, steps // 2))
+    run = AgentRun.objects.get(pk=run.pk)
+    assert run.status == "completed", run.error_message
+    return len(queries) / run.step_count
 
 
 def _resumable_request(steps: int) -> dict:
@@ -245,6 +268,22 @@ def durable_baseline(steps: int) -> dict:
         "fsync": fsync,
         "synchronous_commit": synchronous_commit,
     }
+
+
+def commit_rate(commits: int) -> float:
+    """Commits per second of the smallest durable transaction (one row
+    updated): what this machine's disk flush allows today, so a reader can
+    tell a disk change from a runtime change."""
+    with psycopg.connect(database_dsn(), autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_commit")
+        conn.execute("CREATE TABLE bench_commit (id int primary key, n bigint)")
+        conn.execute("INSERT INTO bench_commit VALUES (1, 0)")
+        started = time.perf_counter()
+        for _ in range(commits):
+            conn.execute("UPDATE bench_commit SET n = n + 1 WHERE id = 1")
+        elapsed = time.perf_counter() - started
+        conn.execute("DROP TABLE bench_commit")
+    return commits / elapsed
 
 
 def ten_step_runs(runs: int) -> dict:

@@ -77,6 +77,11 @@ def _configure(database_url: str, redis_url: str) -> dict:
     return {**os.environ, **env, "REDIS_URL": redis_url}
 
 
+def _spread(values: list) -> str:
+    """The lowest and highest of a figure's rounds."""
+    return f"{min(values)}–{max(values)}" if len(values) > 1 else f"{values[0]}"
+
+
 def _markdown(results: dict) -> str:
     lines = ["| figure | value | baseline (same run) | ratio | target |", "|---|---|---|---|---|"]
     for row in results["table"]:
@@ -214,7 +219,12 @@ def main(argv=None) -> int:
 
     base = baseline["steps_per_second"]
     table = [
-        {"figure": "durable step baseline (psycopg)", "value": f"{base:.0f} steps/s"},
+        {
+            "figure": f"durable step baseline (psycopg; rounds {_spread(baseline['rounds'])})",
+            "value": f"{base:.0f} steps/s",
+            "baseline": f"{baseline['commits_per_second']:.0f} one-row commits/s "
+            "(the disk's flush today)",
+        },
     ]
     for tool, label in [
         ("noop_read", "read step"),
@@ -224,7 +234,9 @@ def main(argv=None) -> int:
         rate = steps[tool]["steps_per_second"]
         table.append(
             {
-                "figure": f"{label} ({steps[tool]['statements_per_step']:.1f} statements/step)",
+                "figure": f"{label} ({steps[tool]['statements_per_step']:.1f} statements/step; "
+                f"rounds {_spread(steps[tool]['rounds'])} steps/s, "
+                f"ratio {_spread(steps[tool]['ratio_rounds'])})",
                 "value": f"{rate:.0f} steps/s",
                 "baseline": f"{base:.0f} steps/s",
                 "ratio": rate / base,
