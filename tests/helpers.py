@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -10,6 +11,13 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def scripted(*turns, tools=(), prompt="test prompt", max_iterations=None) -> dict:

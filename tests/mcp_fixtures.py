@@ -15,16 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, free_port, wait_until
 
 STDIO = "tests.mcp_toolsets.TrackerOverStdio"
 HTTP = "tests.mcp_toolsets.TrackerOverHttp"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def reset_mcp() -> None:
@@ -83,7 +77,7 @@ class Tracker:
         return f"http://127.0.0.1:{self.port}/mcp"
 
     def start_http(self) -> None:
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.mcp_servers.tracker", "http", str(self.port)],
             cwd=ROOT,

@@ -18,14 +18,19 @@ TRACKER_TOOLS = {
 }
 
 
-class TrackerOverStdio(McpToolset):
-    server = "tracker"
-    transport = Stdio(
+def python_server(module: str, mode: str, env_from: tuple[str, ...] = ()) -> Stdio:
+    """The test MCP server ``tests.mcp_servers.<module>``, started in ``mode``."""
+    return Stdio(
         command=sys.executable,
-        args=("-m", "tests.mcp_servers.tracker", "stdio"),
-        env_from=TRACKER_ENV,
+        args=("-m", f"tests.mcp_servers.{module}", mode),
+        env_from=env_from,
         cwd=str(ROOT),
     )
+
+
+class TrackerOverStdio(McpToolset):
+    server = "tracker"
+    transport = python_server("tracker", "stdio", TRACKER_ENV)
     tools = TRACKER_TOOLS
 
 
@@ -97,12 +102,7 @@ class Liar(McpToolset):
     """``tests.mcp_servers.liar``: lists the tools array of ``LIAR_TOOLS`` as written."""
 
     server = "liar"
-    transport = Stdio(
-        command=sys.executable,
-        args=("-m", "tests.mcp_servers.liar", "list"),
-        env_from=LIAR_ENV,
-        cwd=str(ROOT),
-    )
+    transport = python_server("liar", "list", LIAR_ENV)
     tools = {"lookup": ToolEffect.READ_ONLY, "twice": ToolEffect.NON_IDEMPOTENT_WRITE}
 
 
@@ -110,9 +110,7 @@ class StuckStarting(McpToolset):
     """A server that never answers its handshake."""
 
     server = "stuck"
-    transport = Stdio(
-        command=sys.executable, args=("-m", "tests.mcp_servers.liar", "hang"), cwd=str(ROOT)
-    )
+    transport = python_server("liar", "hang")
     tools = {"lookup": ToolEffect.READ_ONLY}
 
 

@@ -40,6 +40,12 @@ def provider(model) -> str:
     return "scripted" if model is None else "drifting"
 
 
+def finished(*turns, tools):
+    """The scripted run of ``turns`` offered ``tools``, enqueued (executed
+    here, as the embedded default does) and read back."""
+    return fresh(enqueue(scripted(*turns, tools=tools)))
+
+
 def tool_steps(agent_run) -> list:
     return list(agent_run.steps.filter(kind=StepKind.TOOL).order_by("sequence"))
 
@@ -100,12 +106,11 @@ def test_an_undeclared_tool_runs_only_as_a_non_idempotent_write_after_approval(
 
 def labelled(number: int):
     """A run that labels issue ``number`` through the tool whose hints lie."""
-    request = scripted(
+    return finished(
         call("tracker__label_issue", number=number, label="bug"),
         answer(),
         tools=["tracker__label_issue"],
     )
-    return fresh(enqueue(request))
 
 
 def test_a_hint_that_lies_is_flagged_and_the_declaration_is_what_runs(tracker, settings):
@@ -142,14 +147,10 @@ def test_a_toolset_that_hides_undeclared_tools_does_not_offer_them(tracker, sett
 
 def test_an_error_the_server_reports_is_fed_back_to_the_model(tracker, monkeypatch):
     monkeypatch.setenv("TRACKER_FAIL_CREATE", "1")
-    agent_run = fresh(
-        enqueue(
-            scripted(
-                call("tracker__create_issue", title="x"),
-                answer(),
-                tools=["tracker__create_issue"],
-            )
-        )
+    agent_run = finished(
+        call("tracker__create_issue", title="x"),
+        answer(),
+        tools=["tracker__create_issue"],
     )
     assert agent_run.status == RunStatus.COMPLETED
     (step,) = tool_steps(agent_run)
@@ -159,15 +160,11 @@ def test_an_error_the_server_reports_is_fed_back_to_the_model(tracker, monkeypat
 
 
 def test_arguments_are_checked_against_the_servers_schema_before_a_call(tracker):
-    agent_run = fresh(
-        enqueue(
-            scripted(
-                call("tracker__create_issue", title=5),
-                call("tracker__create_issue"),
-                answer(),
-                tools=["tracker__create_issue"],
-            )
-        )
+    agent_run = finished(
+        call("tracker__create_issue", title=5),
+        call("tracker__create_issue"),
+        answer(),
+        tools=["tracker__create_issue"],
     )
     assert agent_run.status == RunStatus.COMPLETED
     errors = [step.error for step in tool_steps(agent_run)]
@@ -178,14 +175,10 @@ def test_arguments_are_checked_against_the_servers_schema_before_a_call(tracker)
 
 def test_a_write_that_runs_past_its_time_limit_is_a_write_in_doubt(tracker, settings):
     settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, "tests.mcp_toolsets.ImpatientTracker"]
-    agent_run = fresh(
-        enqueue(
-            scripted(
-                call("impatient__create_issue", title="hold on"),
-                answer(),
-                tools=["impatient__create_issue"],
-            )
-        )
+    agent_run = finished(
+        call("impatient__create_issue", title="hold on"),
+        answer(),
+        tools=["impatient__create_issue"],
     )
     tracker.release()
     assert (agent_run.status, agent_run.termination_reason) == (

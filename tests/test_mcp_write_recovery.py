@@ -104,6 +104,17 @@ def written_once_as_recorded(server, agent_run) -> None:
         )
 
 
+def completed_on_its_second_attempt(agent_run, server, model) -> None:
+    """The run completed after one requeue, each call at the server once as
+    recorded, and (drifting) only turn 2, the one cut short, asked twice."""
+    done = fresh(agent_run)
+    assert done.status == RunStatus.COMPLETED, done.error_message
+    assert (done.requeue_count, done.lease_token) == (1, 2)
+    written_once_as_recorded(server, done)
+    if model is not None:
+        assert model.requests_by_turn == {0: 1, 1: 1, 2: 2, 3: 1}
+
+
 @pytest.mark.parametrize("model", MODELS, indirect=True)
 def test_a_model_turn_failing_after_a_write_is_retried_and_each_write_reaches_the_server_once(
     model, server, workers
@@ -119,12 +130,7 @@ def test_a_model_turn_failing_after_a_write_is_retried_and_each_write_reaches_th
     workers.start(with_scheduler=True, NRLLM_RETRY_BACKOFF_SECONDS=1, **server.tracker.env)
     wait_until(lambda: fresh(agent_run).is_terminal, timeout=60, what="the retry")
 
-    done = fresh(agent_run)
-    assert done.status == RunStatus.COMPLETED, done.error_message
-    assert (done.requeue_count, done.lease_token) == (1, 2)
-    written_once_as_recorded(server, done)
-    if model is not None:
-        assert model.requests_by_turn == {0: 1, 1: 1, 2: 2, 3: 1}
+    completed_on_its_second_attempt(agent_run, server, model)
 
 
 @pytest.mark.parametrize("model", MODELS, indirect=True)
@@ -161,9 +167,4 @@ def test_a_worker_killed_after_a_write_was_recorded_resumes_and_each_write_reach
     assert report.decisions[str(agent_run.pk)].startswith("requeued"), report.decisions
     workers.run_burst(**server.tracker.env)
 
-    done = fresh(agent_run)
-    assert done.status == RunStatus.COMPLETED, done.error_message
-    assert (done.requeue_count, done.lease_token) == (1, 2)
-    written_once_as_recorded(server, done)
-    if model is not None:
-        assert model.requests_by_turn == {0: 1, 1: 1, 2: 2, 3: 1}
+    completed_on_its_second_attempt(agent_run, server, model)

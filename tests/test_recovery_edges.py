@@ -19,7 +19,7 @@ from runs.requeue_safety import requeue_safety
 from runs.run_request import parse_run_request
 from runs.runtime import enqueue, run
 from runs.selectors import writes_in_doubt
-from tests.helpers import answer, fresh, later, scripted
+from tests.helpers import answer, free_port, fresh, later, scripted
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,17 +107,11 @@ def test_an_operator_requeued_interactive_run_whose_worker_died_is_requeued_not_
 # --- A transient Redis refusal fails the run dispatch_failed (G4) ------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def read_only_redis(tmp_path):
     """A real redis-server that refuses writes with READONLY, as a replica
     does during a failover (its master unreachable)."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [
             shutil.which("redis-server"),
@@ -129,7 +123,7 @@ def read_only_redis(tmp_path):
             str(tmp_path),
             "--replicaof",
             "127.0.0.1",
-            str(_free_port()),
+            str(free_port()),
         ],
         stdout=subprocess.DEVNULL,
     )
