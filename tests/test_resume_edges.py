@@ -3,6 +3,7 @@ while a resumed attempt replays a final answer, verdicts that say what a
 resume can and cannot do, a write in doubt whose tool is gone, an
 interactive run an operator requeues, and model text in refusals."""
 
+import logging
 import threading
 
 import pytest
@@ -20,7 +21,6 @@ from tests.helpers import (
     cancelled_once,
     fresh,
     scripted,
-    wait_until,
 )
 from tools.contract import Tool
 from tools.models import Note, OutboxNotification, ToolSetting
@@ -86,8 +86,10 @@ def test_a_request_the_database_could_not_store_is_refused_naming_where(api):
 
 def test_a_cancel_during_a_resume_that_replays_the_final_answer_wins(queue, operator):
     """G9: a cancel wins over a final answer, also a replayed one. A run
-    cancelled as its final answer came in is requeued; a cancel requested
-    while its resumed attempt writes the resume step still wins."""
+    cancelled as its final answer came in is requeued; a cancel that commits
+    after its resumed attempt wrote the resume step, before the replayed
+    answer settles the run, still wins: the attempt learns of it only at
+    that settle."""
     request = parse_run_request(scripted(answer("the answer"))).as_json()
     agent_run = transitions.create_queued_run(request, "p")
     lease = transitions.claim(agent_run.pk, "w", 60).lease
@@ -100,70 +102,52 @@ def test_a_cancel_during_a_resume_that_replays_the_final_answer_wins(queue, oper
     assert "the recorded final answer completes the run, no model call" in verdict.reason
     assert operator_actions.requeue(fresh(agent_run), operator, "again").ok
 
-    outcome = {}
-
-    def cancel_while_the_resume_step_is_written():
-        # The cancel waits on the run row the resume step's statement holds,
-        # and commits right after it: the attempt learns of it only at the
-        # settle of its replayed final answer.
-        try:
-            wait_until(_a_resume_step_sleeping, what="the resume step being written")
-            outcome["cancel"] = transitions.cancel(agent_run.pk)
-        finally:
-            connection.close()
-
-    with _slow_resume_step(seconds=30):
-        canceller = threading.Thread(target=cancel_while_the_resume_step_is_written)
-        canceller.start()
+    with _cancelled_after_the_resume_step(agent_run.pk) as outcome:
         run_queued(agent_run.pk)
-        canceller.join()
     assert outcome["cancel"] is transitions.CancelOutcome.REQUESTED
     assert fresh(agent_run).status == "cancelled"
 
 
-def _a_resume_step_sleeping() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event = 'PgSleep'"
-        )
-        return cursor.fetchone()[0] > 0
+class _cancelled_after_the_resume_step(logging.Handler):
+    """A log sink that stalls (a full stderr pipe) on the line the resume
+    step's record logs — after its commit, before the next statement — while
+    an operator's cancel commits on a connection of its own. Not a window
+    timed by sleeps or lock waits: after a lock wait the attempt's next
+    statement may take the run's row before the woken cancel does."""
 
-
-class _slow_resume_step:
-    """A resume step's INSERT is slow (a slow disk, a lock wait): it waits
-    until another backend waits on it — the cancel, on the run row the
-    statement holds — or at most ``seconds``. Not a fixed sleep: a canceller
-    thread starved by a busy machine for longer than a fixed window would
-    cancel after the run had ended, and the test would fail for it."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
+    def __init__(self, run_id):
+        super().__init__(logging.INFO)
+        self.run_id = run_id
+        self.outcome = {}
+        self._logger = logging.getLogger("runs.transitions")
 
     def __enter__(self):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "CREATE OR REPLACE FUNCTION nrllm_slow_resume() RETURNS trigger AS $$ "
-                f"DECLARE deadline timestamptz := clock_timestamp() + interval '{self.seconds} s'; "
-                "BEGIN LOOP "
-                "PERFORM pg_sleep(0.05); "
-                # pg_stat_activity is read once per transaction unless cleared.
-                "PERFORM pg_stat_clear_snapshot(); "
-                # Waiting on this backend, not on any lock: a backend an
-                # earlier test left waiting must not end the wait.
-                "EXIT WHEN clock_timestamp() > deadline OR EXISTS (SELECT 1 FROM "
-                "pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))); "
-                "END LOOP; RETURN NEW; END $$ LANGUAGE plpgsql"
-            )
-            cursor.execute(
-                f"CREATE TRIGGER nrllm_slow_resume BEFORE INSERT ON {RunStep._meta.db_table} "
-                "FOR EACH ROW WHEN (NEW.kind = 'resume') EXECUTE FUNCTION nrllm_slow_resume()"
-            )
+        self._level = self._logger.level
+        self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self)
+        return self.outcome
 
     def __exit__(self, *exc):
-        with connection.cursor() as cursor:
-            cursor.execute(f"DROP TRIGGER IF EXISTS nrllm_slow_resume ON {RunStep._meta.db_table}")
-            cursor.execute("DROP FUNCTION IF EXISTS nrllm_slow_resume()")
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._level)
+
+    def handle(self, record):
+        # Without the handler's lock: the cancel logs a line of its own.
+        self.emit(record)
+
+    def emit(self, record):
+        resume_step = (getattr(record, "action", ""), getattr(record, "kind", ""))
+        if resume_step != ("record_step", "resume"):
+            return
+        canceller = threading.Thread(target=self._cancel)
+        canceller.start()
+        canceller.join()
+
+    def _cancel(self):
+        try:
+            self.outcome["cancel"] = transitions.cancel(self.run_id)
+        finally:
+            connection.close()
 
 
 def test_a_replayed_final_answer_completes_the_run_without_a_model_call(queue, operator):
