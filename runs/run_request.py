@@ -13,13 +13,13 @@ import math
 from dataclasses import dataclass
 
 from django.conf import settings
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from runs.providers import PROVIDER_KINDS
 from tools.canonical import storable_text
 from tools.enabled import disabled_tool_names
 from tools.registry import get_registry
+from tools.validation import compiled_schema
 
 
 class InvalidRunRequest(ValueError):
@@ -65,9 +65,10 @@ _REQUEST_SCHEMA = {
 
 
 def _schema_problem(schema: dict, value, prefix: str = "") -> str | None:
-    error = best_match(Draft202012Validator(schema).iter_errors(value))
-    if error is None:
+    compiled = compiled_schema(schema)
+    if compiled.is_valid(value):
         return None
+    error = best_match(compiled.iter_errors(value))
     path = "/".join(str(part) for part in error.absolute_path)
     where = "/".join(part for part in (prefix, path) if part) or "request"
     return f"{where}: {error.message}"

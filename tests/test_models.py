@@ -2,8 +2,10 @@
 
 import pytest
 from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
 
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
+from runs.run_insert import insert_queued_run
 from runs.runtime import run
 from runs.vocabulary import (
     ApprovalStatus,
@@ -118,3 +120,31 @@ def test_recording_read_steps_leaves_the_run_indexes_alone():
     # which the 20 step records can be heap-only (most, if a page fills up).
     assert updates_after - updates_before == 22
     assert hot_after - hot_before >= 10
+
+
+def test_a_queued_run_inserted_in_one_statement_is_the_row_the_orm_would_insert(operator):
+    """``runs.run_insert`` builds its INSERT from the model: the row it
+    stores, and the instance it returns, match the ORM's ``create`` in every
+    column but the run's id and times."""
+    request = {"prompt": "p", "tools": [], "provider": {"kind": "scripted"}, "max_iterations": 3}
+    via = SubmittedVia.API
+    by_orm = AgentRun.objects.create(
+        request=request,
+        prompt="p",
+        status=RunStatus.QUEUED,
+        mode=RunMode.QUEUED,
+        submitted_by=operator,
+        submitted_via=via,
+        available_at=timezone.now(),
+    )
+    returned = insert_queued_run(request, "p", submitted_by=operator, submitted_via=via)
+    stored = AgentRun.objects.get(pk=returned.pk)
+    times = {"id", "created_at", "available_at"}
+    for field in AgentRun._meta.concrete_fields:
+        if field.name in times:
+            continue
+        expected = getattr(by_orm, field.attname)
+        assert getattr(stored, field.attname) == expected, field.name
+        assert getattr(returned, field.attname) == expected, field.name
+    assert returned.created_at == stored.created_at == stored.available_at
+    assert not returned._state.adding

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+import jsonschema_rs
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
@@ -17,29 +18,64 @@ def check_schema(schema: Any) -> str | None:
     return None
 
 
-#: Validators by the id of their schema, each kept with the schema itself so
-#: the id cannot be reused while it is here. A tool's schema is one object
-#: for the life of its class (or of an MCP listing), checked at every call.
-_VALIDATORS: dict[int, tuple[dict, Draft202012Validator]] = {}
-_MOST_VALIDATORS = 1024  # MCP listings bring new schema objects every minute
+class CompiledSchema:
+    """A schema compiled twice: by ``jsonschema-rs`` to tell fast whether a
+    value is valid — the common case, on every call and every claim — and by
+    ``jsonschema`` to say what is wrong when it is not, in the messages
+    operators and models are shown.
+
+    ``jsonschema`` is the authority: a value the fast check refuses is
+    checked again by it, so a value is refused only with a message. A
+    schema the fast validator cannot compile (a regex dialect it lacks, a
+    reference it would have to fetch — it never fetches) is checked by
+    ``jsonschema`` alone. ``tests/test_schema_checks.py`` holds the two to
+    the same verdicts."""
+
+    __slots__ = ("schema", "_fast", "_checker")
+
+    def __init__(self, schema: dict[str, Any]):
+        self.schema = schema  # held: the cache's key is its id
+        self._checker = Draft202012Validator(schema)
+        try:
+            self._fast = jsonschema_rs.Draft202012Validator(schema, offline=True)
+        except Exception:  # any refusal: jsonschema alone checks it
+            self._fast = None
+
+    def is_valid(self, value: Any) -> bool:
+        if self._fast is not None and self._fast.is_valid(value):
+            return True
+        return self._checker.is_valid(value)
+
+    def iter_errors(self, value: Any):
+        return self._checker.iter_errors(value)
 
 
-def _validator_for(schema: dict[str, Any]) -> Draft202012Validator:
-    cached = _VALIDATORS.get(id(schema))
-    if cached is not None and cached[0] is schema:
-        return cached[1]
-    if len(_VALIDATORS) >= _MOST_VALIDATORS:
-        _VALIDATORS.clear()
-    validator = Draft202012Validator(schema)
-    _VALIDATORS[id(schema)] = (schema, validator)
-    return validator
+#: Compiled schemas by the id of their schema, each holding the schema
+#: itself so the id cannot be reused while it is here. A tool's schema is
+#: one object for the life of its class (or of an MCP listing), checked at
+#: every call; a run request's schemas are module constants.
+_COMPILED: dict[int, CompiledSchema] = {}
+_MOST_COMPILED = 1024  # MCP listings bring new schema objects every minute
+
+
+def compiled_schema(schema: dict[str, Any]) -> CompiledSchema:
+    """``schema`` compiled, once while it lives."""
+    compiled = _COMPILED.get(id(schema))
+    if compiled is not None and compiled.schema is schema:
+        return compiled
+    if len(_COMPILED) >= _MOST_COMPILED:
+        _COMPILED.clear()
+    compiled = _COMPILED[id(schema)] = CompiledSchema(schema)
+    return compiled
 
 
 def argument_errors(schema: dict[str, Any], arguments: Any) -> list[str]:
     """Every way ``arguments`` violates ``schema``, each naming its path."""
-    validator = _validator_for(schema)
+    compiled = compiled_schema(schema)
+    if compiled.is_valid(arguments):
+        return []
     errors = []
-    for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path)):
+    for error in sorted(compiled.iter_errors(arguments), key=lambda e: list(e.path)):
         where = "/".join(str(part) for part in error.path) or "(arguments)"
         errors.append(f"{where}: {error.message}")
     return errors

@@ -3,17 +3,19 @@ LiteLLM...), through the maintained ``openai`` SDK.
 
 Endpoint and key come from the environment only. The SDK's own retries are
 off: the run row decides retries. Every call passes the circuit breaker.
+
+The SDK is imported when a run first uses this provider, not with the
+module: it costs a process about 40 MB, which a worker serving other
+providers (or the web process validating requests) need not carry.
 """
 
 import json
 import time
 
-import openai
 from django.conf import settings
 
 from runs.providers import circuit
 from runs.providers.base import ProviderError, ToolCall, Turn
-from runs.providers.openai_failures import to_provider_error
 from runs.vocabulary import FailureClass
 
 
@@ -44,6 +46,8 @@ class OpenAIChatProvider:
         problem = self.configuration_problem()
         if problem:
             raise ProviderError(problem, failure_class=FailureClass.CONFIGURATION)
+        import openai
+
         self.model = spec["model"]
         self.options = {key: spec[key] for key in ("temperature", "max_tokens") if key in spec}
         self.circuit_key = f"{settings.NRLLM_OPENAI_BASE_URL} {self.model}"
@@ -62,6 +66,10 @@ class OpenAIChatProvider:
         return cls(spec)
 
     def next_turn(self, messages: list[dict], tool_specs: list[dict]) -> Turn:
+        import openai
+
+        from runs.providers.openai_failures import to_provider_error
+
         circuit.before_call(self.circuit_key)
         tools = [{"type": "function", "function": spec} for spec in tool_specs]
         started = time.monotonic()

@@ -6,6 +6,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 
 from runs.models import AgentRun, RunStep
+from runs.run_insert import insert_queued_run
 from runs.step_journal import claim_in_one_statement
 from runs.transitions._common import (
     Lease,
@@ -25,6 +26,10 @@ def create_queued_run(
     request: dict, prompt: str, *, submitted_by=None, submitted_via: str = ""
 ) -> AgentRun:
     """Store a ``queued`` run; the caller dispatches its job after commit."""
+    if connection.vendor == "postgresql":
+        return insert_queued_run(
+            request, prompt, submitted_by=submitted_by, submitted_via=submitted_via
+        )
     return AgentRun.objects.create(
         request=request,
         prompt=prompt,

@@ -1,0 +1,169 @@
+"""Schema checks (``tools.validation.CompiledSchema``): a fast validator
+(``jsonschema-rs``) says whether a value is valid, ``jsonschema`` says what
+is wrong and has the last word. Run requests are checked at enqueue and at
+every claim, tool arguments at every call: the two must give the same
+verdicts, and the fast one must never reach the network."""
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from runs.providers.openai_chat import OpenAIChatProvider
+from runs.providers.scripted import ScriptedProvider
+from runs.run_request import _REQUEST_SCHEMA, _STORED_SCHEMA, parse_stored_request
+from tools.builtin.http import HttpGet
+from tools.builtin.notes import SearchNotes, UpsertNote
+from tools.builtin.notifications import SendNotification
+from tools.validation import argument_errors, compiled_schema
+
+#: A schema of the kind MCP servers list (pydantic's): $defs and $ref,
+#: nullable anyOf, enum, pattern, bounds, nested arrays.
+_MCP_STYLE = {
+    "$defs": {
+        "Label": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z][a-z0-9-]*$", "maxLength": 20},
+                "color": {"enum": ["red", "green", None]},
+            },
+            "required": ["name"],
+        }
+    },
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "minLength": 1},
+        "priority": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 5}, {"type": "null"}]},
+        "labels": {"type": "array", "items": {"$ref": "#/$defs/Label"}, "uniqueItems": True},
+        "estimate": {"type": "number", "exclusiveMinimum": 0, "multipleOf": 0.5},
+        "meta": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "required": ["title"],
+    "additionalProperties": False,
+}
+
+_REQUEST = {
+    "prompt": "p",
+    "tools": ["search_notes"],
+    "provider": {"kind": "scripted", "turns": [{"content": "x"}]},
+    "max_iterations": 3,
+    "require_approval": [],
+}
+
+#: The schemas checked on the hot paths, each with a value it accepts:
+#: checked as it is and perturbed.
+CASES = {
+    "run request": (_REQUEST_SCHEMA, _REQUEST),
+    "stored run request": (_STORED_SCHEMA, _REQUEST),
+    "scripted provider": (
+        ScriptedProvider.spec_schema,
+        {
+            "kind": "scripted",
+            "turns": [
+                {"tool_calls": [{"name": "a", "arguments": {"q": 1}}], "delay_seconds": 0},
+                {"error": "rate_limit", "attempts": 1, "retry_after": 0.5},
+                {"content": "done"},
+            ],
+        },
+    ),
+    "openai provider": (
+        OpenAIChatProvider.spec_schema,
+        {"kind": "openai", "model": "m", "temperature": 0.2},
+    ),
+    "an MCP server's": (
+        _MCP_STYLE,
+        {"title": "t", "priority": None, "labels": [{"name": "bug"}], "estimate": 1.5},
+    ),
+    "search_notes": (SearchNotes.parameters, {"query": "q"}),
+    "upsert_note": (UpsertNote.parameters, {"slug": "plan", "body": "ship"}),
+    "send_notification": (SendNotification.parameters, {"recipient": "ops", "message": "m"}),
+    "http_get": (HttpGet.parameters, {"url": "https://example.com/a"}),
+}
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=10,
+)
+
+
+@st.composite
+def perturbed(draw, value):
+    """``value`` with up to three changes somewhere inside it: a part
+    replaced by any JSON, a key dropped or added, an item dropped or added."""
+    for _ in range(draw(st.integers(0, 3))):
+        value = draw(_changed(value))
+    return value
+
+
+@st.composite
+def _changed(draw, value):
+    if isinstance(value, dict) and value and draw(st.booleans()):
+        key = draw(st.sampled_from(sorted(value)))
+        action = draw(st.sampled_from(["into", "drop", "replace", "add"]))
+        if action == "into":
+            return {**value, key: draw(_changed(value[key]))}
+        if action == "drop":
+            return {k: v for k, v in value.items() if k != key}
+        if action == "add":
+            return {**value, draw(st.text(max_size=12)): draw(JSON)}
+        return {**value, key: draw(JSON)}
+    if isinstance(value, list) and value and draw(st.booleans()):
+        index = draw(st.integers(0, len(value) - 1))
+        action = draw(st.sampled_from(["into", "drop", "copy"]))
+        if action == "into":
+            return [*value[:index], draw(_changed(value[index])), *value[index + 1 :]]
+        if action == "drop":
+            return value[:index] + value[index + 1 :]
+        return [*value, value[index]]
+    return draw(JSON)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_fast_check_gives_the_verdicts_jsonschema_gives(case):
+    schema, example = CASES[case]
+    checker = Draft202012Validator(schema)
+    compiled = compiled_schema(schema)
+    assert compiled._fast is not None, "the fast validator compiles this schema"
+    assert compiled._fast.is_valid(example) and checker.is_valid(example)
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(perturbed(example))
+    def same_verdict(value):
+        assert compiled._fast.is_valid(value) == checker.is_valid(value), value
+
+    same_verdict()
+
+
+def test_a_value_only_the_fast_check_refuses_is_judged_by_jsonschema():
+    """NaN is a number to ``jsonschema``, not to ``jsonschema-rs``: the fast
+    check's refusal is not the verdict, a refusal comes with a message."""
+    assert compiled_schema({"type": "number"}).is_valid(math.nan)
+    assert argument_errors({"type": "number"}, math.nan) == []
+    assert argument_errors({"type": "number"}, "x") == ["(arguments): 'x' is not of type 'number'"]
+
+
+def test_a_stored_request_refused_names_what_is_wrong():
+    bad = {**_REQUEST, "provider": {"kind": "scripted", "turns": [{"content": 1}]}}
+    with pytest.raises(Exception, match="provider/turns/0"):
+        parse_stored_request(bad)
+    assert parse_stored_request(_REQUEST).prompt == "p"
+
+
+def test_a_schema_that_names_a_remote_document_is_never_fetched(http_server):
+    """A tool's (or an MCP server's) schema may name any URL: checking
+    arguments against it never fetches one — that would let a schema make
+    the worker send requests."""
+    url = http_server.url("/schema.json")
+    schema = {"type": "object", "properties": {"a": {"$ref": url}}}
+    compiled_schema(schema)
+    assert argument_errors(schema, {}) == []
+    assert http_server.received == []
