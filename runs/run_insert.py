@@ -26,10 +26,12 @@ _FIXED = {"status": RunStatus.QUEUED.value, "mode": RunMode.QUEUED.value}
 
 @functools.cache
 def _statement() -> tuple[str, tuple]:
-    """The INSERT's text and the defaults' parameters, in column order. A
-    default that is a plain constant is written into the text (quoted by
-    psycopg): fewer parameters to adapt on every run."""
-    columns, values, defaults = [], [], []
+    """The INSERT's text and the fields whose defaults are parameters, in
+    column order. A constant default is written into the text (quoted by
+    psycopg): fewer parameters to adapt on every run. A database default is
+    left to the database (``DEFAULT``); a callable one (a new id, the time)
+    is called for every run."""
+    columns, values, computed = [], [], []
     for field in AgentRun._meta.concrete_fields:
         column = field.column
         columns.append(connection.ops.quote_name(column))
@@ -37,27 +39,41 @@ def _statement() -> tuple[str, tuple]:
             values.append(f"%({column})s")
         elif column in _NOW:
             values.append("statement_timestamp()")
+        elif column in _FIXED:
+            values.append(_literal(_FIXED[column]))
+        elif field.has_db_default() and not field.has_default():
+            values.append("DEFAULT")
+        elif callable(field.default):
+            values.append(f"%(default_{len(computed)})s")
+            computed.append(field)
         else:
-            default = _FIXED[column] if column in _FIXED else field.get_default()
-            prepared = field.get_db_prep_save(default, connection)
-            if prepared is None or type(prepared) in (str, int, bool):
-                values.append(Literal(prepared).as_string())
+            prepared = field.get_db_prep_save(field.get_default(), connection)
+            if prepared is not None and type(prepared) not in (str, int, bool):
+                values.append(f"%(default_{len(computed)})s")
+                computed.append(field)
             else:
-                values.append(f"%(default_{len(defaults)})s")
-                defaults.append(prepared)
+                values.append(_literal(prepared))
     sql = (
         f"INSERT INTO {AgentRun._meta.db_table} ({', '.join(columns)}) "
         f"VALUES ({', '.join(values)}) RETURNING available_at, created_at"
     )
-    return sql, tuple(defaults)
+    return sql, tuple(computed)
+
+
+def _literal(value) -> str:
+    # Doubled: the driver reads every % of the text as a placeholder's.
+    return Literal(value).as_string().replace("%", "%%")
 
 
 def insert_queued_run(request: dict, prompt: str, *, submitted_by, submitted_via: str):
     """Store a ``queued`` run and return it as the ORM would have."""
-    sql, defaults = _statement()
+    sql, computed = _statement()
     run_id = uuid.uuid4()
     request_field = AgentRun._meta.get_field("request")
-    params = {f"default_{index}": value for index, value in enumerate(defaults)}
+    params = {
+        f"default_{index}": field.get_db_prep_save(field.get_default(), connection)
+        for index, field in enumerate(computed)
+    }
     params.update(
         id=run_id,
         request=request_field.get_db_prep_save(request, connection),

@@ -40,6 +40,12 @@ def test_the_bench_produces_every_figure(tmp_path):
         assert len(figure["rounds"]) == len(figure["ratio_rounds"]) == 1
     assert results["durable_baseline"]["steps_per_second"] > 0
     assert results["durable_baseline"]["commits_per_second"] > 0
+    # The same figures with no commit waiting for the flush: CPU per step.
+    flushless = results["baseline_not_waiting_for_the_flush"]
+    assert flushless["synchronous_commit"] == "off" and flushless["steps_per_second"] > 0
+    assert results["durable_baseline"]["synchronous_commit"] == "on"
+    for figure in results["step_overhead_not_waiting_for_the_flush"].values():
+        assert figure["steps_per_second"] > 0
     peer = results["peer"]
     assert peer["ours"]["steps"] == peer["dbos"]["steps"] > 0
     assert peer["dbos"]["dbos_version"] and peer["dbos"]["steps_per_second"] > 0

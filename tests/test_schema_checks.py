@@ -4,6 +4,7 @@ is wrong and has the last word. Run requests are checked at enqueue and at
 every claim, tool arguments at every call: the two must give the same
 verdicts, and the fast one must never reach the network."""
 
+import json
 import math
 
 import pytest
@@ -13,11 +14,17 @@ from jsonschema import Draft202012Validator
 
 from runs.providers.openai_chat import OpenAIChatProvider
 from runs.providers.scripted import ScriptedProvider
-from runs.run_request import _REQUEST_SCHEMA, _STORED_SCHEMA, parse_stored_request
+from runs.run_request import (
+    _REQUEST_SCHEMA,
+    _STORED_SCHEMA,
+    InvalidRunRequest,
+    parse_run_request,
+    parse_stored_request,
+)
 from tools.builtin.http import HttpGet
 from tools.builtin.notes import SearchNotes, UpsertNote
 from tools.builtin.notifications import SendNotification
-from tools.validation import argument_errors, compiled_schema
+from tools.validation import argument_errors, check_schema, compiled_schema
 
 #: A schema of the kind MCP servers list (pydantic's): $defs and $ref,
 #: nullable anyOf, enum, pattern, bounds, nested arrays.
@@ -158,12 +165,48 @@ def test_a_stored_request_refused_names_what_is_wrong():
     assert parse_stored_request(_REQUEST).prompt == "p"
 
 
-def test_a_schema_that_names_a_remote_document_is_never_fetched(http_server):
-    """A tool's (or an MCP server's) schema may name any URL: checking
-    arguments against it never fetches one — that would let a schema make
-    the worker send requests."""
+#: Where jsonschema-rs alone would accept what jsonschema refuses (found in
+#: review), or raise: each must get jsonschema's verdict.
+_READ_OTHERWISE = {
+    "multipleOf, decimal": ({"multipleOf": 0.01}, 0.07),
+    "multipleOf, tenths": ({"multipleOf": 0.1}, 0.3),
+    "\\S and U+001C": ({"type": "string", "pattern": "^\\S+$"}, "a\x1cb"),
+    "\\S and NEL": ({"type": "string", "pattern": "^\\S$"}, "\x85"),
+    "\\D and an Arabic digit": ({"type": "string", "pattern": "^\\D$"}, "\u0663"),
+    "\\s and BOM": ({"type": "string", "pattern": "^\\s$"}, "\ufeff"),
+    "a pattern in a nested schema": (
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^\\S$"}}},
+        {"a": "\x1c"},
+    ),
+    "patternProperties": ({"patternProperties": {"^\\S$": {"type": "integer"}}}, {"\x1c": "x"}),
+    "uniqueItems, too deep for jsonschema-rs": (
+        {"type": "array", "uniqueItems": True},
+        [json.loads("[" * 300 + "]" * 300), json.loads("[" * 301 + "]" * 301)],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", _READ_OTHERWISE)
+def test_where_the_fast_validator_reads_a_keyword_otherwise_jsonschema_decides(case):
+    schema, value = _READ_OTHERWISE[case]
+    expected = Draft202012Validator(schema).is_valid(value)
+    assert compiled_schema(schema).is_valid(value) is expected
+    assert (argument_errors(schema, value) == []) is expected
+
+
+def test_a_schema_that_names_a_remote_document_is_refused_and_never_fetched(http_server):
+    """A tool's (or an MCP server's) schema may name any URL: it is refused
+    where tools are loaded and listed, and checking arguments against it
+    never fetches it — that would let a schema make the worker send requests."""
     url = http_server.url("/schema.json")
     schema = {"type": "object", "properties": {"a": {"$ref": url}}}
-    compiled_schema(schema)
+    assert "refers to another document" in check_schema(schema)
     assert argument_errors(schema, {}) == []
+    assert "a reference cannot be resolved" in argument_errors(schema, {"a": 1})[0]
     assert http_server.received == []
+
+
+def test_a_run_request_too_deep_for_the_fast_validator_is_refused_with_a_message():
+    deep = [json.loads("[" * 300 + "]" * 300), json.loads("[" * 301 + "]" * 301)]
+    with pytest.raises(InvalidRunRequest, match=r"^tools/\d: .* is not of type 'string'"):
+        parse_run_request({**_REQUEST, "tools": deep})

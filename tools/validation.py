@@ -5,6 +5,8 @@ from typing import Any
 import jsonschema_rs
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 
 def check_schema(schema: Any) -> str | None:
@@ -15,7 +17,64 @@ def check_schema(schema: Any) -> str | None:
         Draft202012Validator.check_schema(schema)
     except SchemaError as error:
         return f"parameters is not a valid JSON Schema: {error.message}"
+    remote = _remote_reference(schema)
+    if remote is not None:
+        # Never fetched (a schema, an MCP server's too, must not make the
+        # worker send requests): refused here rather than failing each call.
+        return f"parameters refers to another document ({remote!r}): only '#...' references work"
     return None
+
+
+def _entries(value: Any):
+    """Every (key, value) of every object inside ``value``."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield key, item
+            yield from _entries(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _entries(item)
+
+
+def _remote_reference(schema: Any) -> str | None:
+    for key, value in _entries(schema):
+        if key in ("$ref", "$dynamicRef") and isinstance(value, str) and value[:1] != "#":
+            return value
+    return None
+
+
+class _AsJsonschemaJudges:
+    """A keyword jsonschema-rs judges otherwise than jsonschema — ``pattern``
+    (ECMA classes: ``\\S`` accepts U+001C, Python's does not) and
+    ``multipleOf`` (exact decimals: 0.07 is a multiple of 0.01, not as
+    floats divide) — judged in jsonschema-rs by jsonschema's own rule, so
+    the fast check never accepts what jsonschema refuses."""
+
+    keyword = ""
+
+    def __init__(self, parent_schema, value, schema_path):
+        self._schema = parent_schema
+        self._value = value
+
+    def validate(self, instance):
+        rule = Draft202012Validator.VALIDATORS[self.keyword]
+        for error in rule(_PLAIN, self._value, instance, self._schema) or ():
+            raise ValueError(error.message)
+
+
+class _Pattern(_AsJsonschemaJudges):
+    keyword = "pattern"
+
+
+class _MultipleOf(_AsJsonschemaJudges):
+    keyword = "multipleOf"
+
+
+_PLAIN = Draft202012Validator({})
+_JUDGED_AS_JSONSCHEMA_DOES = {"pattern": _Pattern, "multipleOf": _MultipleOf}
+#: Keywords whose rule descends into subschemas: a schema using one is
+#: checked by jsonschema alone.
+_CHECKED_BY_JSONSCHEMA_ALONE = {"patternProperties"}
 
 
 class CompiledSchema:
@@ -24,26 +83,38 @@ class CompiledSchema:
     ``jsonschema`` to say what is wrong when it is not, in the messages
     operators and models are shown.
 
-    ``jsonschema`` is the authority: a value the fast check refuses is
-    checked again by it, so a value is refused only with a message. A
-    schema the fast validator cannot compile (a regex dialect it lacks, a
-    reference it would have to fetch — it never fetches) is checked by
-    ``jsonschema`` alone. ``tests/test_schema_checks.py`` holds the two to
-    the same verdicts."""
+    ``jsonschema`` is the authority: a value the fast check refuses (or
+    cannot judge: it raises past a nesting depth) is checked again by it, so
+    a value is refused only with a message; where the two read a keyword
+    differently the fast check applies jsonschema's rule. A schema the fast
+    validator cannot compile (a regex dialect it lacks, a reference) is
+    checked by ``jsonschema`` alone. Neither fetches a ``$ref``.
+    ``tests/test_schema_checks.py`` holds the two to the same verdicts."""
 
     __slots__ = ("schema", "_fast", "_checker")
 
     def __init__(self, schema: dict[str, Any]):
         self.schema = schema  # held: the cache's key is its id
-        self._checker = Draft202012Validator(schema)
-        try:
-            self._fast = jsonschema_rs.Draft202012Validator(schema, offline=True)
-        except Exception:  # any refusal: jsonschema alone checks it
-            self._fast = None
+        # An empty registry: a reference to another document is unresolvable,
+        # never fetched.
+        self._checker = Draft202012Validator(schema, registry=Registry())
+        self._fast = None
+        keywords = {key for key, _ in _entries(schema)}
+        if _remote_reference(schema) is None and not keywords & _CHECKED_BY_JSONSCHEMA_ALONE:
+            try:
+                self._fast = jsonschema_rs.Draft202012Validator(
+                    schema, offline=True, keywords=_JUDGED_AS_JSONSCHEMA_DOES
+                )
+            except Exception:  # any refusal: jsonschema alone checks it
+                pass
 
     def is_valid(self, value: Any) -> bool:
-        if self._fast is not None and self._fast.is_valid(value):
-            return True
+        if self._fast is not None:
+            try:
+                if self._fast.is_valid(value):
+                    return True
+            except Exception:  # too deep for it, say: jsonschema judges
+                pass
         return self._checker.is_valid(value)
 
     def iter_errors(self, value: Any):
@@ -72,10 +143,14 @@ def compiled_schema(schema: dict[str, Any]) -> CompiledSchema:
 def argument_errors(schema: dict[str, Any], arguments: Any) -> list[str]:
     """Every way ``arguments`` violates ``schema``, each naming its path."""
     compiled = compiled_schema(schema)
-    if compiled.is_valid(arguments):
-        return []
+    try:
+        if compiled.is_valid(arguments):
+            return []
+        found = sorted(compiled.iter_errors(arguments), key=lambda e: list(e.path))
+    except Unresolvable as error:
+        return [f"(schema): a reference cannot be resolved: {error}"]
     errors = []
-    for error in sorted(compiled.iter_errors(arguments), key=lambda e: list(e.path)):
+    for error in found:
         where = "/".join(str(part) for part in error.path) or "(arguments)"
         errors.append(f"{where}: {error.message}")
     return errors
