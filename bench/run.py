@@ -125,17 +125,27 @@ def _step_rows(steps: dict, baseline: dict, how: str) -> list[dict]:
             + (" (the disk's flush today)" if not how else " (no flush waited for)"),
         },
     ]
+    one = baseline["one_statement"]
+    rows.append(
+        {
+            "figure": f"the same step in one statement (psycopg{how}, a CTE as ours; "
+            f"rounds {_spread(one['rounds'])})",
+            "value": f"{one['steps_per_second']:.0f} steps/s",
+        }
+    )
     for tool, label in [
         ("noop_read", "read step"),
         ("noop_idempotent_write", "idempotent write step"),
         ("noop_non_idempotent_write", "non-idempotent write step"),
     ]:
         rate = steps[tool]["steps_per_second"]
+        one_ratio = rate / one["steps_per_second"]
         rows.append(
             {
                 "figure": f"{label}{how} ({steps[tool]['statements_per_step']:.1f} "
                 f"statements/step; rounds {_spread(steps[tool]['rounds'])} steps/s, "
-                f"ratio {_spread(steps[tool]['ratio_rounds'])})",
+                f"ratio {_spread(steps[tool]['ratio_rounds'])}; {one_ratio:.2f} of the "
+                f"one-statement step, rounds {_spread(steps[tool]['one_statement_ratio_rounds'])})",
                 "value": f"{rate:.0f} steps/s",
                 "baseline": f"{base:.0f} steps/s",
                 "ratio": rate / base,

@@ -25,19 +25,23 @@ _FIXED = {"status": RunStatus.QUEUED.value, "mode": RunMode.QUEUED.value}
 
 
 @functools.cache
-def _statement() -> tuple[str, tuple]:
-    """The INSERT's text and the fields whose defaults are parameters, in
-    column order. A constant default is written into the text (quoted by
-    psycopg): fewer parameters to adapt on every run. A database default is
-    left to the database (``DEFAULT``); a callable one (a new id, the time)
-    is called for every run."""
-    columns, values, computed = [], [], []
+def _statement() -> tuple[str, tuple, tuple]:
+    """The INSERT's text, the fields whose defaults are parameters and the
+    fields it returns (every one it does not give), in column order. A
+    constant default is written into the text (quoted by psycopg): fewer
+    parameters to adapt on every run. A database default is left to the
+    database (``DEFAULT``); a callable one (a new id, the time) is called for
+    every run; an automatic time is the database's clock."""
+    columns, values, computed, returned = [], [], [], []
     for field in AgentRun._meta.concrete_fields:
         column = field.column
         columns.append(connection.ops.quote_name(column))
         if column in _GIVEN:
             values.append(f"%({column})s")
-        elif column in _NOW:
+            continue
+        returned.append(field)
+        automatic = getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
+        if column in _NOW or automatic:
             values.append("statement_timestamp()")
         elif column in _FIXED:
             values.append(_literal(_FIXED[column]))
@@ -55,9 +59,10 @@ def _statement() -> tuple[str, tuple]:
                 values.append(_literal(prepared))
     sql = (
         f"INSERT INTO {AgentRun._meta.db_table} ({', '.join(columns)}) "
-        f"VALUES ({', '.join(values)}) RETURNING available_at, created_at"
+        f"VALUES ({', '.join(values)}) "
+        f"RETURNING {', '.join(connection.ops.quote_name(f.column) for f in returned)}"
     )
-    return sql, tuple(computed)
+    return sql, tuple(computed), tuple(returned)
 
 
 def _literal(value) -> str:
@@ -66,8 +71,9 @@ def _literal(value) -> str:
 
 
 def insert_queued_run(request: dict, prompt: str, *, submitted_by, submitted_via: str):
-    """Store a ``queued`` run and return it as the ORM would have."""
-    sql, computed = _statement()
+    """Store a ``queued`` run and return it as the ORM would have, with the
+    values the row got."""
+    sql, computed, returned = _statement()
     run_id = uuid.uuid4()
     request_field = AgentRun._meta.get_field("request")
     params = {
@@ -83,17 +89,19 @@ def insert_queued_run(request: dict, prompt: str, *, submitted_by, submitted_via
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        available_at, created_at = cursor.fetchone()
+        row = cursor.fetchone()
+    stored = {}
+    for field, value in zip(returned, row, strict=True):
+        for converter in field.get_db_converters(connection):
+            value = converter(value, None, connection)
+        stored[field.attname] = value
     run = AgentRun(
         id=run_id,
         request=request,
         prompt=prompt,
-        status=RunStatus.QUEUED,
-        mode=RunMode.QUEUED,
         submitted_by=submitted_by,
         submitted_via=submitted_via,
-        available_at=available_at,
-        created_at=created_at,
+        **stored,
     )
     run._state.adding = False
     run._state.db = connection.alias

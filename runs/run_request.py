@@ -19,7 +19,7 @@ from runs.providers import PROVIDER_KINDS
 from tools.canonical import storable_text
 from tools.enabled import disabled_tool_names
 from tools.registry import get_registry
-from tools.validation import compiled_schema
+from tools.validation import UNCHECKABLE, compiled_schema, uncheckable
 
 
 class InvalidRunRequest(ValueError):
@@ -66,9 +66,12 @@ _REQUEST_SCHEMA = {
 
 def _schema_problem(schema: dict, value, prefix: str = "") -> str | None:
     compiled = compiled_schema(schema)
-    if compiled.is_valid(value):
-        return None
-    error = best_match(compiled.iter_errors(value))
+    try:
+        if compiled.is_valid(value):
+            return None
+        error = best_match(compiled.iter_errors(value))
+    except UNCHECKABLE as error:
+        return f"{prefix or 'request'}: {uncheckable(error)}"
     path = "/".join(str(part) for part in error.absolute_path)
     where = "/".join(part for part in (prefix, path) if part) or "request"
     return f"{where}: {error.message}"

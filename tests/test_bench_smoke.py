@@ -40,6 +40,7 @@ def test_the_bench_produces_every_figure(tmp_path):
         assert len(figure["rounds"]) == len(figure["ratio_rounds"]) == 1
     assert results["durable_baseline"]["steps_per_second"] > 0
     assert results["durable_baseline"]["commits_per_second"] > 0
+    assert results["durable_baseline"]["one_statement"]["steps_per_second"] > 0
     # The same figures with no commit waiting for the flush: CPU per step.
     flushless = results["baseline_not_waiting_for_the_flush"]
     assert flushless["synchronous_commit"] == "off" and flushless["steps_per_second"] > 0

@@ -179,6 +179,8 @@ _READ_OTHERWISE = {
         {"a": "\x1c"},
     ),
     "patternProperties": ({"patternProperties": {"^\\S$": {"type": "integer"}}}, {"\x1c": "x"}),
+    "a float bound and a big integer": ({"minimum": 1e30}, 10**30),
+    "a float bound past 2**64": ({"exclusiveMaximum": 1.8446744073709552e19}, 2**64),
     "uniqueItems, too deep for jsonschema-rs": (
         {"type": "array", "uniqueItems": True},
         [json.loads("[" * 300 + "]" * 300), json.loads("[" * 301 + "]" * 301)],
@@ -202,7 +204,7 @@ def test_a_schema_that_names_a_remote_document_is_refused_and_never_fetched(http
     schema = {"type": "object", "properties": {"a": {"$ref": url}}}
     assert "refers to another document" in check_schema(schema)
     assert argument_errors(schema, {}) == []
-    assert "a reference cannot be resolved" in argument_errors(schema, {"a": 1})[0]
+    assert "reference cannot be resolved" in argument_errors(schema, {"a": 1})[0]
     assert http_server.received == []
 
 
@@ -210,3 +212,55 @@ def test_a_run_request_too_deep_for_the_fast_validator_is_refused_with_a_message
     deep = [json.loads("[" * 300 + "]" * 300), json.loads("[" * 301 + "]" * 301)]
     with pytest.raises(InvalidRunRequest, match=r"^tools/\d: .* is not of type 'string'"):
         parse_run_request({**_REQUEST, "tools": deep})
+
+
+def _nested(depth: int) -> list:
+    return json.loads("[" * depth + "]" * depth)
+
+
+#: Values jsonschema itself cannot check: refused, naming why, not a crash
+#: (a run would fail, a request would get a 500).
+_UNCHECKABLE = {
+    "nested too deeply": (
+        {"type": "array", "uniqueItems": True},
+        [_nested(500), _nested(501)],
+        "(arguments): nested too deeply to be checked",
+    ),
+    "an integer too large for a float multipleOf": (
+        {"multipleOf": 0.5},
+        10**400,
+        "(arguments): holds a number too large to be checked",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", _UNCHECKABLE)
+def test_a_value_that_cannot_be_checked_is_refused_naming_why(case):
+    schema, value, message = _UNCHECKABLE[case]
+    assert argument_errors(schema, value) == [message]
+
+
+def test_a_run_request_that_cannot_be_checked_is_refused_naming_why():
+    with pytest.raises(InvalidRunRequest, match="^request: nested too deeply to be checked$"):
+        parse_run_request({**_REQUEST, "tools": [_nested(500), _nested(501)]})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "examples": [{"$ref": "other.json"}], "default": {"$ref": "x.json"}},
+        {"type": "object", "properties": {"$ref": {"type": "string"}}},
+        {
+            "$id": "http://example.com/root",
+            "$ref": "http://example.com/root#/$defs/a",
+            "$defs": {"a": {"type": "string"}},
+        },
+        {
+            "$defs": {"a": {"$id": "http://example.com/a", "type": "string"}},
+            "$ref": "http://example.com/a",
+        },
+        {"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a"},
+    ],
+)
+def test_a_schema_whose_references_stay_inside_it_is_accepted(schema):
+    assert check_schema(schema) is None

@@ -1,12 +1,14 @@
 """Checking a call's arguments against the tool's JSON Schema before it runs."""
 
 from typing import Any
+from urllib.parse import urldefrag, urlsplit
 
 import jsonschema_rs
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from referencing import Registry
 from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 
 def check_schema(schema: Any) -> str | None:
@@ -21,26 +23,49 @@ def check_schema(schema: Any) -> str | None:
     if remote is not None:
         # Never fetched (a schema, an MCP server's too, must not make the
         # worker send requests): refused here rather than failing each call.
-        return f"parameters refers to another document ({remote!r}): only '#...' references work"
+        return (
+            f"parameters refers to another document ({remote!r}): "
+            "only references within the schema work"
+        )
     return None
 
 
-def _entries(value: Any):
-    """Every (key, value) of every object inside ``value``."""
+def _subschemas(schema: Any):
+    """``schema`` and every schema inside it (not the data of ``enum``,
+    ``const``, ``default`` or ``examples``)."""
+    yield schema
+    if isinstance(schema, dict):
+        for subschema in DRAFT202012.subresources_of(schema):
+            yield from _subschemas(subschema)
+
+
+def _remote_reference(schema: dict) -> str | None:
+    """A reference to a document by its URL, none of the schema's own."""
+    embedded = {
+        urldefrag(subschema["$id"]).url
+        for subschema in _subschemas(schema)
+        if isinstance(subschema, dict) and isinstance(subschema.get("$id"), str)
+    }
+    for subschema in _subschemas(schema):
+        if not isinstance(subschema, dict):
+            continue
+        for keyword in ("$ref", "$dynamicRef"):
+            reference = subschema.get(keyword)
+            if isinstance(reference, str) and urlsplit(reference).scheme:
+                if urldefrag(reference).url not in embedded:
+                    return reference
+    return None
+
+
+def _numbers(value: Any):
     if isinstance(value, dict):
-        for key, item in value.items():
-            yield key, item
-            yield from _entries(item)
+        for item in value.values():
+            yield from _numbers(item)
     elif isinstance(value, list):
         for item in value:
-            yield from _entries(item)
-
-
-def _remote_reference(schema: Any) -> str | None:
-    for key, value in _entries(schema):
-        if key in ("$ref", "$dynamicRef") and isinstance(value, str) and value[:1] != "#":
-            return value
-    return None
+            yield from _numbers(item)
+    elif isinstance(value, float):
+        yield value
 
 
 class _AsJsonschemaJudges:
@@ -75,6 +100,21 @@ _JUDGED_AS_JSONSCHEMA_DOES = {"pattern": _Pattern, "multipleOf": _MultipleOf}
 #: Keywords whose rule descends into subschemas: a schema using one is
 #: checked by jsonschema alone.
 _CHECKED_BY_JSONSCHEMA_ALONE = {"patternProperties"}
+#: A float bound this large is compared with big integers as a float by
+#: jsonschema-rs (10**30 passes ``minimum: 1e30``; jsonschema compares exactly):
+#: a schema holding one is checked by jsonschema alone.
+_EXACT_FLOATS_BELOW = 2.0**53
+
+#: Why a value could not be checked at all: refused, naming it, not a crash.
+UNCHECKABLE = (RecursionError, OverflowError, Unresolvable)
+
+
+def uncheckable(error: Exception) -> str:
+    if isinstance(error, RecursionError):
+        return "nested too deeply to be checked"
+    if isinstance(error, OverflowError):
+        return "holds a number too large to be checked"
+    return f"cannot be checked: the schema's reference cannot be resolved ({error})"
 
 
 class CompiledSchema:
@@ -99,8 +139,7 @@ class CompiledSchema:
         # never fetched.
         self._checker = Draft202012Validator(schema, registry=Registry())
         self._fast = None
-        keywords = {key for key, _ in _entries(schema)}
-        if _remote_reference(schema) is None and not keywords & _CHECKED_BY_JSONSCHEMA_ALONE:
+        if self._fast_can_judge(schema):
             try:
                 self._fast = jsonschema_rs.Draft202012Validator(
                     schema, offline=True, keywords=_JUDGED_AS_JSONSCHEMA_DOES
@@ -108,7 +147,20 @@ class CompiledSchema:
             except Exception:  # any refusal: jsonschema alone checks it
                 pass
 
+    @staticmethod
+    def _fast_can_judge(schema: dict) -> bool:
+        keywords = {
+            keyword
+            for subschema in _subschemas(schema)
+            if isinstance(subschema, dict)
+            for keyword in subschema
+        }
+        if keywords & _CHECKED_BY_JSONSCHEMA_ALONE:
+            return False
+        return all(abs(number) < _EXACT_FLOATS_BELOW for number in _numbers(schema))
+
     def is_valid(self, value: Any) -> bool:
+        """Raises one of ``UNCHECKABLE`` when jsonschema cannot tell."""
         if self._fast is not None:
             try:
                 if self._fast.is_valid(value):
@@ -147,8 +199,8 @@ def argument_errors(schema: dict[str, Any], arguments: Any) -> list[str]:
         if compiled.is_valid(arguments):
             return []
         found = sorted(compiled.iter_errors(arguments), key=lambda e: list(e.path))
-    except Unresolvable as error:
-        return [f"(schema): a reference cannot be resolved: {error}"]
+    except UNCHECKABLE as error:
+        return [f"(arguments): {uncheckable(error)}"]
     errors = []
     for error in found:
         where = "/".join(str(part) for part in error.path) or "(arguments)"
