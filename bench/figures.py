@@ -273,15 +273,20 @@ def resume_figures(steps: int, rounds: int) -> dict:
     }
 
 
+def _floor_tables(conn) -> str:
+    """The floors' step and lease tables, made afresh; the ~1 KB step body."""
+    conn.execute("DROP TABLE IF EXISTS bench_step, bench_lease")
+    conn.execute("CREATE TABLE bench_step (id bigserial primary key, run int, body text)")
+    conn.execute("CREATE TABLE bench_lease (id int primary key, expires timestamptz)")
+    conn.execute("INSERT INTO bench_lease VALUES (1, now())")
+    return "x" * 1024
+
+
 def durable_baseline(steps: int) -> dict:
     """The minimal durable work of a step in plain psycopg: insert a ~1 KB row
     and update one lease row, in one committed transaction."""
     with psycopg.connect(database_dsn(), autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS bench_step, bench_lease")
-        conn.execute("CREATE TABLE bench_step (id bigserial primary key, run int, body text)")
-        conn.execute("CREATE TABLE bench_lease (id int primary key, expires timestamptz)")
-        conn.execute("INSERT INTO bench_lease VALUES (1, now())")
-        body = "x" * 1024
+        body = _floor_tables(conn)
         started = time.perf_counter()
         for _ in range(steps):
             with conn.transaction():
@@ -304,11 +309,7 @@ def one_statement_baseline(steps: int) -> dict:
     data-modifying CTE, as the runtime records a step): one round trip, the
     stricter floor for the runtime's CPU per step."""
     with psycopg.connect(database_dsn(), autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS bench_step, bench_lease")
-        conn.execute("CREATE TABLE bench_step (id bigserial primary key, run int, body text)")
-        conn.execute("CREATE TABLE bench_lease (id int primary key, expires timestamptz)")
-        conn.execute("INSERT INTO bench_lease VALUES (1, now())")
-        body = "x" * 1024
+        body = _floor_tables(conn)
         started = time.perf_counter()
         for _ in range(steps):
             conn.execute(
