@@ -41,19 +41,19 @@ def _subschemas(schema: Any):
 
 def _remote_reference(schema: dict) -> str | None:
     """A reference to a document by its URL, none of the schema's own."""
+    subschemas = [subschema for subschema in _subschemas(schema) if isinstance(subschema, dict)]
     embedded = {
         urldefrag(subschema["$id"]).url
-        for subschema in _subschemas(schema)
-        if isinstance(subschema, dict) and isinstance(subschema.get("$id"), str)
+        for subschema in subschemas
+        if isinstance(subschema.get("$id"), str)
     }
-    for subschema in _subschemas(schema):
-        if not isinstance(subschema, dict):
-            continue
-        for keyword in ("$ref", "$dynamicRef"):
-            reference = subschema.get(keyword)
-            if isinstance(reference, str) and urlsplit(reference).scheme:
-                if urldefrag(reference).url not in embedded:
-                    return reference
+    references = (
+        subschema.get(keyword) for subschema in subschemas for keyword in ("$ref", "$dynamicRef")
+    )
+    for reference in references:
+        if isinstance(reference, str) and urlsplit(reference).scheme:
+            if urldefrag(reference).url not in embedded:
+                return reference
     return None
 
 
