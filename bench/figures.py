@@ -53,7 +53,7 @@ def step_figures(steps: int, rounds: int) -> tuple[dict, dict]:
         middle = median_by(measured, "steps_per_second")
         figures[tool] = {
             **middle,
-            "statements_per_step": statements[tool],
+            **statements[tool],
             "rounds": [round(m["steps_per_second"]) for m in measured],
             # Each round's rate over the same round's floor: the spread of the ratio.
             "ratio_rounds": [
@@ -114,17 +114,28 @@ def step_overhead(tool: str, steps: int) -> dict:
     return {"steps": run.step_count, "steps_per_second": run.step_count / elapsed}
 
 
-def step_statements(tool: str, steps: int) -> float:
-    """Round trips per step of the same run as ``step_overhead``'s, counted
-    in an untimed run."""
+def step_statements(tool: str, steps: int) -> dict:
+    """Round trips per step of the same run as ``step_overhead``'s, and how
+    many of them commit a change waiting for its WAL flush (a model turn's or
+    a read's record does not, G12), counted in an untimed run."""
     from runs.models import AgentRun
     from runs.runtime import enqueue
+    from runs.step_journal import COMMIT_WITHOUT_FLUSH
 
     with CaptureQueriesContext(connection) as queries:
         run = enqueue(_steps_request(tool, steps // 2))
     run = AgentRun.objects.get(pk=run.pk)
     assert run.status == "completed", run.error_message
-    return len(queries) / run.step_count
+    flushed = [
+        query
+        for query in queries
+        if not query["sql"].lstrip().upper().startswith("SELECT")
+        and COMMIT_WITHOUT_FLUSH not in query["sql"]
+    ]
+    return {
+        "statements_per_step": len(queries) / run.step_count,
+        "flushes_per_step": len(flushed) / run.step_count,
+    }
 
 
 def _resumable_request(steps: int) -> dict:
@@ -355,13 +366,19 @@ def ten_step_runs(runs: int) -> dict:
     return {"runs": runs, "steps": steps, "steps_per_second": steps / elapsed}
 
 
-def dbos_peer(python: str, base_url: str, workflows: int, database: str) -> dict:
+def dbos_peer(
+    python: str, base_url: str, workflows: int, database: str, *, wait_for_flush: bool = True
+) -> dict:
     """The same workload on DBOS Transact, run by ``bench/dbos_peer.py`` in its
-    own virtualenv against a fresh database on the same server."""
+    own virtualenv against a fresh database on the same server; without
+    ``wait_for_flush`` no commit in that database waits for its WAL to reach
+    disk (as ``commits_not_waiting_for_the_flush`` does for ours)."""
     server, _, _ = base_url.rpartition("/")
     with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{database}"')
+        if not wait_for_flush:
+            conn.execute(f'ALTER DATABASE "{database}" SET synchronous_commit = off')
     script = ROOT / "bench" / "dbos_peer.py"
     completed = subprocess.run(
         [python, str(script), f"{server}/{database}", str(workflows)],
@@ -370,7 +387,12 @@ def dbos_peer(python: str, base_url: str, workflows: int, database: str) -> dict
         timeout=600,
         check=True,
     )
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    with psycopg.connect(f"{server}/{database}") as conn:
+        (synchronous_commit,) = conn.execute("SHOW synchronous_commit").fetchone()
+    return {
+        **json.loads(completed.stdout.strip().splitlines()[-1]),
+        "synchronous_commit": synchronous_commit,
+    }
 
 
 WORKER_CLASSES = {

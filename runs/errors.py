@@ -47,9 +47,12 @@ class RunCancelled(Exception):
 
 
 class StepsNotDurable(Exception):
-    """A write was about to start while earlier steps of the run could not be
-    recorded (G12): it does not start. No write has run since the last
-    durable step, so the attempt may be retried: it resumes after that step.
+    """The attempt cannot go on without a gap in the journal (G12): a write
+    was about to start while earlier steps of the run could not be recorded
+    (it does not start), or steps it had recorded are gone (a database server
+    crash lost commits that had not reached disk). No write has run since
+    the last durable step, so the attempt may be retried: it resumes after
+    that step.
     """
 
     failure_class = "connection"

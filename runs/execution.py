@@ -59,6 +59,12 @@ class LeasedExecution:
         #: unwritten steps — the ones that record carried — landed.
         self._in_doubt = False
         self._doubtful = 0
+        #: The database connection that carried records of this attempt
+        #: which did not wait for the WAL flush, while they may not be on
+        #: disk yet (None: every record is). Should another connection carry
+        #: the next statement, the database is asked first whether they are
+        #: still there (``_doubt_a_new_connection``).
+        self._unflushed_on = None
         #: The call the last record renewed the lease for, and its idempotency key.
         self._renewed_for: tuple[PlannedCall, str] | None = None
         #: Steps the database refused (fail-soft: reads, model turns), in
@@ -163,6 +169,7 @@ class LeasedExecution:
         nothing is settled: the run goes on to an ordinary settle without it.
         """
         final = _step_fields(event)
+        self._doubt_a_new_connection()
         if self._in_doubt and not self._resolve_doubt():
             # Whether earlier steps landed is still unknown: nothing is
             # written after them (the journal stays a prefix, G12).
@@ -191,6 +198,7 @@ class LeasedExecution:
         return denied
 
     def _park(self, waiting: list, turn_sequence: int | None, turn_event) -> None:
+        self._doubt_a_new_connection()
         if self._in_doubt and not self._resolve_doubt():
             raise StepsNotDurable(
                 "the run cannot wait for approval while it cannot tell whether its "
@@ -233,6 +241,7 @@ class LeasedExecution:
         A record whose connection broke may have committed: before anything
         is written again the database is asked how many steps this attempt
         has, so a step is never recorded twice (G12)."""
+        self._doubt_a_new_connection()
         if self._in_doubt and not self._resolve_doubt():
             self._unwritten.extend(steps)  # the database is still away
             return RecordOutcome.FAILED
@@ -245,6 +254,8 @@ class LeasedExecution:
             )
         if outcome is RecordOutcome.LEASE_LOST:
             return outcome
+        if outcome.persisted:
+            self._note_flush(steps, clear_fence=clear_fence, next_call=next_call)
         if outcome in (RecordOutcome.FAILED, RecordOutcome.UNKNOWN):
             self._unwritten = steps
             if outcome is RecordOutcome.FAILED:
@@ -252,8 +263,11 @@ class LeasedExecution:
             self._in_doubt, self._doubtful = True, len(steps)
             if not self._resolve_doubt() or self._unwritten:
                 return RecordOutcome.FAILED
-            # It had committed, its renewal and fence with it; whether a
-            # cancel is pending is the database's to say.
+            # It had committed (if without the flush, the count just read
+            # through this connection is what a later one is checked against),
+            # its renewal and fence with it; whether a cancel is pending is
+            # the database's to say.
+            self._note_flush(steps, clear_fence=clear_fence, next_call=next_call)
             if transitions.cancel_requested(self.lease):
                 cancelled = RunCancelled()
                 if next_call is not None and next_call.fence:
@@ -267,10 +281,38 @@ class LeasedExecution:
             raise RunCancelled()
         return outcome
 
+    def _note_flush(self, steps: list[dict], *, clear_fence: bool, next_call) -> None:
+        """After ``steps`` landed: whether every record is known to be on disk
+        (a commit that waits for the flush carries every earlier one)."""
+        if transitions.skips_the_flush(steps, clear_fence=clear_fence, next_call=next_call):
+            if self._unflushed_on is None:
+                self._unflushed_on = transitions.database_session()
+        else:
+            self._unflushed_on = None
+
+    def _doubt_a_new_connection(self) -> None:
+        """Before writing after records that did not wait for the flush: if
+        the connection that made them is gone (closed after a tool's time
+        limit, say, or broken by a server crash), a crash may have lost them
+        without this attempt seeing an error, and the database is asked
+        whether they are still there before anything is written after them."""
+        if self._unflushed_on is None:
+            return
+        if transitions.database_session() is self._unflushed_on:
+            return
+        self._unflushed_on = None
+        if not self._in_doubt:
+            self._in_doubt, self._doubtful = True, 0
+
     def _resolve_doubt(self) -> bool:
         """Ask the database whether the steps the record in doubt carried
-        landed after all; False if it cannot answer yet. Raises ``LeaseLost``
-        when its count fits neither answer: another attempt holds this token.
+        landed after all; False if it cannot answer yet. Raises
+        ``StepsNotDurable`` when it holds fewer steps than the attempt had
+        recorded: a server crash lost commits that had not reached disk (a
+        model turn's or a read's, ``transitions.steps.must_reach_disk``), and
+        writing on would leave a gap; the retry resumes after the last step
+        that is there. Raises ``LeaseLost`` when it holds more than either
+        answer: another attempt holds this token.
 
         (Should the statement in doubt still be running in a backend that
         outlived its client and commit after this count, its steps would be
@@ -282,7 +324,7 @@ class LeasedExecution:
             logger.warning("run=%s cannot tell yet whether its steps landed", self.lease.run_id)
             return False
         self._in_doubt = False
-        if count == self._recorded + self._doubtful:
+        if self._doubtful and count == self._recorded + self._doubtful:
             logger.warning(
                 "run=%s lease_token=%s: %d step(s) landed although the database did not say so",
                 self.lease.run_id,
@@ -295,6 +337,17 @@ class LeasedExecution:
             )
             self._count(landed)
             self._recorded += len(landed)
+        elif count < self._recorded:
+            logger.warning(
+                "run=%s lease_token=%s: %d of its recorded step(s) are gone from the database",
+                self.lease.run_id,
+                self.lease.token,
+                self._recorded - count,
+            )
+            raise StepsNotDurable(
+                f"{self._recorded - count} recorded step(s) of the attempt were lost by the "
+                "database (a server crash before they reached disk)"
+            )
         elif count != self._recorded:
             raise LeaseLost()
         return True

@@ -8,7 +8,9 @@ run's change with it (G2, G6). Three run changes ride with steps:
 - recording steps under the lease (renewal, fence clearing or the next
   call's fence, totals, next sequence): usually one step, and more when
   earlier steps could not be recorded and are written now, in order, ahead
-  of it (G12: the journal never has a gap);
+  of it (G12: the journal never has a gap). The caller says whether its
+  commit waits for the WAL flush (``transitions.steps`` decides: model
+  turns and reads that stamp no write's fence do not);
 - the claim, with the attempt's request step (its commit does not wait for
   the WAL flush: see ``claim_in_one_statement``);
 - the final answer, with the settle (``completed``, or ``cancelled`` when a
@@ -69,10 +71,13 @@ def record_steps_in_one_statement(
     clear_fence: bool,
     next_call,
     usage: dict,
+    wait_for_flush: bool = True,
 ) -> tuple[bool, object, int | None]:
     """Returns (matched, cancel_requested_at, the last step's sequence).
     Raises DatabaseError as the ORM would. ``steps`` may be empty: then it
-    only renews (and stamps ``next_call``'s fence).
+    only renews (and stamps ``next_call``'s fence). Without
+    ``wait_for_flush`` the statement's commit does not wait for its WAL to
+    reach disk (as the claim's, ``claim_in_one_statement``).
 
     ``next_call`` (a ``transitions.NextCall``) stamps the next call's fence in
     the same UPDATE; a cancel already requested stamps nothing (the old row's
@@ -90,7 +95,11 @@ def record_steps_in_one_statement(
     elif next_call is not None or clear_fence:
         sets += ["pending_effect = ''", "pending_call = NULL"]
     row = _owned_run_then_steps(
-        sets, steps, usage, {**_lease_params(lease), "lease_seconds": lease_seconds, **fence}
+        sets,
+        steps,
+        usage,
+        {**_lease_params(lease), "lease_seconds": lease_seconds, **fence},
+        wait_for_flush=wait_for_flush,
     )
     if row is None:
         return False, None, None
@@ -142,7 +151,7 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
       (G6), and PostgreSQL flushes the WAL in order, so that flush carries
       the claim with it. The settle and every step record still wait.
 
-    ``tests/test_claim_durability.py`` crashes a server at both moments.
+    ``tests/test_commit_durability.py`` crashes a server at both moments.
     """
     sql = f"""
         UPDATE {AgentRun._meta.db_table} SET status = 'running', lease_owner = %(owner)s,
@@ -170,7 +179,8 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
 
 
 #: A FROM item that makes the statement's own transaction commit without
-#: waiting for the WAL flush (the claim's; the bench's floor job copies it).
+#: waiting for the WAL flush (the claim's and a model turn's or a read's
+#: record; the bench's floor job copies it).
 COMMIT_WITHOUT_FLUSH = "(SELECT set_config('synchronous_commit', 'off', true)) AS no_flush"
 
 # The tools the run asks for that an operator has switched off since it was
@@ -190,7 +200,9 @@ _APPROVAL_OVERRIDES = f"""
 """
 
 
-def _owned_run_then_steps(sets: list[str], steps: Sequence[dict], usage: dict, params: dict):
+def _owned_run_then_steps(
+    sets: list[str], steps: Sequence[dict], usage: dict, params: dict, *, wait_for_flush=True
+):
     """The lease-guarded UPDATE of ``sets`` (plus llm steps' usage totals and
     a resume step's saved tokens) with ``steps``; the row (id, step_count,
     lease_token, cancel_requested_at) or None when the lease no longer matches."""
@@ -203,6 +215,7 @@ def _owned_run_then_steps(sets: list[str], steps: Sequence[dict], usage: dict, p
         " RETURNING id, step_count, lease_token, cancel_requested_at",
         steps,
         {**params, **usage},
+        wait_for_flush=wait_for_flush,
     )
 
 

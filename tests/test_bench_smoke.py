@@ -38,6 +38,12 @@ def test_the_bench_produces_every_figure(tmp_path):
         figure = results["step_overhead"][tool]
         assert figure["steps_per_second"] > 0 and figure["statements_per_step"] > 0
         assert len(figure["rounds"]) == len(figure["ratio_rounds"]) == 1
+    # A model turn's and a read's records do not wait for the flush; a write's
+    # fence (on the turn before it) and its record do.
+    step_figures = results["step_overhead"]
+    flushes = {tool: figure["flushes_per_step"] for tool, figure in step_figures.items()}
+    assert flushes["noop_read"] < 0.1, flushes
+    assert flushes["noop_idempotent_write"] > 0.9 and flushes["noop_non_idempotent_write"] > 0.9
     assert results["durable_baseline"]["steps_per_second"] > 0
     assert results["durable_baseline"]["commits_per_second"] > 0
     assert results["durable_baseline"]["one_statement"]["steps_per_second"] > 0
@@ -51,6 +57,11 @@ def test_the_bench_produces_every_figure(tmp_path):
     assert peer["ours"]["steps"] == peer["dbos"]["steps"] > 0
     assert peer["dbos"]["dbos_version"] and peer["dbos"]["steps_per_second"] > 0
     assert peer["ratio"] > 0 and len(peer["rounds"]) == 1
+    assert peer["dbos"]["synchronous_commit"] == "on"
+    # Like for like: neither side waiting for the flush.
+    flushless_peer = peer["not_waiting_for_the_flush"]
+    assert flushless_peer["dbos"]["synchronous_commit"] == "off"
+    assert flushless_peer["ours"]["steps"] == flushless_peer["dbos"]["steps"] > 0
     queue = results["through_the_queue"]
     assert set(queue["worker_classes"]) == {"runs.worker.Worker", "rq.worker.SimpleWorker"}
     for figure in queue["worker_classes"].values():

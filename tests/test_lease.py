@@ -68,13 +68,17 @@ def _synchronous_commit() -> str:
         return cursor.fetchone()[0]
 
 
-def test_a_claim_skips_the_flush_only_for_its_own_commit():
-    """The claim's commit does not wait for the WAL flush (runs/step_journal.py).
-    Inside a caller's transaction it must not make the caller's commit skip it."""
-    assert transitions.claim(queued_run().pk, "alone", 60) is not None
+def test_a_claim_and_a_model_turns_record_skip_the_flush_only_for_their_own_commit():
+    """The claim's commit and a model turn's record do not wait for the WAL
+    flush (runs/step_journal.py). Inside a caller's transaction they must not
+    make the caller's commit skip it."""
+    lease = transitions.claim(queued_run().pk, "alone", 60).lease
+    assert transitions.record_step(lease, 60, {"kind": "llm"}, clear_fence=False).persisted
     assert _synchronous_commit() == "on"
     with transaction.atomic():
-        assert transitions.claim(queued_run().pk, "inside", 60) is not None
+        lease = transitions.claim(queued_run().pk, "inside", 60).lease
+        assert _synchronous_commit() == "on"
+        assert transitions.record_step(lease, 60, {"kind": "llm"}, clear_fence=False).persisted
         assert _synchronous_commit() == "on"
 
 

@@ -1,10 +1,12 @@
 """Tool classes the tests register through ``NRLLM_TOOLS``."""
 
+import contextlib
 import json
 import os
 import signal
 import time
 
+import psycopg
 from django.db import connection
 
 from runs.models import AgentRun
@@ -147,6 +149,60 @@ class WriteDuringServerCrash(Tool):
         os.kill(int(os.environ["NRLLM_TEST_STALLED_WAL_WRITER"]), signal.SIGKILL)
         time.sleep(600)
         return {"written": True}
+
+
+class ReadDuringServerCrash(Tool):
+    """A read during which the database server crashes: the first call kills
+    the server's WAL writer that the test stopped (its pid in
+    ``NRLLM_TEST_STALLED_WAL_WRITER``) and answers once the server is back,
+    so the attempt's next record meets the broken connection; later calls
+    just answer."""
+
+    name = "read_during_server_crash"
+    description = "read-only tool during whose first call the database server crashes"
+    effect = ToolEffect.READ_ONLY
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        stalled = int(os.environ["NRLLM_TEST_STALLED_WAL_WRITER"])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stalled, signal.SIGKILL)
+            _wait_for_a_server_without(stalled)
+        return {"read": arguments}
+
+
+class SlowReadDuringServerCrash(ReadDuringServerCrash):
+    """The same crash, and then the first call runs past its time limit: the
+    runtime closes its database connection after a call it stopped (which
+    the crash had broken), and the next statement goes out on a new one with
+    no error seen."""
+
+    name = "slow_read_during_server_crash"
+    description = "read-only tool that outlives its time limit after the database server crashed"
+    timeout_seconds = 1
+
+    def run(self, arguments, context):
+        stalled = int(os.environ["NRLLM_TEST_STALLED_WAL_WRITER"])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stalled, signal.SIGKILL)
+            _wait_for_a_server_without(stalled)
+            time.sleep(30)
+        return {"read": arguments}
+
+
+def _wait_for_a_server_without(wal_writer: int) -> None:
+    url = os.environ["DATABASE_URL"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with contextlib.suppress(psycopg.OperationalError):
+            with psycopg.connect(url, connect_timeout=2) as conn:
+                row = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
+                ).fetchone()
+            if row and row[0] != wal_writer:
+                return
+        time.sleep(0.1)
+    raise RuntimeError("the database server did not come back")
 
 
 class UnsureWrite(Tool):

@@ -54,8 +54,10 @@ from runs.transitions.steps import (
     NextCall,
     RecordOutcome,
     attempt_step_count,
+    database_session,
     record_step,
     record_steps,
+    skips_the_flush,
 )
 
 __all__ = [
@@ -79,6 +81,7 @@ __all__ = [
     "cancel_requested",
     "claim",
     "create_queued_run",
+    "database_session",
     "db_time",
     "dead_letter",
     "decide_approval",
@@ -100,6 +103,7 @@ __all__ = [
     "renew_lease",
     "requeue_for_retry",
     "settle",
+    "skips_the_flush",
     "wait_for_approval",
     "withdraw_fence",
 ]

@@ -21,6 +21,7 @@ from runs.transitions._common import (
 )
 from runs.vocabulary import StepKind
 from tools.canonical import token_count
+from tools.effects import ToolEffect
 
 
 class RecordOutcome(enum.Enum):
@@ -91,6 +92,7 @@ def record_steps(
                 clear_fence=clear_fence,
                 next_call=next_call,
                 usage=_usage_values(steps),
+                wait_for_flush=must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call),
             )
             if not matched:
                 return RecordOutcome.LEASE_LOST
@@ -125,6 +127,50 @@ def record_steps(
     if cancel_at is not None:
         return RecordOutcome.PERSISTED_CANCEL_REQUESTED
     return RecordOutcome.PERSISTED
+
+
+def must_reach_disk(steps: Sequence[dict], *, clear_fence: bool, next_call) -> bool:
+    """Whether the record's commit waits for its WAL to reach disk.
+
+    A record of model turns and reads only, stamping no write's fence, does
+    not wait (``synchronous_commit = off`` for its own transaction, as the
+    claim's). Only a crash of the database server before its WAL writer
+    flushes (a fraction of a second, ``wal_writer_delay``) can lose it, and
+    what that loses is what G12 already allows a crash to lose: a tail of
+    read and model steps after the last durable one, redone by the next
+    attempt (a read is safe to repeat; a lost model turn was acted on by
+    reads only). Every statement that something outside the database
+    depends on waits: a write's fence (G6) — so the turn that asked for the
+    write and everything before it is on disk before the write starts,
+    since PostgreSQL flushes its WAL in order —, a write's record (G2), the
+    settle. A worker that finds its steps gone after the crash stops
+    (``StepsNotDurable``) and its retry resumes after the last durable step.
+    """
+    if clear_fence or not steps or (next_call is not None and next_call.fence):
+        return True
+    return not all(_may_be_lost(step) for step in steps)
+
+
+def skips_the_flush(steps: Sequence[dict], *, clear_fence: bool, next_call) -> bool:
+    """Whether ``record_steps`` commits these without waiting for the flush."""
+    return connection.vendor == "postgresql" and not must_reach_disk(
+        steps, clear_fence=clear_fence, next_call=next_call
+    )
+
+
+def database_session():
+    """The database connection statements go through now (None while closed):
+    commits that did not wait for the flush are safe only while the one that
+    made them lives, since a server crash, the one thing that loses them,
+    breaks it."""
+    return connection.connection
+
+
+def _may_be_lost(step: dict) -> bool:
+    kind = step.get("kind")
+    return kind == StepKind.LLM or (
+        kind == StepKind.TOOL and step.get("effect") == ToolEffect.READ_ONLY
+    )
 
 
 #: The kinds of step an attempt records itself (the claim's request step

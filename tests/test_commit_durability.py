@@ -1,5 +1,7 @@
-"""The claim commits without waiting for the WAL flush (``runs/step_journal.py``):
-what a server crash can lose, and what it cannot.
+"""The commits that do not wait for the WAL flush — the claim
+(``runs/step_journal.py``) and the record of model turns and reads that
+stamp no write's fence (``runs/transitions/steps.must_reach_disk``): what a
+server crash can lose, and what it cannot.
 
 Each test crashes a PostgreSQL server of its own at the moment that matters.
 The server's WAL writer is stopped first (SIGSTOP), so the WAL reaches the
@@ -20,10 +22,15 @@ import psycopg
 import pytest
 from django.utils import timezone
 
+from tests.drifting_model import MODELS, NOTIFY, request_for
 from tests.harness import postgres_server
 from tests.helpers import answer, call, manage, scripted, wait_until
 
 CRASH_TOOL = "tests.tools_for_tests.WriteDuringServerCrash"
+CRASH_TOOLS = (
+    f"{CRASH_TOOL},tests.tools_for_tests.ReadDuringServerCrash,"
+    "tests.tools_for_tests.SlowReadDuringServerCrash"
+)
 
 pytestmark = pytest.mark.worker
 
@@ -48,7 +55,7 @@ def _app_env(base: dict, url: str) -> dict:
         "DJANGO_SETTINGS_MODULE": "nrllm_ops.settings",
         "SECRET_KEY": "tests-only-secret-key",
         "DATABASE_URL": url,
-        "NRLLM_TOOLS": CRASH_TOOL,
+        "NRLLM_TOOLS": CRASH_TOOLS,
     }
 
 
@@ -104,6 +111,18 @@ def _run(url: str, run_id: str, *fields: str) -> dict:
     return {field: run[field] for field in fields or run}
 
 
+def _run_with_the_wal_writer_stalled(workers, url: str, env: dict, request: dict, **options):
+    """Enqueue ``request``, stall the server's WAL writer, and start a worker
+    whose crash tools kill it: (run id, the WAL writer's pid, the worker)."""
+    run_id = _manage(env, "enqueue_run", "-", stdin=json.dumps(request))
+    wal_writer = _stall_wal_writer(url)
+    worker_options = {"NRLLM_TOOLS": CRASH_TOOLS, **options}
+    worker = workers.start(
+        DATABASE_URL=url, NRLLM_TEST_STALLED_WAL_WRITER=wal_writer, **worker_options
+    )
+    return run_id, wal_writer, worker
+
+
 def _reap_as_of(env: dict, moment) -> str:
     return _manage(env, "reap_stale_runs", f"--as-of={moment.isoformat()}")
 
@@ -152,13 +171,9 @@ def test_a_write_runs_only_after_a_flush_that_made_its_claim_durable(
     request = scripted(
         call("write_during_server_crash"), answer("unreached"), tools=["write_during_server_crash"]
     )
-    run_id = _manage(env, "enqueue_run", "-", stdin=json.dumps(request))
-    wal_writer = _stall_wal_writer(server_url)
     # The tool kills the stalled WAL writer: the server crashes mid-write.
-    worker = workers.start(
-        DATABASE_URL=server_url,
-        NRLLM_TOOLS=CRASH_TOOL,
-        NRLLM_TEST_STALLED_WAL_WRITER=wal_writer,
+    run_id, wal_writer, worker = _run_with_the_wal_writer_stalled(
+        workers, server_url, env, request, NRLLM_TOOLS=CRASH_TOOL
     )
     wait_until(
         lambda: _restarted_without(server_url, wal_writer), timeout=60, what="the crash mid-write"
@@ -179,3 +194,58 @@ def test_a_write_runs_only_after_a_flush_that_made_its_claim_durable(
         "steps": ["request", "llm", "reaper"],
     }
     assert _run(server_url, run_id, *expected) == expected
+
+
+@pytest.mark.parametrize("model", MODELS, indirect=True)
+@pytest.mark.parametrize(
+    "crashing_read",
+    [
+        # The crash breaks the connection: the read's record meets the error.
+        "read_during_server_crash",
+        # The read then outlives its time limit, and the runtime closes the
+        # connection: the record goes out on a new one, with no error seen.
+        "slow_read_during_server_crash",
+    ],
+)
+def test_a_server_crash_loses_only_model_turns_and_reads_and_the_retry_redoes_them(
+    crashing_read, model, server_url, workers, worker_env
+):
+    """A model turn's record that stamps no fence commits without waiting for
+    the flush, and a read's too. A crash during the read loses the turn that
+    asked for it — never the write before it, whose fence and record waited.
+    The attempt finds its step gone before it writes another, stops
+    (``StepsNotDurable``) and its retry resumes after the write: the lost
+    turn is asked again (a drifting model words it anew), the read runs
+    again, the write never does."""
+    env = {**_app_env(worker_env, server_url), "NRLLM_OPENAI_API_KEY": "sk-test-not-a-real-key"}
+    crash_read = {"name": crashing_read, "arguments": {"q": "take {take}"}}
+    plan = [{"calls": [NOTIFY]}, {"calls": [crash_read]}, {"answer": "done {take}"}]
+    kind = "drifting" if model else "scripted"
+    request = request_for(kind, plan, ["send_notification", crashing_read])
+    run_id, _, worker = _run_with_the_wal_writer_stalled(
+        workers, server_url, env, request, burst=True, NRLLM_RETRY_BACKOFF_SECONDS=0
+    )
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 0, output.decode()
+    assert "recorded step(s) of the attempt were lost" in output.decode(), output.decode()
+
+    expected = {
+        "status": "completed",
+        "output": "done 4" if model else "done same",
+        "steps": ["request", "llm", "tool", "request", "resume", "llm", "tool", "llm"],
+    }
+    assert _run(server_url, run_id, *expected) == expected
+    with psycopg.connect(server_url) as conn:
+        (notifications,) = conn.execute(
+            "SELECT count(*) FROM tools_outboxnotification WHERE run_id = %s", [run_id]
+        ).fetchone()
+        turns = conn.execute(
+            "SELECT result FROM runs_runstep WHERE run_id = %s AND kind = 'llm' ORDER BY sequence",
+            [run_id],
+        ).fetchall()
+    assert notifications == 1
+    if model:
+        # Turn 0 asked once; turn 1 twice: take 2 was lost with the crash, take 3 kept.
+        assert model.requests_by_turn == {0: 1, 1: 2, 2: 1}, model.requests_by_turn
+        contents = [turn["content"] for (turn,) in turns]
+        assert contents == ["on it (take 1)", "on it (take 3)", "done 4"]
