@@ -431,7 +431,9 @@ def _drain_with_workers(env: dict, workers: int, worker_class: str, job_ids: lis
     return (last - first).total_seconds()
 
 
-def through_the_queue(runs: int, rounds: int, worker_env: dict) -> dict:
+def through_the_queue(
+    runs: int, rounds: int, worker_env: dict, worker_classes: tuple = tuple(WORKER_CLASSES)
+) -> dict:
     """One-step runs drained by 2 rqworkers, next to bare no-op RQ jobs drained
     by the same worker class right after, for each worker class; ``rounds``
     such pairs, taken in turn. Reported: the round with the median ratio, so
@@ -444,9 +446,9 @@ def through_the_queue(runs: int, rounds: int, worker_env: dict) -> dict:
     with connection.cursor() as cursor:
         for statement in FLOOR_TABLES:
             cursor.execute(statement)
-    samples = {worker_class: [] for worker_class in WORKER_CLASSES}
+    samples = {worker_class: [] for worker_class in worker_classes}
     for _ in range(rounds):
-        for worker_class in WORKER_CLASSES:
+        for worker_class in worker_classes:
             samples[worker_class].append(_queue_round(runs, worker_class, worker_env))
     figures = {}
     for worker_class, measured in samples.items():

@@ -59,12 +59,12 @@ class LeasedExecution:
         #: unwritten steps — the ones that record carried — landed.
         self._in_doubt = False
         self._doubtful = 0
-        #: The database connection that carried records of this attempt
-        #: which did not wait for the WAL flush, while they may not be on
-        #: disk yet (None: every record is). Should another connection carry
-        #: the next statement, the database is asked first whether they are
-        #: still there (``_doubt_a_new_connection``).
-        self._unflushed_on = None
+        #: Steps recorded by commits that did not wait for the WAL flush
+        #: since the last one that did, in order: what a server crash may
+        #: lose (G12). Each record is guarded on how many steps the attempt
+        #: has recorded; when the database holds fewer, these are written
+        #: again (``_restore_lost_steps``).
+        self._unflushed: list[dict] = []
         #: The call the last record renewed the lease for, and its idempotency key.
         self._renewed_for: tuple[PlannedCall, str] | None = None
         #: Steps the database refused (fail-soft: reads, model turns), in
@@ -169,18 +169,35 @@ class LeasedExecution:
         nothing is settled: the run goes on to an ordinary settle without it.
         """
         final = _step_fields(event)
-        self._doubt_a_new_connection()
-        if self._in_doubt and not self._resolve_doubt():
-            # Whether earlier steps landed is still unknown: nothing is
-            # written after them (the journal stays a prefix, G12).
-            outcome, steps = FinishOutcome.FAILED, [*self._unwritten, final]
-        else:
+        outcome, steps = FinishOutcome.FAILED, [*self._unwritten, final]
+        # Twice at most: again after the database had lost steps that go
+        # again first, or after a settle in doubt that had not landed.
+        for _ in range(2):
+            if self._in_doubt and not self._resolve_doubt():
+                # Whether earlier steps landed is still unknown: nothing is
+                # written after them (the journal stays a prefix, G12).
+                outcome, steps = FinishOutcome.FAILED, [*self._unwritten, final]
+                break
             steps = [*self._unwritten, final]
             with metrics.STEP_RECORD_SECONDS.time():
-                outcome = transitions.finish(self.lease, steps, output=output)
+                outcome = transitions.finish(
+                    self.lease, steps, output=output, recorded=self._recorded
+                )
+            if outcome is FinishOutcome.STEPS_LOST:
+                self._unwritten = steps[:-1]
+                self._restore_lost_steps()
+                continue
+            if outcome is not FinishOutcome.UNKNOWN:
+                break
+            self._unwritten, self._in_doubt, self._doubtful = steps, True, len(steps)
+            if self._resolve_doubt() and not self._unwritten:
+                self.settled = True  # it had committed after all
+                return
+            self._unwritten = [step for step in self._unwritten if step is not final]
+            outcome = FinishOutcome.FAILED
         if outcome is FinishOutcome.LEASE_LOST:
             raise LeaseLost()
-        if outcome is FinishOutcome.FAILED:
+        if outcome in (FinishOutcome.FAILED, FinishOutcome.STEPS_LOST, FinishOutcome.UNKNOWN):
             self._unwritten = steps
             self._heartbeat_after_unrecorded_step()
             return
@@ -198,20 +215,27 @@ class LeasedExecution:
         return denied
 
     def _park(self, waiting: list, turn_sequence: int | None, turn_event) -> None:
-        self._doubt_a_new_connection()
         if self._in_doubt and not self._resolve_doubt():
             raise StepsNotDurable(
                 "the run cannot wait for approval while it cannot tell whether its "
                 "earlier steps were recorded"
             )
-        steps = [*self._unwritten, *([_step_fields(turn_event)] if turn_event else [])]
-        outcome, requests = transitions.wait_for_approval(
-            self.lease,
-            steps,
-            waiting,
-            turn_sequence=turn_sequence,
-            timeout_seconds=settings.NRLLM_APPROVAL_TIMEOUT_SECONDS,
-        )
+        turn = [_step_fields(turn_event)] if turn_event else []
+        for _ in range(2):  # again after the database had lost steps that go again first
+            steps = [*self._unwritten, *turn]
+            outcome, requests = transitions.wait_for_approval(
+                self.lease,
+                steps,
+                waiting,
+                turn_sequence=turn_sequence,
+                timeout_seconds=settings.NRLLM_APPROVAL_TIMEOUT_SECONDS,
+                recorded=self._recorded,
+            )
+            if outcome is not ParkOutcome.STEPS_LOST:
+                break
+            self._restore_lost_steps()
+        if outcome is ParkOutcome.STEPS_LOST:
+            raise StepsNotDurable("the run's steps were lost again before it could wait")
         if outcome is ParkOutcome.LEASE_LOST:
             raise LeaseLost()
         if outcome is ParkOutcome.CANCEL_REQUESTED:
@@ -240,22 +264,24 @@ class LeasedExecution:
 
         A record whose connection broke may have committed: before anything
         is written again the database is asked how many steps this attempt
-        has, so a step is never recorded twice (G12)."""
-        self._doubt_a_new_connection()
+        has, so a step is never recorded twice (G12). A record finding that
+        the database lost some (a server crash, G12) writes them again first."""
         if self._in_doubt and not self._resolve_doubt():
             self._unwritten.extend(steps)  # the database is still away
             return RecordOutcome.FAILED
-        steps = [*self._unwritten, *steps]
+        new, steps = steps, [*self._unwritten, *steps]
         if not steps:
             return None
-        with metrics.STEP_RECORD_SECONDS.time():
-            outcome = transitions.record_steps(
-                self.lease, lease_seconds, steps, clear_fence=clear_fence, next_call=next_call
-            )
+        outcome = self._record_now(steps, lease_seconds, next_call, clear_fence)
+        if outcome is RecordOutcome.STEPS_LOST:
+            self._unwritten = steps[: len(steps) - len(new)]
+            self._restore_lost_steps()
+            steps = [*self._unwritten, *new]
+            outcome = self._record_now(steps, lease_seconds, next_call, clear_fence)
+            if outcome is RecordOutcome.STEPS_LOST:
+                raise StepsNotDurable("the run's steps were lost again while they were rewritten")
         if outcome is RecordOutcome.LEASE_LOST:
             return outcome
-        if outcome.persisted:
-            self._note_flush(steps, clear_fence=clear_fence, next_call=next_call)
         if outcome in (RecordOutcome.FAILED, RecordOutcome.UNKNOWN):
             self._unwritten = steps
             if outcome is RecordOutcome.FAILED:
@@ -263,12 +289,15 @@ class LeasedExecution:
             self._in_doubt, self._doubtful = True, len(steps)
             if not self._resolve_doubt() or self._unwritten:
                 return RecordOutcome.FAILED
-            # It had committed (if without the flush, the count just read
-            # through this connection is what a later one is checked against),
-            # its renewal and fence with it; whether a cancel is pending is
-            # the database's to say.
+            # It had committed, its renewal and fence with it — under this
+            # lease, unless the count was another attempt's under a token
+            # handed out again (a claim a server crash lost); whether a
+            # cancel is pending is the database's to say.
             self._note_flush(steps, clear_fence=clear_fence, next_call=next_call)
-            if transitions.cancel_requested(self.lease):
+            owned, cancel_pending = transitions.standing(self.lease)
+            if not owned:
+                raise LeaseLost()
+            if cancel_pending:
                 cancelled = RunCancelled()
                 if next_call is not None and next_call.fence:
                     key = next_call.call["idempotency_key"]
@@ -276,43 +305,69 @@ class LeasedExecution:
                         cancelled.unstarted_call = key
                 raise cancelled
             return RecordOutcome.PERSISTED
+        self._note_flush(steps, clear_fence=clear_fence, next_call=next_call)
         self._landed(steps)
         if outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED:
             raise RunCancelled()
         return outcome
 
-    def _note_flush(self, steps: list[dict], *, clear_fence: bool, next_call) -> None:
-        """After ``steps`` landed: whether every record is known to be on disk
-        (a commit that waits for the flush carries every earlier one)."""
-        if transitions.skips_the_flush(steps, clear_fence=clear_fence, next_call=next_call):
-            if self._unflushed_on is None:
-                self._unflushed_on = transitions.database_session()
-        else:
-            self._unflushed_on = None
+    def _record_now(self, steps, lease_seconds, next_call, clear_fence) -> RecordOutcome:
+        with metrics.STEP_RECORD_SECONDS.time():
+            return transitions.record_steps(
+                self.lease,
+                lease_seconds,
+                steps,
+                clear_fence=clear_fence,
+                next_call=next_call,
+                recorded=self._recorded,
+            )
 
-    def _doubt_a_new_connection(self) -> None:
-        """Before writing after records that did not wait for the flush: if
-        the connection that made them is gone (closed after a tool's time
-        limit, say, or broken by a server crash), a crash may have lost them
-        without this attempt seeing an error, and the database is asked
-        whether they are still there before anything is written after them."""
-        if self._unflushed_on is None:
-            return
-        if transitions.database_session() is self._unflushed_on:
-            return
-        self._unflushed_on = None
-        if not self._in_doubt:
-            self._in_doubt, self._doubtful = True, 0
+    def _note_flush(self, steps: list[dict], *, clear_fence: bool, next_call) -> None:
+        """After ``steps`` landed: what a server crash could still lose (a
+        commit that waits for the flush carries every earlier one to disk)."""
+        if transitions.skips_the_flush(steps, clear_fence=clear_fence, next_call=next_call):
+            self._unflushed.extend(steps)
+        else:
+            self._unflushed = []
+
+    def _restore_lost_steps(self, count: int | None = None) -> None:
+        """The database holds ``count`` of this attempt's steps, fewer than it
+        recorded: a server crash lost its latest records, which had not
+        waited for the flush (G12). They go again, in order, ahead of the
+        unwritten ones, so the journal has no gap. Raises ``StepsNotDurable``
+        when that cannot be done: the retry resumes after the last step
+        that is there."""
+        if count is None:
+            try:
+                count = transitions.attempt_step_count(self.lease)
+            except DatabaseError:
+                raise StepsNotDurable(
+                    "the database lost steps of the run and cannot say how many yet"
+                ) from None
+        lost = self._recorded - count
+        if not 0 < lost <= len(self._unflushed):
+            raise StepsNotDurable(
+                f"{lost} recorded step(s) of the attempt were lost by the database "
+                "and cannot be written again"
+            )
+        logger.warning(
+            "run=%s lease_token=%s: %d recorded step(s) lost by the database; writing them again",
+            self.lease.run_id,
+            self.lease.token,
+            lost,
+        )
+        kept = len(self._unflushed) - lost
+        self._unwritten = [*self._unflushed[kept:], *self._unwritten]
+        del self._unflushed[kept:]
+        self._recorded = count
 
     def _resolve_doubt(self) -> bool:
         """Ask the database whether the steps the record in doubt carried
-        landed after all; False if it cannot answer yet. Raises
-        ``StepsNotDurable`` when it holds fewer steps than the attempt had
-        recorded: a server crash lost commits that had not reached disk (a
-        model turn's or a read's, ``transitions.steps.must_reach_disk``), and
-        writing on would leave a gap; the retry resumes after the last step
-        that is there. Raises ``LeaseLost`` when it holds more than either
-        answer: another attempt holds this token.
+        landed after all; False if it cannot answer yet. When it holds fewer
+        steps than the attempt had recorded (a server crash lost records that
+        had not reached disk) those go again (``_restore_lost_steps``).
+        Raises ``LeaseLost`` when it holds more than either answer: another
+        attempt holds this token.
 
         (Should the statement in doubt still be running in a backend that
         outlived its client and commit after this count, its steps would be
@@ -324,7 +379,7 @@ class LeasedExecution:
             logger.warning("run=%s cannot tell yet whether its steps landed", self.lease.run_id)
             return False
         self._in_doubt = False
-        if self._doubtful and count == self._recorded + self._doubtful:
+        if count == self._recorded + self._doubtful:
             logger.warning(
                 "run=%s lease_token=%s: %d step(s) landed although the database did not say so",
                 self.lease.run_id,
@@ -338,16 +393,7 @@ class LeasedExecution:
             self._count(landed)
             self._recorded += len(landed)
         elif count < self._recorded:
-            logger.warning(
-                "run=%s lease_token=%s: %d of its recorded step(s) are gone from the database",
-                self.lease.run_id,
-                self.lease.token,
-                self._recorded - count,
-            )
-            raise StepsNotDurable(
-                f"{self._recorded - count} recorded step(s) of the attempt were lost by the "
-                "database (a server crash before they reached disk)"
-            )
+            self._restore_lost_steps(count)
         elif count != self._recorded:
             raise LeaseLost()
         return True

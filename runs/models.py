@@ -76,6 +76,12 @@ class AgentRun(models.Model):
     #: Steps recorded so far; the guarded UPDATE that records a step takes the
     #: next sequence from here, so two writers cannot allocate the same one.
     step_count = models.PositiveIntegerField(default=0)
+    #: Steps the attempt holding the lease has recorded itself (its request,
+    #: resume, model and tool steps), set by the claim. Each of its records
+    #: is guarded on it: a record whose earlier steps a database server crash
+    #: lost (they did not wait for the WAL flush, G12) matches nothing rather
+    #: than land after a gap — on any connection, a pooler's included.
+    attempt_steps = models.PositiveIntegerField(default=0, db_default=0)
     #: The run's journal (the model turns and tool outcomes a re-executed
     #: attempt replays, G12) is its llm and tool steps after this sequence:
     #: 0, or the operator step of the last restart from the beginning.

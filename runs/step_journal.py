@@ -53,6 +53,7 @@ _INSERT_STEPS = f"""
 _OWNED = """
     WHERE id = %(run_id)s AND status = 'running'
       AND lease_owner = %(owner)s AND lease_token = %(token)s
+      AND (%(recorded)s::integer IS NULL OR attempt_steps = %(recorded)s::integer)
 """
 _RENEWED = "lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s)"
 _USAGE = [
@@ -72,18 +73,21 @@ def record_steps_in_one_statement(
     next_call,
     usage: dict,
     wait_for_flush: bool = True,
+    recorded: int | None = None,
 ) -> tuple[bool, object, int | None]:
     """Returns (matched, cancel_requested_at, the last step's sequence).
     Raises DatabaseError as the ORM would. ``steps`` may be empty: then it
     only renews (and stamps ``next_call``'s fence). Without
     ``wait_for_flush`` the statement's commit does not wait for its WAL to
-    reach disk (as the claim's, ``claim_in_one_statement``).
+    reach disk (as the claim's, ``claim_in_one_statement``). With
+    ``recorded`` it matches only while the run holds that many of the
+    attempt's steps (``AgentRun.attempt_steps``).
 
     ``next_call`` (a ``transitions.NextCall``) stamps the next call's fence in
     the same UPDATE; a cancel already requested stamps nothing (the old row's
     ``cancel_requested_at`` is what SET sees), and the caller stops.
     """
-    sets = [f"step_count = step_count + {len(steps)}", _RENEWED] if steps else [_RENEWED]
+    sets = [*_counted(len(steps)), _RENEWED] if steps else [_RENEWED]
     fence = {}
     if next_call is not None and next_call.fence:
         sets += [
@@ -98,7 +102,7 @@ def record_steps_in_one_statement(
         sets,
         steps,
         usage,
-        {**_lease_params(lease), "lease_seconds": lease_seconds, **fence},
+        {**_lease_params(lease, recorded), "lease_seconds": lease_seconds, **fence},
         wait_for_flush=wait_for_flush,
     )
     if row is None:
@@ -106,14 +110,17 @@ def record_steps_in_one_statement(
     return True, row[3], row[1]
 
 
-def finish_in_one_statement(lease, steps: Sequence[dict], *, output: str, usage: dict):
+def finish_in_one_statement(
+    lease, steps: Sequence[dict], *, output: str, usage: dict, recorded: int | None = None
+):
     """Record the final answer's step (after any earlier ones still
-    unwritten) and settle the run. Returns None if the lease is lost, else
-    (the run's ``cancel_requested_at`` — None: ``completed`` —, the final
-    step's sequence)."""
+    unwritten) and settle the run. Returns None if the lease is lost (or,
+    with ``recorded``, the run does not hold that many of the attempt's
+    steps), else (the run's ``cancel_requested_at`` — None: ``completed`` —,
+    the final step's sequence)."""
     completed = "cancel_requested_at IS NULL"
     sets = [
-        f"step_count = step_count + {len(steps)}",
+        *_counted(len(steps)),
         f"status = CASE WHEN {completed} THEN 'completed' ELSE 'cancelled' END",
         f"termination_reason = CASE WHEN {completed} THEN 'completed' ELSE 'cancelled' END",
         f"output = CASE WHEN {completed} THEN %(output)s ELSE '' END",
@@ -125,7 +132,8 @@ def finish_in_one_statement(lease, steps: Sequence[dict], *, output: str, usage:
         "lease_owner = ''",
         "lease_expires_at = NULL",
     ]
-    row = _owned_run_then_steps(sets, steps, usage, {**_lease_params(lease), "output": output})
+    params = {**_lease_params(lease, recorded), "output": output}
+    row = _owned_run_then_steps(sets, steps, usage, params)
     return None if row is None else (row[3], row[1])
 
 
@@ -157,7 +165,7 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
         UPDATE {AgentRun._meta.db_table} SET status = 'running', lease_owner = %(owner)s,
             lease_token = lease_token + 1, {_RENEWED}, pending_effect = '',
             pending_call = NULL, started_at = statement_timestamp(),
-            step_count = step_count + 1
+            step_count = step_count + 1, attempt_steps = 1
         WHERE id = %(run_id)s AND status = 'queued'
         RETURNING id, step_count, lease_token, request, requeue_count
     """
@@ -219,8 +227,21 @@ def _owned_run_then_steps(
     )
 
 
-def _lease_params(lease) -> dict:
-    return {"run_id": lease.run_id, "owner": lease.owner, "token": lease.token}
+def _lease_params(lease, recorded: int | None) -> dict:
+    return {
+        "run_id": lease.run_id,
+        "owner": lease.owner,
+        "token": lease.token,
+        "recorded": recorded,
+    }
+
+
+def _counted(count: int) -> list[str]:
+    """The run's step numbering and the attempt's own count grow by ``count``."""
+    return [
+        f"step_count = step_count + {count}",
+        f"attempt_steps = attempt_steps + {count}",
+    ]
 
 
 def _run_then_steps(

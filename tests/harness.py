@@ -9,15 +9,18 @@ when running as root, since PostgreSQL refuses root), exports
 servers however the command ends.
 """
 
+import contextlib
 import os
 import pwd
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import port_for
+import psycopg
 from pytest_postgresql.executors import PostgreSQLExecutor
 from pytest_redis.executor import RedisExecutor
 
@@ -52,6 +55,60 @@ def postgres_server(workdir: Path, *, options: str = "") -> PostgreSQLExecutor:
         )
         + f" {options}",
     )
+
+
+@contextlib.contextmanager
+def transaction_pooler(workdir: Path, server_port: int):
+    """PgBouncer in transaction mode in front of the PostgreSQL server on
+    ``server_port``, as a deployment behind a pooler runs: each transaction
+    may get another server connection, and a server crash does not break
+    the client's. Yields its URL for the ``postgres`` database."""
+    executable = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+    if executable is None:
+        sys.exit("tests.harness: pgbouncer not found; run scripts/install-system-deps")
+    pooler_dir = workdir / "pgbouncer"
+    pooler_dir.mkdir()
+    port = port_for.select_random()
+    (pooler_dir / "users.txt").write_text('"postgres" ""\n')
+    (pooler_dir / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"postgres = host=127.0.0.1 port={server_port} dbname=postgres user=postgres\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\n"
+        f"auth_type = trust\nauth_file = {pooler_dir}/users.txt\n"
+        "pool_mode = transaction\nunix_socket_dir =\n"
+        f"logfile = {pooler_dir}/pgbouncer.log\n"
+        "ignore_startup_parameters = extra_float_digits,options\n"
+        "max_client_conn = 200\ndefault_pool_size = 20\n"
+    )
+    # PgBouncer refuses to run as root.
+    as_postgres = {}
+    if os.geteuid() == 0:
+        postgres = pwd.getpwnam("postgres")
+        for path in (pooler_dir, *pooler_dir.iterdir()):
+            os.chown(path, postgres.pw_uid, postgres.pw_gid)
+        as_postgres = {"user": postgres.pw_uid}
+    # Its log is in pgbouncer.log (quiet=1 keeps it off stderr).
+    process = subprocess.Popen(
+        [executable, "--quiet", str(pooler_dir / "pgbouncer.ini")], **as_postgres
+    )
+    url = f"postgres://postgres@127.0.0.1:{port}/postgres"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                psycopg.connect(url, connect_timeout=2, prepare_threshold=None).close()
+                break
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    log = pooler_dir / "pgbouncer.log"
+                    said = log.read_text()[-2000:] if log.exists() else "(no log)"
+                    sys.exit(f"tests.harness: pgbouncer did not start: {said}")
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def _redis(workdir: Path) -> RedisExecutor:

@@ -68,6 +68,9 @@ def test_the_bench_produces_every_figure(tmp_path):
         assert figure["completed"] == figure["runs"] and figure["bare_rq_jobs_per_second"] > 0
         assert figure["floor_jobs_per_second"] > 0 and figure["ratio_to_floor"] > 0
     assert queue["worker_peak_rss_mb"] > 0
+    flushless_queue = results["through_the_queue_not_waiting_for_the_flush"]["worker_classes"]
+    assert set(flushless_queue) == {"rq.worker.SimpleWorker"}
+    assert flushless_queue["rq.worker.SimpleWorker"]["ratio"] > 0
     scale = results["at_scale"]
     assert len(scale["milliseconds"]) == 17 and scale["reaped"] == 1000
     # At 2,000 rows a sequential scan is the right plan for a text search;

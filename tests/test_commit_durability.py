@@ -22,8 +22,8 @@ import psycopg
 import pytest
 from django.utils import timezone
 
-from tests.drifting_model import MODELS, NOTIFY, request_for
-from tests.harness import postgres_server
+from tests.drifting_model import MODELS, NOTIFY, SEARCH, request_for
+from tests.harness import postgres_server, transaction_pooler
 from tests.helpers import answer, call, manage, scripted, wait_until
 
 CRASH_TOOL = "tests.tools_for_tests.WriteDuringServerCrash"
@@ -46,6 +46,16 @@ def server_url():
         with server:
             url = f"postgres://postgres@127.0.0.1:{server.port}/postgres"
             _manage(_app_env(os.environ, url), "migrate", "--verbosity=0")
+            yield url
+
+
+@pytest.fixture(scope="module")
+def pooler_url(server_url):
+    """PgBouncer in transaction mode in front of that server: its URL."""
+    port = int(server_url.rsplit(":", 1)[1].split("/")[0])
+    with tempfile.TemporaryDirectory(prefix="nrllm-pooler-") as workdir:
+        Path(workdir).chmod(0o755)
+        with transaction_pooler(Path(workdir), port) as url:
             yield url
 
 
@@ -116,11 +126,20 @@ def _run_with_the_wal_writer_stalled(workers, url: str, env: dict, request: dict
     whose crash tools kill it: (run id, the WAL writer's pid, the worker)."""
     run_id = _manage(env, "enqueue_run", "-", stdin=json.dumps(request))
     wal_writer = _stall_wal_writer(url)
-    worker_options = {"NRLLM_TOOLS": CRASH_TOOLS, **options}
-    worker = workers.start(
-        DATABASE_URL=url, NRLLM_TEST_STALLED_WAL_WRITER=wal_writer, **worker_options
-    )
+    worker_options = {"DATABASE_URL": url, "NRLLM_TOOLS": CRASH_TOOLS, **options}
+    worker = workers.start(NRLLM_TEST_STALLED_WAL_WRITER=wal_writer, **worker_options)
     return run_id, wal_writer, worker
+
+
+#: What a worker logs when it writes steps the database lost again.
+REWRITTEN = "recorded step(s) lost by the database; writing them again"
+
+
+def _output_of(worker) -> str:
+    """What a burst worker printed, once it has ended well."""
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 0, output.decode()
+    return output.decode()
 
 
 def _reap_as_of(env: dict, moment) -> str:
@@ -207,32 +226,31 @@ def test_a_write_runs_only_after_a_flush_that_made_its_claim_durable(
         "slow_read_during_server_crash",
     ],
 )
-def test_a_server_crash_loses_only_model_turns_and_reads_and_the_retry_redoes_them(
+def test_a_server_crash_loses_only_model_turns_and_reads_which_the_attempt_writes_again(
     crashing_read, model, server_url, workers, worker_env
 ):
     """A model turn's record that stamps no fence commits without waiting for
     the flush, and a read's too. A crash during the read loses the turn that
     asked for it — never the write before it, whose fence and record waited.
-    The attempt finds its step gone before it writes another, stops
-    (``StepsNotDurable``) and its retry resumes after the write: the lost
-    turn is asked again (a drifting model words it anew), the read runs
-    again, the write never does."""
+    The read's record, guarded on how many steps the attempt has recorded,
+    matches nothing (whether it meets the broken connection or goes out on a
+    new one), and the attempt writes the lost turn again, as the model
+    worded it, ahead of the read: one attempt, no gap, no turn asked twice,
+    the write once."""
     env = {**_app_env(worker_env, server_url), "NRLLM_OPENAI_API_KEY": "sk-test-not-a-real-key"}
     crash_read = {"name": crashing_read, "arguments": {"q": "take {take}"}}
     plan = [{"calls": [NOTIFY]}, {"calls": [crash_read]}, {"answer": "done {take}"}]
     kind = "drifting" if model else "scripted"
     request = request_for(kind, plan, ["send_notification", crashing_read])
     run_id, _, worker = _run_with_the_wal_writer_stalled(
-        workers, server_url, env, request, burst=True, NRLLM_RETRY_BACKOFF_SECONDS=0
+        workers, server_url, env, request, burst=True
     )
-    output, _ = worker.communicate(timeout=120)
-    assert worker.returncode == 0, output.decode()
-    assert "recorded step(s) of the attempt were lost" in output.decode(), output.decode()
+    assert REWRITTEN in _output_of(worker)
 
     expected = {
         "status": "completed",
-        "output": "done 4" if model else "done same",
-        "steps": ["request", "llm", "tool", "request", "resume", "llm", "tool", "llm"],
+        "output": "done 3" if model else "done same",
+        "steps": ["request", "llm", "tool", "llm", "tool", "llm"],
     }
     assert _run(server_url, run_id, *expected) == expected
     with psycopg.connect(server_url) as conn:
@@ -243,9 +261,109 @@ def test_a_server_crash_loses_only_model_turns_and_reads_and_the_retry_redoes_th
             "SELECT result FROM runs_runstep WHERE run_id = %s AND kind = 'llm' ORDER BY sequence",
             [run_id],
         ).fetchall()
+        (tokens,) = conn.execute(
+            "SELECT prompt_tokens FROM runs_agentrun WHERE id = %s", [run_id]
+        ).fetchone()
     assert notifications == 1
     if model:
-        # Turn 0 asked once; turn 1 twice: take 2 was lost with the crash, take 3 kept.
-        assert model.requests_by_turn == {0: 1, 1: 2, 2: 1}, model.requests_by_turn
+        assert model.requests_by_turn == {0: 1, 1: 1, 2: 1}, model.requests_by_turn
         contents = [turn["content"] for (turn,) in turns]
-        assert contents == ["on it (take 1)", "on it (take 3)", "done 4"]
+        assert contents == ["on it (take 1)", "on it (take 2)", "done 3"]
+        # The lost turn's tokens are counted once, with its step written again.
+        assert tokens == sum(turn["usage"]["prompt_tokens"] for (turn,) in turns)
+
+
+@pytest.mark.parametrize("model", MODELS, indirect=True)
+def test_a_server_crash_while_the_model_answers_loses_nothing_the_answer_came_from(
+    model, server_url, workers, worker_env
+):
+    """The crash comes while the model writes its final answer, after a read
+    and the turn that asked for it were recorded without the flush: they
+    are lost. With ``scripted`` the final record is the first statement to
+    meet the broken connection: the attempt asks the database what it
+    holds, writes the lost turn and read again and then the answer. With
+    the openai provider its circuit breaker's statement meets it first: the
+    attempt fails (``connection``) and its retry resumes after the last
+    durable step, asking the lost turn again. Either way the run completes
+    with every step its answer came from, and the write ran once."""
+    env = {**_app_env(worker_env, server_url), "NRLLM_OPENAI_API_KEY": "sk-test-not-a-real-key"}
+    plan = [
+        {"calls": [NOTIFY]},
+        {"calls": [SEARCH]},
+        {"answer": "after {take}", "delay_seconds": 5},
+    ]
+    request = request_for(
+        "drifting" if model else "scripted", plan, ["send_notification", "search_notes"]
+    )
+    run_id, wal_writer, worker = _run_with_the_wal_writer_stalled(
+        workers, server_url, env, request, burst=True, NRLLM_RETRY_BACKOFF_SECONDS=0
+    )
+    every_step = ["request", "llm", "tool", "llm", "tool"]
+    # Other sessions see the last two; the WAL has them only in memory.
+    wait_until(
+        lambda: _run(server_url, run_id, "steps")["steps"] == every_step, what="the read recorded"
+    )
+    os.kill(wal_writer, signal.SIGKILL)  # the crash, while the model answers
+    wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
+    output = _output_of(worker)
+    if model:
+        expected = {
+            "status": "completed",
+            "output": "after 5",
+            "steps": ["request", "llm", "tool", "request", "resume", "llm", "tool", "llm"],
+        }
+        # Turn 1 asked again after the crash; the answer (take 3) was lost with it.
+        assert model.requests_by_turn == {0: 1, 1: 2, 2: 2}, model.requests_by_turn
+    else:
+        assert REWRITTEN in output
+        expected = {"status": "completed", "output": "after same", "steps": [*every_step, "llm"]}
+    assert _run(server_url, run_id, *expected) == expected
+    with psycopg.connect(server_url) as conn:
+        (notifications,) = conn.execute(
+            "SELECT count(*) FROM tools_outboxnotification WHERE run_id = %s", [run_id]
+        ).fetchone()
+    assert notifications == 1
+
+
+@pytest.mark.parametrize("model", MODELS, indirect=True)
+def test_behind_a_pooler_the_records_guard_sees_lost_steps_and_no_write_runs_over_them(
+    model, server_url, pooler_url, workers, worker_env
+):
+    """Behind a transaction-mode pooler a server crash does not break the
+    worker's connection: the pooler gives its next transaction another
+    server connection, and no statement fails. The turn that asked for a
+    read and then a write was recorded without the flush and is lost; the
+    read's record, which would stamp the write's fence, is guarded on how
+    many steps the attempt has recorded and matches nothing. The attempt
+    writes the lost turn again first: the write runs once, after its turn."""
+    env = {**_app_env(worker_env, server_url), "NRLLM_OPENAI_API_KEY": "sk-test-not-a-real-key"}
+    crash_read = {"name": "read_during_server_crash", "arguments": {"q": "take {take}"}}
+    second = {"name": "send_notification", "arguments": {"recipient": "two", "message": "{take}"}}
+    plan = [{"calls": [NOTIFY]}, {"calls": [crash_read, second]}, {"answer": "done {take}"}]
+    kind = "drifting" if model else "scripted"
+    request = request_for(kind, plan, ["send_notification", "read_during_server_crash"])
+    run_id, _, worker = _run_with_the_wal_writer_stalled(
+        workers,
+        server_url,
+        env,
+        request,
+        burst=True,
+        DATABASE_URL=pooler_url,
+        DATABASE_PREPARED_STATEMENTS="false",
+        NRLLM_RETRY_BACKOFF_SECONDS=0,
+    )
+    assert REWRITTEN in _output_of(worker)
+    expected = {
+        "status": "completed",
+        "output": "done 3" if model else "done same",
+        "steps": ["request", "llm", "tool", "llm", "tool", "tool", "llm"],
+    }
+    assert _run(server_url, run_id, *expected) == expected
+    with psycopg.connect(server_url) as conn:
+        recipients = conn.execute(
+            "SELECT recipient FROM tools_outboxnotification WHERE run_id = %s ORDER BY id",
+            [run_id],
+        ).fetchall()
+    assert [recipient for (recipient,) in recipients] == ["team", "two"]
+    if model:
+        assert model.requests_by_turn == {0: 1, 1: 1, 2: 1}, model.requests_by_turn

@@ -38,6 +38,7 @@ from runs.transitions.lease import (
     heartbeat,
     mark_audit_failed,
     renew_lease,
+    standing,
     withdraw_fence,
 )
 from runs.transitions.operators import append_operator_step, operator_requeue, operator_restart
@@ -54,7 +55,6 @@ from runs.transitions.steps import (
     NextCall,
     RecordOutcome,
     attempt_step_count,
-    database_session,
     record_step,
     record_steps,
     skips_the_flush,
@@ -81,7 +81,6 @@ __all__ = [
     "cancel_requested",
     "claim",
     "create_queued_run",
-    "database_session",
     "db_time",
     "dead_letter",
     "decide_approval",
@@ -104,6 +103,7 @@ __all__ = [
     "requeue_for_retry",
     "settle",
     "skips_the_flush",
+    "standing",
     "wait_for_approval",
     "withdraw_fence",
 ]

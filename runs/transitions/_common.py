@@ -49,6 +49,20 @@ def _owned(lease: Lease):
     )
 
 
+def _owned_holding(lease: Lease, recorded: int | None):
+    """``_owned``, and — with ``recorded`` — holding that many of the
+    attempt's own steps (``AgentRun.attempt_steps``)."""
+    owned = _owned(lease)
+    return owned if recorded is None else owned.filter(attempt_steps=recorded)
+
+
+def _steps_lost(lease: Lease, recorded: int | None) -> bool:
+    """After a guarded write matched nothing: whether the run is still this
+    lease's but holds fewer of the attempt's steps than it recorded — a
+    database server crash lost commits that had not reached disk (G12)."""
+    return recorded is not None and _owned(lease).filter(attempt_steps__lt=recorded).exists()
+
+
 def _update_returning(queryset, returning: tuple[str, ...], **changes) -> list[tuple]:
     """One guarded ``UPDATE … RETURNING``: the rows it matched, with ``returning``'s
     columns as they are after the update.

@@ -28,6 +28,8 @@ from runs.transitions._common import (
     _ended,
     _log_change,
     _owned,
+    _owned_holding,
+    _steps_lost,
     _update_returning,
     db_time,
 )
@@ -39,6 +41,9 @@ class ParkOutcome(enum.Enum):
     #: A cancel is pending: the run is not parked; the attempt ends it.
     CANCEL_REQUESTED = "cancel_requested"
     LEASE_LOST = "lease_lost"
+    #: Not parked: the run holds fewer of the attempt's steps than it had
+    #: recorded (``RecordOutcome.STEPS_LOST``).
+    STEPS_LOST = "steps_lost"
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ def wait_for_approval(
     *,
     turn_sequence: int | None,
     timeout_seconds: float,
+    recorded: int | None = None,
 ) -> tuple[ParkOutcome, list[ApprovalRequest]]:
     """Park the run: record ``steps`` (any still unwritten, then — for a
     turn asked live — the turn itself, which must be the last of them),
@@ -68,10 +74,11 @@ def wait_for_approval(
     the turn's step if it was recorded before (a resumed attempt), else
     None. Raises DatabaseError (nothing changed, or — a broken connection
     — perhaps everything: the attempt's settle then matches nothing).
+    ``recorded``: as ``record_steps``'.
     """
     with transaction.atomic():
         rows = _update_returning(
-            _owned(lease).filter(cancel_requested_at__isnull=True),
+            _owned_holding(lease, recorded).filter(cancel_requested_at__isnull=True),
             ("step_count",),
             status=RunStatus.WAITING_FOR_APPROVAL,
             lease_owner="",
@@ -79,8 +86,11 @@ def wait_for_approval(
             pending_effect="",
             pending_call=None,
             step_count=F("step_count") + len(steps) + 1,
+            attempt_steps=F("attempt_steps") + len(steps),
         )
         if not rows:
+            if _steps_lost(lease, recorded):
+                return ParkOutcome.STEPS_LOST, []
             if _owned(lease).filter(cancel_requested_at__isnull=False).exists():
                 return ParkOutcome.CANCEL_REQUESTED, []
             return ParkOutcome.LEASE_LOST, []

@@ -3,7 +3,7 @@
 import enum
 from collections.abc import Sequence
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Case, F, Q, Value, When
 
 from runs.metrics import APPROVAL_DECISIONS
@@ -17,6 +17,8 @@ from runs.transitions._common import (
     _ended,
     _log_change,
     _owned,
+    _owned_holding,
+    _steps_lost,
     _update_returning,
     db_time,
     logger,
@@ -106,35 +108,49 @@ def _settle(lease: Lease, status: str, reason: str, *, fence: dict | None, **fie
 _NON_IDEMPOTENT = ToolEffect.NON_IDEMPOTENT_WRITE
 
 
+def _unmatched(lease: Lease, recorded: int | None) -> "FinishOutcome":
+    return FinishOutcome.STEPS_LOST if _steps_lost(lease, recorded) else FinishOutcome.LEASE_LOST
+
+
 class FinishOutcome(enum.Enum):
     COMPLETED = "completed"
     #: A cancel had been requested: it won over the final answer (G9).
     CANCELLED = "cancelled"
     LEASE_LOST = "lease_lost"
+    #: Nothing changed: the run holds fewer of the attempt's steps than it
+    #: had recorded (``RecordOutcome.STEPS_LOST``).
+    STEPS_LOST = "steps_lost"
     #: The database refused the step; nothing changed.
     FAILED = "failed"
+    #: The connection broke before the database answered: the run may have
+    #: been settled or not (``attempt_step_count`` tells which).
+    UNKNOWN = "unknown"
 
 
-def finish(lease: Lease, steps: Sequence[dict], *, output: str) -> FinishOutcome:
+def finish(
+    lease: Lease, steps: Sequence[dict], *, output: str, recorded: int | None = None
+) -> FinishOutcome:
     """Record the final answer's step (the last of ``steps``, after any
     earlier ones still unwritten) and settle the run in one write:
     ``completed`` with ``output`` — or ``cancelled`` if a cancel was requested.
     Never raises. ``FAILED`` leaves the run as it was, for the caller to settle
-    without the steps (a non-tool step is fail-soft, G2).
+    without the steps (a non-tool step is fail-soft, G2). ``recorded``: as
+    ``record_steps``'.
     """
     try:
         if connection.vendor == "postgresql":
             finished = finish_in_one_statement(
-                lease, steps, output=output, usage=_usage_values(steps)
+                lease, steps, output=output, usage=_usage_values(steps), recorded=recorded
             )
             if finished is None:
-                return FinishOutcome.LEASE_LOST
+                return _unmatched(lease, recorded)
             cancel_at, sequence = finished
         else:
             cancelled = Q(cancel_requested_at__isnull=False)
             with transaction.atomic():
-                matched = _owned(lease).update(
+                matched = _owned_holding(lease, recorded).update(
                     step_count=F("step_count") + len(steps),
+                    attempt_steps=F("attempt_steps") + len(steps),
                     **_ended(
                         Case(
                             When(cancelled, then=Value(RunStatus.CANCELLED)),
@@ -152,13 +168,15 @@ def finish(lease: Lease, steps: Sequence[dict], *, output: str) -> FinishOutcome
                     **_usage_totals(steps),
                 )
                 if not matched:
-                    return FinishOutcome.LEASE_LOST
+                    return _unmatched(lease, recorded)
                 sequence, cancel_at = _append_steps(lease.run_id, lease.token, list(steps))
     except DatabaseError as error:
         logger.error(
             "final step not persisted: run=%s lease_token=%s: %s", lease.run_id, lease.token, error
         )
         _drop_broken_connection()
+        if isinstance(error, OperationalError | InterfaceError):
+            return FinishOutcome.UNKNOWN
         return FinishOutcome.FAILED
     outcome = FinishOutcome.COMPLETED if cancel_at is None else FinishOutcome.CANCELLED
     _log_change(

@@ -154,6 +154,7 @@ def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
             pending_call=None,
             started_at=db_time(),
             step_count=F("step_count") + 1,
+            attempt_steps=1,
         )
         if not rows:
             return None
@@ -179,7 +180,7 @@ def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bo
             )
     except DatabaseError as error:
         logger.error("run=%s request step not persisted: %s", run_id, error)
-        AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") - 1)
+        AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") - 1, attempt_steps=0)
         return False
     return True
 
@@ -237,6 +238,13 @@ AUDIT_FAILED = "audit_failed"
 def heartbeat(lease: Lease, lease_seconds: float) -> bool:
     """Extend the lease at a step boundary; False if the lease is lost."""
     return bool(_owned(lease).update(lease_expires_at=_expiry(lease_seconds)))
+
+
+def standing(lease: Lease) -> tuple[bool, bool]:
+    """(whether the run is still this lease's, whether a cancel is pending):
+    what a record in doubt that landed was committed under."""
+    row = _owned(lease).values_list("cancel_requested_at").first()
+    return row is not None, row is not None and row[0] is not None
 
 
 def cancel_requested(lease: Lease) -> bool:

@@ -16,7 +16,8 @@ from runs.transitions._common import (
     _drop_broken_connection,
     _expiry,
     _log_change,
-    _owned,
+    _owned_holding,
+    _steps_lost,
     logger,
 )
 from runs.vocabulary import StepKind
@@ -29,6 +30,10 @@ class RecordOutcome(enum.Enum):
     #: Persisted, and an operator has asked to cancel the run.
     PERSISTED_CANCEL_REQUESTED = "persisted_cancel_requested"
     LEASE_LOST = "lease_lost"
+    #: Nothing was recorded: the run is still the lease's, but holds fewer
+    #: of the attempt's steps than it had recorded (a database server crash
+    #: lost commits that had not reached disk, G12).
+    STEPS_LOST = "steps_lost"
     #: The database refused the statement: nothing was recorded.
     FAILED = "failed"
     #: The connection broke before the database answered: the statement may
@@ -58,9 +63,17 @@ def record_step(
     *,
     clear_fence: bool,
     next_call: NextCall | None = None,
+    recorded: int | None = None,
 ) -> RecordOutcome:
     """``record_steps`` with one step."""
-    return record_steps(lease, lease_seconds, [step], clear_fence=clear_fence, next_call=next_call)
+    return record_steps(
+        lease,
+        lease_seconds,
+        [step],
+        clear_fence=clear_fence,
+        next_call=next_call,
+        recorded=recorded,
+    )
 
 
 def record_steps(
@@ -70,6 +83,7 @@ def record_steps(
     *,
     clear_fence: bool,
     next_call: NextCall | None = None,
+    recorded: int | None = None,
 ) -> RecordOutcome:
     """Append ``steps`` in order under the lease, renewing it; never raises.
     All of them or none: the journal never has a gap (G12).
@@ -81,6 +95,10 @@ def record_steps(
     call never runs. A database error rolls back everything and returns
     ``FAILED`` (G2) — or ``UNKNOWN`` when the connection broke, since the
     statement may have committed before it did.
+
+    With ``recorded`` (how many steps the attempt has recorded) nothing is
+    written unless the run holds exactly those: ``STEPS_LOST`` if it holds
+    fewer (G12: the journal never has a gap).
     """
     last = steps[-1] if steps else {}
     try:
@@ -93,14 +111,15 @@ def record_steps(
                 next_call=next_call,
                 usage=_usage_values(steps),
                 wait_for_flush=must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call),
+                recorded=recorded,
             )
             if not matched:
-                return RecordOutcome.LEASE_LOST
+                return _unmatched(lease, recorded)
         else:
             changes = _record_changes(lease_seconds, steps, clear_fence, next_call)
             with transaction.atomic():
-                if not _owned(lease).update(**changes):
-                    return RecordOutcome.LEASE_LOST
+                if not _owned_holding(lease, recorded).update(**changes):
+                    return _unmatched(lease, recorded)
                 sequence, cancel_at = _append_steps(lease.run_id, lease.token, steps)
         _log_change(
             "record_step",
@@ -137,14 +156,17 @@ def must_reach_disk(steps: Sequence[dict], *, clear_fence: bool, next_call) -> b
     claim's). Only a crash of the database server before its WAL writer
     flushes (a fraction of a second, ``wal_writer_delay``) can lose it, and
     what that loses is what G12 already allows a crash to lose: a tail of
-    read and model steps after the last durable one, redone by the next
-    attempt (a read is safe to repeat; a lost model turn was acted on by
-    reads only). Every statement that something outside the database
-    depends on waits: a write's fence (G6) — so the turn that asked for the
-    write and everything before it is on disk before the write starts,
-    since PostgreSQL flushes its WAL in order —, a write's record (G2), the
-    settle. A worker that finds its steps gone after the crash stops
-    (``StepsNotDurable``) and its retry resumes after the last durable step.
+    read and model steps after the last durable one, which the attempt
+    still holds and writes again, or else its retry redoes (a read is safe
+    to repeat; a lost model turn was acted on by reads only).
+
+    Every statement that something outside the database depends on waits:
+    a write's fence (G6) — so the turn that asked for the write and
+    everything before it is on disk before the write starts, since
+    PostgreSQL flushes its WAL in order —, a write's record (G2), the
+    settle. Every record is guarded on how many steps the attempt has
+    recorded, so one whose earlier steps a crash lost matches nothing and
+    the attempt writes them again (``LeasedExecution``).
     """
     if clear_fence or not steps or (next_call is not None and next_call.fence):
         return True
@@ -153,17 +175,9 @@ def must_reach_disk(steps: Sequence[dict], *, clear_fence: bool, next_call) -> b
 
 def skips_the_flush(steps: Sequence[dict], *, clear_fence: bool, next_call) -> bool:
     """Whether ``record_steps`` commits these without waiting for the flush."""
-    return connection.vendor == "postgresql" and not must_reach_disk(
-        steps, clear_fence=clear_fence, next_call=next_call
-    )
-
-
-def database_session():
-    """The database connection statements go through now (None while closed):
-    commits that did not wait for the flush are safe only while the one that
-    made them lives, since a server crash, the one thing that loses them,
-    breaks it."""
-    return connection.connection
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return False  # the ORM's records, or a caller's transaction, commit as it does
+    return not must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call)
 
 
 def _may_be_lost(step: dict) -> bool:
@@ -171,6 +185,10 @@ def _may_be_lost(step: dict) -> bool:
     return kind == StepKind.LLM or (
         kind == StepKind.TOOL and step.get("effect") == ToolEffect.READ_ONLY
     )
+
+
+def _unmatched(lease: Lease, recorded: int | None) -> RecordOutcome:
+    return RecordOutcome.STEPS_LOST if _steps_lost(lease, recorded) else RecordOutcome.LEASE_LOST
 
 
 #: The kinds of step an attempt records itself (the claim's request step
@@ -194,6 +212,7 @@ def _record_changes(
     changes = {"lease_expires_at": _expiry(lease_seconds)}
     if steps:
         changes["step_count"] = F("step_count") + len(steps)
+        changes["attempt_steps"] = F("attempt_steps") + len(steps)
     changes.update(_usage_totals(steps))
     if next_call is not None:
         changes.update(_stamp_unless_cancelled(next_call))
