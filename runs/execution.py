@@ -37,6 +37,10 @@ from tools.contract import ToolContext, idempotency_key_for
 
 logger = logging.getLogger(__name__)
 
+#: At most this many steps recorded without the flush are kept to write again
+#: after a server crash; the record after them waits for the flush.
+UNFLUSHED_STEPS_KEPT = 32
+
 
 class LeasedExecution:
     def __init__(
@@ -204,6 +208,31 @@ class LeasedExecution:
         self._landed(steps)
         self.settled = True
 
+    def finish_without_steps(self, output: str) -> None:
+        """Settle ``completed`` (``cancelled`` when a cancel won, G9) without a
+        step: a replayed final answer, or one whose record the database
+        refused. Only while the run holds every step the attempt recorded:
+        otherwise ``StepsNotDurable`` (the retry resumes after the last step
+        that is there), and ``LeaseLost`` when the run is not this lease's."""
+        recorded = self._recorded
+        if self._in_doubt and not self._resolve_doubt():
+            raise StepsNotDurable(
+                "the run cannot settle while it cannot tell whether its steps were recorded"
+            )
+        if self._recorded < recorded:
+            raise StepsNotDurable(
+                "the database lost steps of the run: it is not settled without them"
+            )
+        outcome = transitions.finish(self.lease, [], output=output, recorded=self._recorded)
+        if outcome is FinishOutcome.LEASE_LOST:
+            raise LeaseLost()
+        if outcome not in (FinishOutcome.COMPLETED, FinishOutcome.CANCELLED):
+            raise StepsNotDurable(
+                f"the final answer could not be settled ({outcome.value}): the run may "
+                "not hold every step it recorded"
+            )
+        self.settled = True
+
     def gate(self, calls, *, turn_sequence: int | None, turn_event: StepEvent | None) -> dict:
         """The calls of this turn an operator denied (position → what the
         model is told). If any call waits for approval, park the run instead
@@ -293,7 +322,6 @@ class LeasedExecution:
             # lease, unless the count was another attempt's under a token
             # handed out again (a claim a server crash lost); whether a
             # cancel is pending is the database's to say.
-            self._note_flush(steps, clear_fence=clear_fence, next_call=next_call)
             owned, cancel_pending = transitions.standing(self.lease)
             if not owned:
                 raise LeaseLost()
@@ -320,12 +348,18 @@ class LeasedExecution:
                 clear_fence=clear_fence,
                 next_call=next_call,
                 recorded=self._recorded,
+                # What the attempt keeps to write again is bounded: past that,
+                # a record waits for the flush, and it is all on disk.
+                flush=len(self._unflushed) >= UNFLUSHED_STEPS_KEPT,
             )
 
     def _note_flush(self, steps: list[dict], *, clear_fence: bool, next_call) -> None:
         """After ``steps`` landed: what a server crash could still lose (a
         commit that waits for the flush carries every earlier one to disk)."""
-        if transitions.skips_the_flush(steps, clear_fence=clear_fence, next_call=next_call):
+        flush = len(self._unflushed) >= UNFLUSHED_STEPS_KEPT
+        if transitions.skips_the_flush(
+            steps, clear_fence=clear_fence, next_call=next_call, flush=flush
+        ):
             self._unflushed.extend(steps)
         else:
             self._unflushed = []
@@ -392,6 +426,10 @@ class LeasedExecution:
             )
             self._count(landed)
             self._recorded += len(landed)
+            # Whether their commit waited for the flush is not known here:
+            # they count as what a crash may still lose (an entry too many
+            # at the head is harmless: a restore takes the tail).
+            self._unflushed.extend(landed)
         elif count < self._recorded:
             self._restore_lost_steps(count)
         elif count != self._recorded:

@@ -257,6 +257,11 @@ def _execute(
             observer=execution,
             journal=journal.turns,
         )
+        if not execution.settled and outcome.reason == TerminationReason.COMPLETED:
+            # A replayed final answer, or one whose record the database
+            # refused: settled as ``finish`` settles, so a pending cancel
+            # still wins (G9).
+            execution.finish_without_steps(outcome.output)
     except AwaitingApproval as waiting:
         logger.info("run=%s waits for approval of %d call(s)", lease.run_id, len(waiting.approvals))
         approval_notices.run_waits(lease.run_id, waiting.approvals)
@@ -275,13 +280,7 @@ def _execute(
     except Exception as error:
         settle_failure(lease, error, mode, requeue_count=requeue_count)
         return
-    if execution.settled:
-        return  # the final answer's record settled the run
-    if outcome.reason == TerminationReason.COMPLETED:
-        # A replayed final answer, or one whose record the database refused:
-        # settled as ``finish`` settles, so a pending cancel still wins (G9).
-        transitions.finish(lease, [], output=outcome.output)
-    else:
+    if not execution.settled:
         transitions.settle(lease, RunStatus.FAILED, outcome.reason)
 
 

@@ -4,10 +4,13 @@ import threading
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from runs import transitions
+from runs.execution import UNFLUSHED_STEPS_KEPT
 from runs.models import AgentRun
 from runs.runtime import enqueue, run_queued
+from runs.step_journal import COMMIT_WITHOUT_FLUSH
 from runs.transitions import Lease, RecordOutcome
 from tests.helpers import answer, call, scripted, wait_until
 from tools.models import OutboxNotification
@@ -162,3 +165,21 @@ def test_lease_identity_is_owner_and_token():
     assert not transitions.heartbeat(Lease(lease.run_id, "other", lease.token), 60)
     assert not transitions.heartbeat(Lease(lease.run_id, lease.owner, lease.token + 1), 60)
     assert transitions.heartbeat(lease, 60)
+
+
+def test_a_run_of_reads_waits_for_the_flush_at_least_every_32_steps():
+    """Model turns and reads do not wait for the WAL flush, and the attempt
+    keeps them to write again should a server crash lose them: at most
+    ``UNFLUSHED_STEPS_KEPT``, so a long run of reads waits now and then."""
+    reads = [call("search_notes", query=str(index)) for index in range(40)]
+    agent_run = queued_run(scripted(*reads, answer(), tools=["search_notes"], max_iterations=50))
+    with CaptureQueriesContext(connection) as queries:
+        run_queued(agent_run.pk)
+    assert AgentRun.objects.get(pk=agent_run.pk).status == "completed"
+    records = [query["sql"] for query in queries if "INSERT INTO runs_runstep" in query["sql"]]
+    waiting = [index for index, sql in enumerate(records) if COMMIT_WITHOUT_FLUSH not in sql]
+    assert len(records) == 82  # the claim, 40 turns and their reads, the answer
+    assert waiting[-1] == len(records) - 1  # the settle
+    # The claim's and 32 more go unflushed; the next record waits, and so on.
+    assert UNFLUSHED_STEPS_KEPT == 32
+    assert waiting == [33, 66, 81], waiting

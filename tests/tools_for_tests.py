@@ -190,6 +190,29 @@ class SlowReadDuringServerCrash(ReadDuringServerCrash):
         return {"read": arguments}
 
 
+class ReadDuringAFlush(Tool):
+    """A read during which another session commits waiting for the flush,
+    which carries every earlier commit's WAL to disk (as any other run's
+    fence or settle does); its result holds a marker only its record
+    carries (``ZZR1``), for a proxy rule to find."""
+
+    name = "read_during_a_flush"
+    description = "read-only tool during which another session's commit flushes the WAL"
+    effect = ToolEffect.READ_ONLY
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        flush_another_commit(os.environ["NRLLM_TEST_DIRECT_DATABASE_URL"])
+        return {"mark": "ZZ" + "R1"}
+
+
+def flush_another_commit(url: str) -> None:
+    """A commit of another session that waits for the WAL flush."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS flushed_by_a_test (x int)")
+        conn.execute("INSERT INTO flushed_by_a_test VALUES (1)")
+
+
 def _wait_for_a_server_without(wal_writer: int) -> None:
     url = os.environ["DATABASE_URL"]
     deadline = time.monotonic() + 60

@@ -84,6 +84,7 @@ def record_steps(
     clear_fence: bool,
     next_call: NextCall | None = None,
     recorded: int | None = None,
+    flush: bool = False,
 ) -> RecordOutcome:
     """Append ``steps`` in order under the lease, renewing it; never raises.
     All of them or none: the journal never has a gap (G12).
@@ -98,7 +99,8 @@ def record_steps(
 
     With ``recorded`` (how many steps the attempt has recorded) nothing is
     written unless the run holds exactly those: ``STEPS_LOST`` if it holds
-    fewer (G12: the journal never has a gap).
+    fewer (G12: the journal never has a gap). With ``flush`` the commit waits
+    for the WAL flush whatever the steps (``must_reach_disk``).
     """
     last = steps[-1] if steps else {}
     try:
@@ -110,7 +112,8 @@ def record_steps(
                 clear_fence=clear_fence,
                 next_call=next_call,
                 usage=_usage_values(steps),
-                wait_for_flush=must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call),
+                wait_for_flush=flush
+                or must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call),
                 recorded=recorded,
             )
             if not matched:
@@ -173,9 +176,11 @@ def must_reach_disk(steps: Sequence[dict], *, clear_fence: bool, next_call) -> b
     return not all(_may_be_lost(step) for step in steps)
 
 
-def skips_the_flush(steps: Sequence[dict], *, clear_fence: bool, next_call) -> bool:
+def skips_the_flush(
+    steps: Sequence[dict], *, clear_fence: bool, next_call, flush: bool = False
+) -> bool:
     """Whether ``record_steps`` commits these without waiting for the flush."""
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    if flush or connection.vendor != "postgresql" or connection.in_atomic_block:
         return False  # the ORM's records, or a caller's transaction, commit as it does
     return not must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call)
 
