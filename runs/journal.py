@@ -13,13 +13,14 @@ what a model turn looks like. What the attempt does then is the runtime's
 decision; the requeue verdict reads the journal the same way.
 """
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from django.db.models import F, Q
+from django.db import connection
 
 from runs.loop import RecordedOutcome, RecordedTurn, StepEvent
-from runs.models import ApprovalRequest, RunStep
+from runs.models import AgentRun, ApprovalRequest, RunStep
 from runs.providers.base import ToolCall, Turn
 from runs.run_request import RunRequest
 from runs.vocabulary import ApprovalStatus, StepKind
@@ -29,6 +30,24 @@ from tools.effects import ToolEffect
 from tools.registry import effect_for, get_registry
 
 _JOURNAL_KINDS = (StepKind.LLM, StepKind.TOOL)
+
+# The journal's rows in one fixed statement (a resumed attempt reads it on
+# its hot path; the ORM's compiling and converting cost as much as the query):
+# the llm and tool steps after ``journal_begins_after``, and the
+# non-idempotent writes recorded before it (a restart is refused after one,
+# so only a run recorded before attempts resumed has them, migration 0013).
+_JOURNAL_ROWS = f"""
+    SELECT step.sequence, step.kind, step.tool_name, step.effect, step.result, step.error,
+        step.idempotency_key, run.journal_begins_after
+    FROM "{RunStep._meta.db_table}" step
+    JOIN "{AgentRun._meta.db_table}" run ON run.id = step.run_id
+    WHERE step.run_id = %(run_id)s AND (
+        (step.kind IN ('{StepKind.LLM}', '{StepKind.TOOL}')
+         AND step.sequence > run.journal_begins_after)
+        OR (step.kind = '{StepKind.TOOL}' AND step.effect = '{ToolEffect.NON_IDEMPOTENT_WRITE}'
+            AND step.sequence <= run.journal_begins_after AND step.idempotency_key <> ''))
+    ORDER BY step.sequence
+"""
 _WRITES = (ToolEffect.IDEMPOTENT_WRITE, ToolEffect.NON_IDEMPOTENT_WRITE)
 
 
@@ -106,30 +125,10 @@ def read_journal(
     """The run's journal, ready to replay, in one query. Raises
     ``JournalUnreplayable`` when it cannot be replayed as it stands.
     ``requested``: the tools the run's request names."""
-    begins_after = F("run__journal_begins_after")
-    in_journal = Q(kind__in=_JOURNAL_KINDS, sequence__gt=begins_after)
-    # Non-idempotent writes recorded before the journal begins: a restart is
-    # refused after one, so only a run recorded before attempts resumed has
-    # them (migration 0013).
-    written_before = Q(
-        kind=StepKind.TOOL,
-        effect=ToolEffect.NON_IDEMPOTENT_WRITE,
-        sequence__lte=begins_after,
-    ) & ~Q(idempotency_key="")
-    rows = (
-        RunStep.objects.filter(in_journal | written_before, run_id=run_id)
-        .order_by("sequence")
-        .values_list(
-            "sequence",
-            "kind",
-            "tool_name",
-            "effect",
-            "result",
-            "error",
-            "idempotency_key",
-            "run__journal_begins_after",
-        )
-    )
+    with connection.cursor() as cursor:
+        run_key = AgentRun._meta.pk.get_db_prep_value(run_id, connection)  # SQLite: its hex
+        cursor.execute(_JOURNAL_ROWS, {"run_id": run_key})
+        rows = cursor.fetchall()
     run_key = str(run_id)
     turns: list[tuple[int, Turn, list[RecordedOutcome]]] = []
     outside: dict[str, tuple[int, str]] = {}
@@ -137,6 +136,8 @@ def read_journal(
     tool_results = writes = tokens = 0
     last_sequence = 0
     for sequence, kind, tool_name, effect, result, error, key, journal_begins_after in rows:
+        if isinstance(result, str):  # Django loads jsonb as text; the ORM would decode it
+            result = json.loads(result)
         if sequence <= journal_begins_after:
             outside.setdefault(key, (sequence, tool_name))
             continue

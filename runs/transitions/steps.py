@@ -154,8 +154,8 @@ def record_steps(
 def must_reach_disk(steps: Sequence[dict], *, clear_fence: bool, next_call) -> bool:
     """Whether the record's commit waits for its WAL to reach disk.
 
-    A record of model turns and reads only, stamping no write's fence, does
-    not wait (``synchronous_commit = off`` for its own transaction, as the
+    A record of model turns, reads and resume steps only, stamping no
+    write's fence, does not wait (``synchronous_commit = off`` for its own transaction, as the
     claim's). Only a crash of the database server before its WAL writer
     flushes (a fraction of a second, ``wal_writer_delay``) can lose it, and
     what that loses is what G12 already allows a crash to lose: a tail of
@@ -187,7 +187,9 @@ def skips_the_flush(
 
 def _may_be_lost(step: dict) -> bool:
     kind = step.get("kind")
-    return kind == StepKind.LLM or (
+    # A resume step only says what the attempt replayed (and the tokens that
+    # saved): nothing outside the database depends on it.
+    return kind in (StepKind.LLM, StepKind.RESUME) or (
         kind == StepKind.TOOL and step.get("effect") == ToolEffect.READ_ONLY
     )
 
