@@ -290,7 +290,7 @@ def test_a_server_crash_while_the_model_answers_loses_nothing_the_answer_came_fr
     plan = [
         {"calls": [NOTIFY]},
         {"calls": [SEARCH]},
-        {"answer": "after {take}", "delay_seconds": 5},
+        {"answer": "after {take}", "delay_seconds": 10},
     ]
     request = request_for(
         "drifting" if model else "scripted", plan, ["send_notification", "search_notes"]
@@ -303,7 +303,9 @@ def test_a_server_crash_while_the_model_answers_loses_nothing_the_answer_came_fr
     wait_until(
         lambda: _run(server_url, run_id, "steps")["steps"] == every_step, what="the read recorded"
     )
-    os.kill(wal_writer, signal.SIGKILL)  # the crash, while the model answers
+    # The crash, while the model answers: its 10 s leave the server time to
+    # recover before the final record goes out.
+    os.kill(wal_writer, signal.SIGKILL)
     wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
     output = _output_of(worker)
     if model:

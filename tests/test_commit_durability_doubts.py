@@ -109,7 +109,7 @@ def test_a_final_answer_that_cannot_tell_whether_its_steps_are_there_does_not_co
     env = {**_app_env(worker_env, server_url), "NRLLM_TOOLS": TOOLS}
     request = scripted(
         {**call("search_notes", query="one"), "delay_seconds": 2},
-        answer("after", delay_seconds=5),
+        answer("after", delay_seconds=10),
         tools=["search_notes"],
     )
     run_id = _manage(env, "enqueue_run", "-", stdin=json.dumps(request))
