@@ -301,12 +301,12 @@ class LeasedExecution:
         new, steps = steps, [*self._unwritten, *steps]
         if not steps:
             return None
-        outcome = self._record_now(steps, lease_seconds, next_call, clear_fence)
+        outcome, waited = self._record_now(steps, lease_seconds, next_call, clear_fence)
         if outcome is RecordOutcome.STEPS_LOST:
             self._unwritten = steps[: len(steps) - len(new)]
             self._restore_lost_steps()
             steps = [*self._unwritten, *new]
-            outcome = self._record_now(steps, lease_seconds, next_call, clear_fence)
+            outcome, waited = self._record_now(steps, lease_seconds, next_call, clear_fence)
             if outcome is RecordOutcome.STEPS_LOST:
                 raise StepsNotDurable("the run's steps were lost again while they were rewritten")
         if outcome is RecordOutcome.LEASE_LOST:
@@ -333,36 +333,34 @@ class LeasedExecution:
                         cancelled.unstarted_call = key
                 raise cancelled
             return RecordOutcome.PERSISTED
-        self._note_flush(steps, clear_fence=clear_fence, next_call=next_call)
+        # A commit that waits for the flush carries every earlier one to
+        # disk; until then, what a server crash could lose is kept.
+        self._unflushed = [] if waited else [*self._unflushed, *steps]
         self._landed(steps)
         if outcome is RecordOutcome.PERSISTED_CANCEL_REQUESTED:
             raise RunCancelled()
         return outcome
 
-    def _record_now(self, steps, lease_seconds, next_call, clear_fence) -> RecordOutcome:
+    def _record_now(
+        self, steps, lease_seconds, next_call, clear_fence
+    ) -> tuple[RecordOutcome, bool]:
+        """``transitions.record_steps`` under this attempt's count, and whether
+        its commit waited for the flush. What the attempt keeps to write again
+        is bounded: past that, a record waits, and it is all on disk."""
+        waits = len(self._unflushed) >= UNFLUSHED_STEPS_KEPT or not transitions.skips_the_flush(
+            steps, clear_fence=clear_fence, next_call=next_call
+        )
         with metrics.STEP_RECORD_SECONDS.time():
-            return transitions.record_steps(
+            outcome = transitions.record_steps(
                 self.lease,
                 lease_seconds,
                 steps,
                 clear_fence=clear_fence,
                 next_call=next_call,
                 recorded=self._recorded,
-                # What the attempt keeps to write again is bounded: past that,
-                # a record waits for the flush, and it is all on disk.
-                flush=len(self._unflushed) >= UNFLUSHED_STEPS_KEPT,
+                wait_for_flush=waits,
             )
-
-    def _note_flush(self, steps: list[dict], *, clear_fence: bool, next_call) -> None:
-        """After ``steps`` landed: what a server crash could still lose (a
-        commit that waits for the flush carries every earlier one to disk)."""
-        flush = len(self._unflushed) >= UNFLUSHED_STEPS_KEPT
-        if transitions.skips_the_flush(
-            steps, clear_fence=clear_fence, next_call=next_call, flush=flush
-        ):
-            self._unflushed.extend(steps)
-        else:
-            self._unflushed = []
+        return outcome, waits
 
     def _restore_lost_steps(self, count: int | None = None) -> None:
         """The database holds ``count`` of this attempt's steps, fewer than it

@@ -42,7 +42,7 @@ _JOURNAL_ROWS = f"""
     FROM "{RunStep._meta.db_table}" step
     JOIN "{AgentRun._meta.db_table}" run ON run.id = step.run_id
     WHERE step.run_id = %(run_id)s AND (
-        (step.kind IN ('{StepKind.LLM}', '{StepKind.TOOL}')
+        (step.kind IN ({", ".join(f"'{kind}'" for kind in _JOURNAL_KINDS)})
          AND step.sequence > run.journal_begins_after)
         OR (step.kind = '{StepKind.TOOL}' AND step.effect = '{ToolEffect.NON_IDEMPOTENT_WRITE}'
             AND step.sequence <= run.journal_begins_after AND step.idempotency_key <> ''))
@@ -126,8 +126,8 @@ def read_journal(
     ``JournalUnreplayable`` when it cannot be replayed as it stands.
     ``requested``: the tools the run's request names."""
     with connection.cursor() as cursor:
-        run_key = AgentRun._meta.pk.get_db_prep_value(run_id, connection)  # SQLite: its hex
-        cursor.execute(_JOURNAL_ROWS, {"run_id": run_key})
+        run_pk = AgentRun._meta.pk.get_db_prep_value(run_id, connection)  # SQLite: its hex
+        cursor.execute(_JOURNAL_ROWS, {"run_id": run_pk})
         rows = cursor.fetchall()
     run_key = str(run_id)
     turns: list[tuple[int, Turn, list[RecordedOutcome]]] = []

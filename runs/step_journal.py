@@ -10,7 +10,7 @@ run's change with it (G2, G6). Three run changes ride with steps:
   earlier steps could not be recorded and are written now, in order, ahead
   of it (G12: the journal never has a gap). The caller says whether its
   commit waits for the WAL flush (``transitions.steps`` decides: model
-  turns and reads that stamp no write's fence do not);
+  turns, reads and resume steps that stamp no write's fence do not);
 - the claim, with the attempt's request step (its commit does not wait for
   the WAL flush: see ``claim_in_one_statement``);
 - the final answer, with the settle (``completed``, or ``cancelled`` when a
@@ -187,8 +187,8 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
 
 
 #: A FROM item that makes the statement's own transaction commit without
-#: waiting for the WAL flush (the claim's and a model turn's or a read's
-#: record; the bench's floor job copies it).
+#: waiting for the WAL flush (the claim's, and the record of model turns,
+#: reads and resume steps; the bench's floor job copies it).
 COMMIT_WITHOUT_FLUSH = "(SELECT set_config('synchronous_commit', 'off', true)) AS no_flush"
 
 # The tools the run asks for that an operator has switched off since it was

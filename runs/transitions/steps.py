@@ -84,7 +84,7 @@ def record_steps(
     clear_fence: bool,
     next_call: NextCall | None = None,
     recorded: int | None = None,
-    flush: bool = False,
+    wait_for_flush: bool | None = None,
 ) -> RecordOutcome:
     """Append ``steps`` in order under the lease, renewing it; never raises.
     All of them or none: the journal never has a gap (G12).
@@ -99,8 +99,8 @@ def record_steps(
 
     With ``recorded`` (how many steps the attempt has recorded) nothing is
     written unless the run holds exactly those: ``STEPS_LOST`` if it holds
-    fewer (G12: the journal never has a gap). With ``flush`` the commit waits
-    for the WAL flush whatever the steps (``must_reach_disk``).
+    fewer (G12: the journal never has a gap). ``wait_for_flush``: whether the
+    commit waits for the WAL flush; by default ``must_reach_disk`` decides.
     """
     last = steps[-1] if steps else {}
     try:
@@ -112,8 +112,9 @@ def record_steps(
                 clear_fence=clear_fence,
                 next_call=next_call,
                 usage=_usage_values(steps),
-                wait_for_flush=flush
-                or must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call),
+                wait_for_flush=must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call)
+                if wait_for_flush is None
+                else wait_for_flush,
                 recorded=recorded,
             )
             if not matched:
@@ -155,8 +156,8 @@ def must_reach_disk(steps: Sequence[dict], *, clear_fence: bool, next_call) -> b
     """Whether the record's commit waits for its WAL to reach disk.
 
     A record of model turns, reads and resume steps only, stamping no
-    write's fence, does not wait (``synchronous_commit = off`` for its own transaction, as the
-    claim's). Only a crash of the database server before its WAL writer
+    write's fence, does not wait (``synchronous_commit = off`` for its own
+    transaction, as the claim's). Only a crash of the database server before its WAL writer
     flushes (a fraction of a second, ``wal_writer_delay``) can lose it, and
     what that loses is what G12 already allows a crash to lose: a tail of
     read and model steps after the last durable one, which the attempt
@@ -176,11 +177,9 @@ def must_reach_disk(steps: Sequence[dict], *, clear_fence: bool, next_call) -> b
     return not all(_may_be_lost(step) for step in steps)
 
 
-def skips_the_flush(
-    steps: Sequence[dict], *, clear_fence: bool, next_call, flush: bool = False
-) -> bool:
+def skips_the_flush(steps: Sequence[dict], *, clear_fence: bool, next_call) -> bool:
     """Whether ``record_steps`` commits these without waiting for the flush."""
-    if flush or connection.vendor != "postgresql" or connection.in_atomic_block:
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
         return False  # the ORM's records, or a caller's transaction, commit as it does
     return not must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call)
 
