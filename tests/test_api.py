@@ -60,6 +60,42 @@ def test_an_idempotency_key_makes_a_retry_safe(api):
     assert AgentRun.objects.count() == 1
 
 
+def test_a_created_run_is_answered_as_it_is_after_the_request_not_as_it_was_created(api):
+    # Without Redis (the embedded default) the run executes in the request.
+    created = post_run(api)
+    assert created.status_code == 201
+    body = created.json()
+    assert (body["status"], body["output"], body["step_count"]) == ("completed", "found", 4)
+    assert body == api.get(f"/api/runs/{body['id']}/").json()
+    keyed = post_run(api, HTTP_IDEMPOTENCY_KEY="order-7")
+    again = post_run(api, HTTP_IDEMPOTENCY_KEY="order-7")
+    assert (keyed.status_code, again.status_code) == (201, 200)
+    assert keyed.json()["status"] == again.json()["status"] == "completed"
+
+
+def test_a_created_run_that_parked_for_approval_is_answered_waiting_with_its_requests(
+    api, approvals
+):
+    from runs.models import ApprovalRequest
+
+    body = scripted(
+        call("send_notification", recipient="ops", message="hi"),
+        answer(),
+        tools=["send_notification"],
+    )
+    created = post_run(api, body)
+    assert created.status_code == 201
+    (request,) = ApprovalRequest.objects.all()
+    assert created.json()["status"] == "waiting_for_approval"
+    assert created.json()["pending_approvals"] == [request.pk]
+
+
+def test_a_queued_run_no_worker_took_yet_is_answered_queued(api, queue):
+    created = post_run(api)
+    assert created.status_code == 201
+    assert (created.json()["status"], created.json()["lease_owner"]) == ("queued", "")
+
+
 def test_a_concurrent_double_post_with_one_key_creates_one_run(operator, api_token):
     from django.contrib.auth.models import Permission
 

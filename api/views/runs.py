@@ -60,6 +60,16 @@ def get_run(pk) -> AgentRun:
     return run
 
 
+def _as_it_is_now(run: AgentRun) -> dict:
+    """``run`` serialised as the database holds it once the request's work
+    is committed, not as it was created: without Redis the run executed in
+    this request (its job ran on commit), and with Redis a fast worker may
+    have taken it already, so the answer may be any status, not only
+    ``queued``."""
+    now = with_run_relations(AgentRun.objects.filter(pk=run.pk)).first()
+    return RunSerializer(now or run).data
+
+
 def _body_digest(data) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -116,8 +126,17 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
             )
         ],
         responses={
-            201: RunSerializer,
-            200: OpenApiResponse(RunSerializer, description="the run this key created before"),
+            201: OpenApiResponse(
+                RunSerializer,
+                description="the run created, as it is when the answer is written: "
+                "`queued` while it waits for a worker, but a worker may have taken it "
+                "already (`running`), and without Redis (the embedded default) it has "
+                "executed in this request (ended, or `waiting_for_approval`). "
+                "Follow it with GET /api/runs/{id}/",
+            ),
+            200: OpenApiResponse(
+                RunSerializer, description="the run this key created before, as it is now"
+            ),
             **errors(400, 413, 422),
         },
     )
@@ -128,7 +147,7 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         if len(key) > 200:
             raise ValidationError({"Idempotency-Key": "at most 200 characters"})
         if not key:
-            return Response(RunSerializer(self._enqueue(request)).data, status=201)
+            return Response(_as_it_is_now(self._enqueue(request)), status=201)
         digest = _body_digest(request.data)
         try:
             with transaction.atomic():
@@ -144,8 +163,8 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
                     "idempotency_key_reused",
                     "this Idempotency-Key was used with a different body",
                 ) from None
-            return Response(RunSerializer(earlier.run).data, status=200)
-        return Response(RunSerializer(run).data, status=201)
+            return Response(_as_it_is_now(earlier.run), status=200)
+        return Response(_as_it_is_now(run), status=201)
 
     @staticmethod
     def _enqueue(request) -> AgentRun:
