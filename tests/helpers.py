@@ -141,19 +141,25 @@ def manage(*args: str, env: dict, stdin: str | None = None) -> subprocess.Comple
     )
 
 
-@contextlib.contextmanager
 def step_inserts_held(condition: str, *, lock: int = 4242):
     """While active, inserting a step where ``condition`` (SQL on ``NEW``)
     holds waits for an advisory lock this test holds: a worker is stopped
     right before that step is durable. Yields ``(waiting, end_the_wait)``:
     the backends waiting, and a function that terminates them (as the
     server would once it notices their client died)."""
-    from django.db import connection
-
     from runs.models import RunStep
 
+    return inserts_held(RunStep, condition, lock=lock)
+
+
+@contextlib.contextmanager
+def inserts_held(model, condition: str, *, lock: int = 4242):
+    """``step_inserts_held`` for the rows of ``model``'s table (a tool's own
+    write, say, which holds no lock on the run's row while it waits)."""
+    from django.db import connection
+
     function = "nrllm_hold_step_insert"
-    table = RunStep._meta.db_table
+    table = model._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [lock])
         cursor.execute(

@@ -13,7 +13,7 @@ from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from tests.drifting_model import NOTIFY, SEARCH, request_for
-from tests.helpers import fresh, later, step_inserts_held, wait_until
+from tests.helpers import fresh, inserts_held, later, step_inserts_held, wait_until
 from tools.models import OutboxNotification, ToolSetting
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("approvals")]
@@ -100,6 +100,46 @@ def test_an_approval_given_before_an_expiry_is_not_spent_silently_after_a_requeu
     asked = {request.position for request in pending(fresh(agent_run))}
     assert OutboxNotification.objects.count() == 0
     assert asked == {first.position, second.position}
+
+
+@pytest.mark.parametrize("model", ["scripted", "drifting"], indirect=True)
+def test_an_attempt_a_cancel_stopped_between_two_approved_calls_spends_only_the_first(
+    model, operator
+):
+    """Both calls of a turn approved; the resumed attempt sends the first,
+    and the cancel requested meanwhile ends the run before the second. A
+    requeue replays the first (sent once) and asks again for the second:
+    its approval belonged to the attempt the operator stopped."""
+    plan = [{"calls": [NOTIFY, SECOND_NOTIFY]}, {"answer": "done (take {take})"}]
+    agent_run = enqueue(request_for(model_name(model), plan, TOOLS))
+    first, second = pending(agent_run)
+    assert approval_actions.approve(first, operator, digest=first.digest).ok
+    # The first notification waits to be written; its run's row is free.
+    with inserts_held(OutboxNotification, "true") as (waiting, _):
+        # The last decision releases the run, which runs inline in its thread.
+        decider, decided = _in_thread(
+            lambda: approval_actions.approve(second, operator, digest=second.digest)
+        )
+        wait_until(waiting, timeout=30, what="the first write's step")
+        assert transitions.cancel(agent_run.pk) is transitions.CancelOutcome.REQUESTED
+    decider.join(timeout=60)
+    assert "error" not in decided, decided
+    assert fresh(agent_run).status == RunStatus.CANCELLED
+    assert OutboxNotification.objects.count() == 1
+
+    assert operator_actions.requeue(fresh(agent_run), operator, "go on").ok
+
+    agent_run = fresh(agent_run)
+    assert agent_run.status == RunStatus.WAITING_FOR_APPROVAL, agent_run.error_message
+    assert [n.idempotency_key for n in OutboxNotification.objects.all()] == [
+        first.idempotency_key
+    ]
+    (asked,) = pending(agent_run)
+    assert asked.position == second.position and asked.digest != second.digest
+    first.refresh_from_db()
+    second.refresh_from_db()
+    # The approval that was spent stays what it was; the other is withdrawn.
+    assert (first.status, second.status) == (ApprovalStatus.APPROVED, ApprovalStatus.WITHDRAWN)
 
 
 @pytest.mark.parametrize("model", ["scripted", "drifting"], indirect=True)

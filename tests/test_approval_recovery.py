@@ -222,3 +222,42 @@ def test_a_run_cancelled_while_waiting_and_requeued_asks_again(model, operator):
     assert approval_actions.approve(second, operator, digest=second.digest).ok
     assert fresh(agent_run).status == RunStatus.COMPLETED
     assert OutboxNotification.objects.count() == 1
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("model", ["scripted", "drifting"], indirect=True)
+def test_an_approval_a_cancel_ended_before_the_write_is_asked_again_after_a_requeue(
+    model, queue, workers, api
+):
+    """Approved through the API — the turn's last call, so the run is back in
+    the queue — then cancelled before any worker took it, then requeued: the
+    approval belonged to the run the operator stopped. The next worker asks
+    again (a new digest) instead of sending the write."""
+    agent_run = enqueue(request_for(model_name(model), PLAN, TOOLS))
+    workers.run_burst()
+    request = the_request(agent_run)
+    approved = api.post(
+        f"/api/approvals/{request.pk}/approve/", {"digest": request.digest}, format="json"
+    )
+    assert approved.status_code == 200, approved.content
+    assert fresh(agent_run).status == RunStatus.QUEUED
+
+    cancelled = api.post(f"/api/runs/{agent_run.pk}/cancel/", {"note": "stop"}, format="json")
+    assert cancelled.status_code == 202, cancelled.content
+    assert fresh(agent_run).status == RunStatus.CANCELLED
+    requeued = api.post(f"/api/runs/{agent_run.pk}/requeue/", {"note": "go on"}, format="json")
+    assert requeued.status_code == 202, requeued.content
+    assert "approval of send_notification" in requeued.json()["detail"]
+
+    workers.run_burst()  # one worker process
+
+    agent_run = fresh(agent_run)
+    assert OutboxNotification.objects.count() == 0
+    assert agent_run.status == RunStatus.WAITING_FOR_APPROVAL, agent_run.error_message
+    (asked,) = ApprovalRequest.objects.filter(run=agent_run, status=ApprovalStatus.PENDING)
+    assert (asked.position, asked.idempotency_key) == (request.position, request.idempotency_key)
+    assert asked.digest != request.digest
+    request.refresh_from_db()
+    assert request.status == ApprovalStatus.WITHDRAWN
+    shown = api.get(f"/api/approvals/{request.pk}/").json()
+    assert (shown["status"], shown["decided_by"]) == ("withdrawn", "olivia")

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef
-from django.db.models.functions import Now
+from django.db.models import Count, Exists, F, OuterRef, Subquery
+from django.db.models.functions import Coalesce, Now
 
 from runs import approvals
 from runs.models import AgentRun, ApprovalRequest, RunStep
@@ -295,7 +295,7 @@ def expire_approvals(as_of=None) -> tuple[list[str], int]:
         if not rows:
             return [], 0
         ended = [str(run_id) for run_id, _, _ in rows]
-        _void_decisions(ended)
+        void_unused_decisions(ended)
         expired = ApprovalRequest.objects.filter(
             run_id__in=ended, status=ApprovalStatus.PENDING
         ).update(status=ApprovalStatus.EXPIRED, decided_at=Now())
@@ -317,26 +317,58 @@ def expire_approvals(as_of=None) -> tuple[list[str], int]:
 def withdraw_approvals(run_id) -> int:
     """The pending requests of a run that was cancelled while it waited
     (the caller holds the run's row: ``cancel``); returns how many. The
-    decisions already made for the turn go with them (``_void_decisions``)."""
-    _void_decisions([run_id])
+    decisions already made for the turn go with them
+    (``void_unused_decisions``)."""
+    void_unused_decisions([run_id])
     return ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(
         status=ApprovalStatus.WITHDRAWN, decided_at=Now()
     )
 
 
-def _void_decisions(run_ids) -> None:
-    """A wait that ends without a release (a cancel, an expiry) ends its
-    decisions too: the approved and denied calls of the turns those runs
-    wait on are ``withdrawn``, who decided and the note kept (the approval
-    steps on the run keep the history). A run requeued later asks for every
-    call of the turn again, with new digests: an approval given for a run
-    someone then stopped, or left to expire, is not spent silently by an
-    attempt nobody approved. Call it before the pending requests change."""
-    same_turn_waits = ApprovalRequest.objects.filter(
-        run=OuterRef("run"), turn_sequence=OuterRef("turn_sequence"), status=ApprovalStatus.PENDING
+def void_unused_decisions(run_ids) -> int:
+    """Withdraw the approved and denied calls of ``run_ids`` that have not
+    run yet: the calls of each run's last turn past the outcomes its journal
+    holds (a decision of an earlier turn was used, or can never match again
+    after a restart). Who decided and the note are kept, and the approval
+    steps on the run keep the history. Returns how many.
+
+    Called where a wait or a run ends without the run going on — a cancel,
+    an expiry — and where an operator brings an ended run back (the only
+    way an ended run runs again): a run requeued after any end asks for
+    those calls again, with new digests, so an approval given for a run
+    that then stopped is never spent silently by an attempt nobody
+    approved (G14). The caller holds the runs' rows; call it before their
+    pending requests change."""
+    last_turn = (
+        RunStep.objects.filter(run=OuterRef("run"), kind=StepKind.LLM)
+        .order_by("-sequence")
+        .values("sequence")[:1]
     )
-    ApprovalRequest.objects.filter(
-        Exists(same_turn_waits),
-        run_id__in=run_ids,
-        status__in=[ApprovalStatus.APPROVED, ApprovalStatus.DENIED],
-    ).update(status=ApprovalStatus.WITHDRAWN)
+    outcomes = (
+        RunStep.objects.filter(
+            run=OuterRef("run"), kind=StepKind.TOOL, sequence__gt=OuterRef("turn_sequence")
+        )
+        .order_by()
+        .values("run")
+        .annotate(count=Count("pk"))
+        .values("count")
+    )
+    decided = (
+        ApprovalRequest.objects.filter(
+            run_id__in=run_ids,
+            status__in=[ApprovalStatus.APPROVED, ApprovalStatus.DENIED],
+            turn_sequence=Subquery(last_turn),
+        )
+        .annotate(outcomes=Coalesce(Subquery(outcomes), 0))
+        .values_list("pk", "position", "outcomes")
+    )
+    # A call's place is ``iteration.index``; the turn's outcomes are
+    # recorded in call order, so the first ``outcomes`` calls have run.
+    unused = [pk for pk, position, ran in decided if _call_index(position) >= ran]
+    if not unused:
+        return 0
+    return ApprovalRequest.objects.filter(pk__in=unused).update(status=ApprovalStatus.WITHDRAWN)
+
+
+def _call_index(position: str) -> int:
+    return int(position.rpartition(".")[2])

@@ -10,6 +10,7 @@ from runs.transitions._common import (
     _update_returning,
     db_time,
 )
+from runs.transitions.approvals import void_unused_decisions
 from runs.vocabulary import RunMode, RunStatus
 
 
@@ -72,6 +73,9 @@ def _back_in_queue_by_operator(
         )
         if not rows:
             return None
+        # The run ended before it used these decisions: its next attempt
+        # asks again rather than spend an approval of a run someone stopped.
+        void_unused_decisions([run_id])
         sequence, _ = _append_step(run_id, None, step)
     _log_change(action, run_id, sequence=sequence, status=RunStatus.QUEUED)
     return rows[0][0]
