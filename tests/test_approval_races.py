@@ -131,9 +131,7 @@ def test_an_attempt_a_cancel_stopped_between_two_approved_calls_spends_only_the_
 
     agent_run = fresh(agent_run)
     assert agent_run.status == RunStatus.WAITING_FOR_APPROVAL, agent_run.error_message
-    assert [n.idempotency_key for n in OutboxNotification.objects.all()] == [
-        first.idempotency_key
-    ]
+    assert [n.idempotency_key for n in OutboxNotification.objects.all()] == [first.idempotency_key]
     (asked,) = pending(agent_run)
     assert asked.position == second.position and asked.digest != second.digest
     first.refresh_from_db()
