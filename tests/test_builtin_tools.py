@@ -114,7 +114,15 @@ def test_post_webhook_sends_json_once_with_the_idempotency_key(http_server):
     assert received.headers["Idempotency-Key"] == "f" * 64
 
 
-def test_post_webhook_does_not_follow_a_redirect(http_server):
-    with pytest.raises(ToolError, match="a POST is not re-sent"):
-        tool("post_webhook").run({"url": http_server.url("/redirect-in"), "payload": {}}, context())
-    assert [request.path for request in http_server.received] == ["/redirect-in"]
+@pytest.mark.parametrize(
+    ("path", "location"), [("/redirect-in", "/ok"), ("/redirect-out", "http://blocked.invalid/x")]
+)
+def test_post_webhook_takes_a_redirect_as_delivered_and_never_follows_it(
+    http_server, path, location
+):
+    # The receiver got the POST: a result with the status, not a ToolError
+    # that would tell the model nothing was sent.
+    result = tool("post_webhook").run({"url": http_server.url(path), "payload": {}}, context())
+    assert (result["status"], result["redirect_not_followed"]) == (302, location)
+    assert result["url"] == http_server.url(path)
+    assert [request.path for request in http_server.received] == [path]

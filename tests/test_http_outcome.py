@@ -1,6 +1,8 @@
 """A webhook POST that may have been received without an answer coming back
 is an unknown outcome (``ToolOutcomeUnknown``); a failure known to have sent
-nothing, and any failure of the read-only GET, is an ordinary ``ToolError``.
+nothing, and any failure of the read-only GET, is an ordinary ``ToolError``;
+an answer, whatever its status (a redirect, never followed, included), is a
+result.
 
 Against a real local server that takes the request and then hangs, drops the
 connection, cuts its answer short, trickles it or answers garbage; some calls
@@ -14,6 +16,8 @@ import time
 
 import pytest
 
+from runs.runtime import enqueue
+from tests.helpers import answer, call, fresh, scripted
 from tools.builtin.http import exchange_seconds
 from tools.contract import ToolContext, ToolError, ToolOutcomeUnknown
 from tools.deadline import ToolTimeout, time_limit
@@ -84,6 +88,24 @@ def test_the_read_only_get_reports_the_same_failures_as_tool_errors(http_server,
     settings.NRLLM_HTTP_TIMEOUT_SECONDS = 1
     with pytest.raises(ToolError, match=f"GET {http_server.url(path)} (failed|timed out)"):
         get(http_server.url(path))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_webhook_that_answers_a_redirect_got_the_post_which_is_recorded_as_executed(
+    http_server,
+):
+    agent_run = enqueue(  # executed in the caller: no Redis
+        scripted(
+            call("post_webhook", url=http_server.url("/redirect-in"), payload={"n": 1}),
+            answer(),
+            tools=["post_webhook"],
+        )
+    )
+    assert fresh(agent_run).status == "completed"
+    step = agent_run.steps.get(kind="tool")
+    assert step.error == ""
+    assert (step.result["status"], step.result["redirect_not_followed"]) == (302, "/ok")
+    assert [request.path for request in http_server.received] == ["/redirect-in"]
 
 
 def test_a_post_refused_at_connect_is_a_tool_error(settings):

@@ -6,7 +6,8 @@ its answer read up to a cap. How a failure is reported depends on whether the
 request may have left: before that (not allowed, no address, connection
 refused or timed out) it is a ``ToolError``; after it, a read-only GET is
 still a ``ToolError``, while a POST raises ``ToolOutcomeUnknown``, because the
-receiver may have acted on it.
+receiver may have acted on it. A POST that got an answer, whatever its status
+(a redirect included, never followed), was delivered: a result.
 
 Each exchange (connect, send, the whole answer read) ends by a deadline of
 its own, ``EXCHANGE_TIMEOUTS`` I/O timeouts, and a tool's time limit is
@@ -115,10 +116,12 @@ def guarded_get(url: str) -> dict:
 
 
 def guarded_post_json(url: str, payload, headers: dict[str, str]) -> dict:
-    """POST ``payload`` as JSON once. A redirect is reported, never followed,
-    because following it would send the write a second time. Raises
-    ``ToolOutcomeUnknown`` when the POST may have been received but no
-    complete answer came back, and a plain ``ToolError`` when nothing was
+    """POST ``payload`` as JSON once. A redirect is the receiver's answer to
+    a POST it got, so it is a result like any other status, with its
+    ``Location`` in ``redirect_not_followed``: following it would send the
+    write a second time, and raising would tell the model nothing was done.
+    Raises ``ToolOutcomeUnknown`` when the POST may have been received but
+    no complete answer came back, and a plain ``ToolError`` when nothing was
     sent — stopped by the runtime's time limit before connecting included."""
     transport = None
     try:
@@ -142,12 +145,11 @@ def guarded_post_json(url: str, payload, headers: dict[str, str]) -> dict:
             f"{_failure('POST', target.url, error, transport.deadline).rstrip('.')}, after the "
             "request may have been received: whether the webhook acted on it is unknown"
         ) from None
+    described = answer.described(target.url)
     if answer.location is not None:
-        raise ToolError(
-            f"the webhook answered {answer.status} redirecting to "
-            f"{answer.location!r}; a POST is not re-sent"
-        )
-    return answer.described(target.url)
+        # As the receiver sent it: resolving it against the URL could fail.
+        described["redirect_not_followed"] = answer.location
+    return described
 
 
 class HttpGet(Tool):
