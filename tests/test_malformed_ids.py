@@ -67,6 +67,57 @@ def test_a_malformed_selected_id_in_an_admin_action_is_a_400(clients, changelist
         assert response.status_code == 400, (bad, response.status_code)
 
 
+def test_a_user_bulk_delete_with_a_malformed_selected_id_is_a_400_naming_it_and_deletes_nothing(
+    admin_client, operator
+):
+    """Django's own UserAdmin took ``abc`` to the database (a 500)."""
+    changelist = "/admin/auth/user/"
+    for confirmed in ({}, {"post": "yes"}):  # the action, and its confirmation page's POST
+        response = admin_client.post(
+            changelist,
+            {"action": "delete_selected", "_selected_action": [operator.pk, "abc"], **confirmed},
+        )
+        assert response.status_code == 400
+        page = response.content.decode()
+        assert "Nothing was done: <code>abc</code> is not a user id." in page
+        assert 'href="/admin/auth/user/"' in page  # back to the list, nothing lost
+        assert type(operator).objects.filter(pk=operator.pk).exists()
+    response = admin_client.post(
+        changelist, {"action": "delete_selected", "_selected_action": [operator.pk], "post": "yes"}
+    )
+    assert response.status_code == 302 and not type(operator).objects.filter(pk=operator.pk)
+
+
+def _malformed_for(model, value) -> bool:
+    from django.core.exceptions import ValidationError
+
+    try:
+        model._meta.pk.to_python(value)
+    except ValidationError:
+        return True
+    return False
+
+
+def test_every_admin_action_refuses_a_malformed_selected_id_with_a_400(admin_client, rf):
+    """Every model admin on the site, ours and those Django and knox register."""
+    from django.contrib.auth import get_user_model
+
+    request = rf.get("/admin/")
+    request.user = get_user_model().objects.get(username="admin")
+    answers = {}
+    for model, model_admin in admin.site._registry.items():
+        changelist = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
+        for action in model_admin.get_actions(request):
+            for bad in ["abc", "x" * 300, "1.5", "'"]:
+                response = admin_client.post(
+                    changelist, {"action": action, "_selected_action": [bad]}
+                )
+                expected = 400 if _malformed_for(model, bad) else response.status_code
+                if response.status_code != expected or expected >= 500:
+                    answers[(model._meta.label, action, bad)] = response.status_code
+    assert answers == {}
+
+
 def test_a_malformed_id_in_any_api_route_is_a_404(api):
     api.raise_request_exception = False
     routes = [

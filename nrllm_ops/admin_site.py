@@ -1,0 +1,66 @@
+"""The admin site: Django's, with one rule for every model admin on it —
+ours and those Django (users, groups) and knox register alike: an action
+whose selection holds something that is not an id of the model is refused
+with a 400 naming it, and does nothing."""
+
+from django.contrib import admin
+from django.contrib.admin import helpers
+from django.core.exceptions import ValidationError
+from django.template.response import TemplateResponse
+
+
+def malformed_selection(model_admin, request) -> str | None:
+    """The first id selected for an action that cannot be an id of
+    ``model_admin``'s model, or None when every one can."""
+    pk = model_admin.model._meta.pk
+    for selected in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+        try:
+            pk.to_python(selected)
+        except ValidationError:
+            return selected
+    return None
+
+
+class RefusesMalformedSelection:
+    """Django hands an action's selected ids to the database as they came
+    (``filter(pk__in=...)``): ``abc`` for an integer id was a 500. Here the
+    whole action is refused — none of the selection is acted on — with a
+    400 page that names the id."""
+
+    def response_action(self, request, queryset, *args, **kwargs):
+        selected = malformed_selection(self, request)
+        if selected is None:
+            return super().response_action(request, queryset, *args, **kwargs)
+        opts = self.model._meta
+        return TemplateResponse(
+            request,
+            "admin/malformed_selection.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Malformed selection",
+                "opts": opts,
+                "selected": selected,
+                "verbose_name": opts.verbose_name,
+            },
+            status=400,
+        )
+
+
+class AdminSite(admin.AdminSite):
+    """``admin.site`` (``nrllm_ops.apps.AdminConfig``). Every model admin
+    registered on it refuses a malformed selection: it is given
+    ``RefusesMalformedSelection``, so one a library registers does too."""
+
+    def register(self, model_or_iterable, admin_class=None, **options):
+        admin_class = admin_class or admin.ModelAdmin
+        if not issubclass(admin_class, RefusesMalformedSelection):
+            admin_class = type(
+                admin_class.__name__,
+                (RefusesMalformedSelection, admin_class),
+                {
+                    "__module__": admin_class.__module__,
+                    "__qualname__": admin_class.__qualname__,
+                    "__doc__": admin_class.__doc__,
+                },
+            )
+        super().register(model_or_iterable, admin_class, **options)

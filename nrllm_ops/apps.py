@@ -1,0 +1,7 @@
+"""The admin app, with the project's admin site as ``admin.site``."""
+
+from django.contrib.admin.apps import AdminConfig as DjangoAdminConfig
+
+
+class AdminConfig(DjangoAdminConfig):
+    default_site = "nrllm_ops.admin_site.AdminSite"
