@@ -11,6 +11,7 @@ from runs.vocabulary import (
     ApprovalStatus,
     FailureClass,
     ReconciliationOutcome,
+    Resolution,
     RunStatus,
     SubmittedVia,
     TerminationReason,
@@ -138,7 +139,17 @@ class StepPageSerializer(serializers.Serializer):
 
 
 class DeadLetterSerializer(serializers.ModelSerializer):
-    resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    failure_class = _blank_or(
+        FailureClass.choices,
+        "empty when the failure has no class (an expired lease, an unreplayable journal)",
+    )
+    resolution = _blank_or(Resolution.choices, "empty while the dead letter is open")
+    resolved_by = serializers.SlugRelatedField(
+        slug_field="username",
+        read_only=True,
+        allow_null=True,
+        help_text="the operator who resolved it; null while it is open",
+    )
 
     class Meta:
         model = DeadLetter
