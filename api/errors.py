@@ -85,8 +85,12 @@ def _in_the_api_shape(django_handler, status_code: int, code: str):
 
     def handler(request, exception):
         if request.path.startswith("/api/"):
-            detail = exception.args[0] if exception.args else f"no such endpoint: {request.path}"
-            return JsonResponse({"code": code, "detail": str(detail)}, status=status_code)
+            detail = exception.args[0] if exception.args else None
+            if not isinstance(detail, str):
+                # A URL no route matches: Django's detail is the resolver's
+                # report (every pattern tried), not a message for the client.
+                detail = f"no such endpoint: {request.path}"
+            return JsonResponse({"code": code, "detail": detail}, status=status_code)
         return django_handler(request, exception)
 
     return handler

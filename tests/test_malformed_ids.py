@@ -3,10 +3,13 @@ route — is a 404 (or the admin's own "does not exist" redirect), never a
 500. Transactional: a database error in one request must not hide behind
 the aborted transaction of an earlier one."""
 
+from urllib.parse import quote
+
 import pytest
 from django.contrib import admin
 from django.test import Client
 
+from tests.approval_requests import unchanged, waiting
 from tools.models import ToolSetting
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -14,6 +17,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 MALFORMED = ["not-a-uuid", "%00", "x" * 300, "99999999999999999999", "a%2Fb", "'"]
 #: The console's own pages for one run (``AgentRunAdmin.get_urls``).
 RUN_PAGES = ["requeue/", "restart/", "cancel/", "reconcile/"]
+#: The approvals inbox's (``runs.admin.approvals``), an id in the path or the query.
+APPROVAL_PAGES = [
+    "approvals/{}/decide/",
+    "approvals/?run={}",
+    "approvals/?decided_page={}",
+]
 
 
 def _admin_urls(bad):
@@ -22,6 +31,8 @@ def _admin_urls(bad):
         yield from (prefix, f"{prefix}change/", f"{prefix}history/", f"{prefix}delete/")
     for page in RUN_PAGES:
         yield f"/admin/runs/agentrun/{bad}/{page}"
+    for page in APPROVAL_PAGES:
+        yield f"/admin/runs/agentrun/{page.format(bad)}"
 
 
 @pytest.fixture
@@ -132,6 +143,9 @@ def test_a_malformed_id_in_any_api_route_is_a_404(api):
         ("post", "/api/write-audits/{}/reconcile/"),
         ("get", "/api/tools/{}/"),
         ("patch", "/api/tools/{}/"),
+        ("get", "/api/approvals/{}/"),
+        ("post", "/api/approvals/{}/approve/"),
+        ("post", "/api/approvals/{}/deny/"),
     ]
     for bad in MALFORMED:
         for method, route in routes:
@@ -139,6 +153,51 @@ def test_a_malformed_id_in_any_api_route_is_a_404(api):
             assert response.status_code == 404, (method, route, bad, response.status_code)
             assert response["Content-Type"] == "application/json", (method, route, bad)
             assert response.json()["code"] == "not_found", (method, route, bad)
+            # It names the id, or the path no route matches (a%2Fb) — never
+            # the resolver's list of every route it tried.
+            assert "URLPattern" not in response.json()["detail"], (method, route, bad)
+
+
+def test_an_api_url_no_route_matches_is_a_404_naming_the_path(api):
+    for path in ["/api/approvals/a%2Fb/", "/api/approvals/7/approve/extra/", "/api/nothing/"]:
+        response = api.get(path)
+        assert response.status_code == 404
+        assert response.json() == {
+            "code": "not_found",
+            "detail": f"no such endpoint: {path.replace('%2F', '/')}",
+        }
+
+
+@pytest.mark.usefixtures("approvals")
+def test_a_malformed_or_unknown_approval_id_decides_nothing_in_the_api_or_the_admin(api, approver):
+    agent_run, request = waiting()
+    inbox = Client(raise_request_exception=False)
+    inbox.force_login(approver)
+    for bad in [*MALFORMED, "-1", "1.5", " 7", "\uff17", "9223372036854775808"]:
+        for action in ("approve", "deny"):
+            response = api.post(
+                f"/api/approvals/{quote(bad)}/{action}/", {"digest": request.digest}, format="json"
+            )
+            assert response.status_code == 404, (bad, action, response.status_code)
+        response = inbox.post(
+            f"/admin/runs/agentrun/approvals/{quote(bad)}/decide/",
+            {"decision": "approve", "digest": request.digest},
+            follow=True,
+        )
+        assert response.status_code < 500, (bad, response.status_code)
+    unchanged(agent_run, request)
+    response = api.get(f"/api/approvals/?run={quote('not-a-uuid')}")
+    assert response.status_code == 400 and response.json()["errors"] == {
+        "run": ["Enter a valid UUID."]
+    }
+    assert inbox.get("/admin/runs/agentrun/approvals/?run=not-a-uuid").status_code == 400
+    unknown = inbox.post(
+        "/admin/runs/agentrun/approvals/99999999999999999999/decide/",
+        {"decision": "approve", "digest": request.digest},
+        follow=True,
+    )
+    assert "There is no such approval request." in unknown.content.decode()
+    unchanged(agent_run, request)
 
 
 def test_a_nul_in_a_query_string_is_a_400(clients, api):
