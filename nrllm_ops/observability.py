@@ -19,7 +19,8 @@ def healthz(request):
 
 
 def readyz(request):
-    """The database and, when configured, Redis answer: 200, else 503 naming what failed."""
+    """The database answers and can make a commit durable, and Redis (when
+    configured) answers: 200, else 503 naming what failed."""
     checks = {}
     try:
         with connection.cursor() as cursor:
@@ -27,6 +28,14 @@ def readyz(request):
         checks["database"] = "ok"
     except Exception as error:  # noqa: BLE001 - any failure means not ready
         checks["database"] = f"error: {type(error).__name__}"
+    else:
+        from runs.durability import refusal
+
+        try:
+            problem = refusal()
+        except Exception as error:  # noqa: BLE001
+            problem = type(error).__name__
+        checks["durable_commits"] = "ok" if problem is None else f"error: {problem}"
     if settings.REDIS_URL:
         from runs.dispatch import run_queue
 

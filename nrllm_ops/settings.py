@@ -37,6 +37,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Before django_rq: its ``rqworker`` command is runs' (a durability check first).
+    "runs",
     "django_rq",
     "rest_framework",
     "django_filters",
@@ -44,7 +46,6 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "knox",
     "tools",
-    "runs",
     "api",
 ]
 
@@ -127,6 +128,11 @@ NRLLM_REDISPATCH_AFTER_SECONDS = env_int("NRLLM_REDISPATCH_AFTER_SECONDS", 60, m
 NRLLM_REAPER_INTERVAL_SECONDS = env_int("NRLLM_REAPER_INTERVAL_SECONDS", 30, minimum=1)
 # Added to a tool's own time limit when the lease is extended to cover it.
 NRLLM_OPERATION_MARGIN_SECONDS = env_int("NRLLM_OPERATION_MARGIN_SECONDS", 30, minimum=0)
+# A PostgreSQL server that cannot make a commit durable (fsync = off) voids
+# the fence and the journal's guarantees (G6, G12): /readyz answers 503 and
+# the worker refuses to start, unless this says the operator knows (a
+# throwaway database for tests or a demo).
+NRLLM_ALLOW_NON_DURABLE_DATABASE = env_bool("NRLLM_ALLOW_NON_DURABLE_DATABASE", False)
 NRLLM_HTTP_ALLOWED_HOSTS = env_list("NRLLM_HTTP_ALLOWED_HOSTS")
 NRLLM_HTTP_TIMEOUT_SECONDS = env_int("NRLLM_HTTP_TIMEOUT_SECONDS", 10, minimum=1)
 NRLLM_TOOLS = env_list("NRLLM_TOOLS")

@@ -50,12 +50,32 @@ class StepsNotDurable(Exception):
     """The attempt cannot go on without a gap in the journal (G12): a write
     was about to start while earlier steps of the run could not be recorded
     (it does not start), or steps it had recorded are gone (a database server
-    crash lost commits that had not reached disk). No write has run since
-    the last durable step, so the attempt may be retried: it resumes after
-    that step.
+    crash lost commits that had not reached disk). No write of the attempt
+    is among what is not durable — that is ``WriteNotDurable`` — so the
+    attempt may be retried: it resumes after the last durable step.
     """
 
     failure_class = "connection"
+
+
+class WriteNotDurable(Exception):
+    """A write ran in this attempt and its record is not on the database
+    for certain: the database lost it, or the commits before it that the
+    attempt counted on (its fence's among them — a server that did not
+    honour the flush, a failover), or it cannot be told whether it landed.
+    Nothing in the database may show the write any more, so the attempt's
+    own knowledge of the call (``write``: effect, tool, arguments,
+    idempotency key) is what stands on the run as its write in question.
+
+    Deliberately carries no ``failure_class`` (so ``unknown``): the run is
+    dead-lettered ``write_interrupted`` whatever the write's effect, and
+    never retried, since a retry would resume before the write and could
+    send it again (G6, G12, G13).
+    """
+
+    def __init__(self, message: str, *, write: dict):
+        super().__init__(message)
+        self.write = write
 
 
 class AwaitingApproval(Exception):

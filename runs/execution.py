@@ -29,6 +29,7 @@ from runs.errors import (
     LeaseLost,
     RunCancelled,
     StepsNotDurable,
+    WriteNotDurable,
 )
 from runs.loop import PlannedCall, StepEvent
 from runs.transitions import FinishOutcome, Lease, NextCall, ParkOutcome, RecordOutcome
@@ -58,6 +59,9 @@ class LeasedExecution:
         self.operation_margin = operation_margin
         #: Steps this attempt has recorded (the claim's request step included).
         self._recorded = recorded_steps
+        #: The most it ever had: a server crash that lost steps lowers
+        #: ``_recorded`` until they are written again.
+        self._most_recorded = recorded_steps
         #: A record's connection broke before the database answered, and the
         #: database could not yet be asked whether the first ``_doubtful``
         #: unwritten steps — the ones that record carried — landed.
@@ -76,6 +80,11 @@ class LeasedExecution:
         #: journal never has a gap a later attempt would fill differently,
         #: and no write starts while one is left (G12).
         self._unwritten: list[dict] = []
+        #: The writes this attempt ran whose records landed, each with the
+        #: count of the attempt's steps once it had: a database that later
+        #: holds fewer lost a write's record (G12's premise broken: a
+        #: failover, a server not honouring the flush) — ``WriteNotDurable``.
+        self._recorded_writes: list[tuple[int, dict]] = []
         #: The final answer's record settled the run (``finish``).
         self.settled = False
 
@@ -98,23 +107,37 @@ class LeasedExecution:
         renewal = self._renewal_for(call, key)
         lease_seconds = self._lease_seconds_for(call)
         try:
-            # The steps still unwritten go first, with this call's renewal;
-            # None: nothing was left to write (a doubt resolved as landed).
-            outcome = self._record([], lease_seconds, renewal) if self._unwritten else None
-            if outcome is RecordOutcome.PERSISTED:
-                return self._context(call, key)
-            if outcome is RecordOutcome.LEASE_LOST:
-                self._stop_for_lost_renewal(before=call.tool.name)
-            if outcome is RecordOutcome.FAILED and call.tool.effect.is_write:
-                raise StepsNotDurable(
-                    f"the {call.tool.effect} tool {call.tool.name!r} did not start: "
-                    f"{len(self._unwritten)} earlier step(s) of the run could not be recorded"
-                )
-            # A read may run over the gap; the steps wait for the next record.
-            if not transitions.renew_lease(
-                self.lease, lease_seconds, fence=renewal.fence, call=renewal.call
-            ):
-                self._stop_for_lost_renewal(before=call.tool.name)
+            # Twice at most: again after the database had lost steps that go
+            # again first, with this renewal.
+            for _ in range(2):
+                # The steps still unwritten go first, with this call's renewal;
+                # None: nothing was left to write (a doubt resolved as landed).
+                outcome = self._record([], lease_seconds, renewal) if self._unwritten else None
+                if outcome is RecordOutcome.PERSISTED:
+                    return self._context(call, key)
+                if outcome is RecordOutcome.LEASE_LOST:
+                    self._stop_for_lost_renewal(before=call.tool.name)
+                if outcome is RecordOutcome.FAILED and call.tool.effect.is_write:
+                    raise StepsNotDurable(
+                        f"the {call.tool.effect} tool {call.tool.name!r} did not start: "
+                        f"{len(self._unwritten)} earlier step(s) of the run could not be recorded"
+                    )
+                # A read may run over the gap; the steps wait for the next
+                # record. The renewal is guarded as every record is: a fence
+                # is never stamped over steps a server crash lost (G12).
+                if transitions.renew_lease(
+                    self.lease,
+                    lease_seconds,
+                    fence=renewal.fence,
+                    call=renewal.call,
+                    recorded=self._recorded,
+                ):
+                    break
+                if not transitions.steps_lost(self.lease, self._recorded):
+                    self._stop_for_lost_renewal(before=call.tool.name)
+                self._restore_lost_steps()
+            else:
+                raise StepsNotDurable("the run's steps were lost again before a call")
         except (StepsNotDurable, RunCancelled, DatabaseError) as error:
             # The tool has not started: a fence a statement may have stamped
             # for it must not leave a write in doubt that never ran. If the
@@ -135,9 +158,24 @@ class LeasedExecution:
             )
             renewal = self._renewal_for(next_call, next_key)
             lease_seconds = self._lease_seconds_for(next_call)
-        outcome = self._record(
-            [_step_fields(event)], lease_seconds, renewal, clear_fence=event.is_executed_write
-        )
+        write = _write_of(event) if event.is_executed_write else None
+        try:
+            outcome = self._record(
+                [_step_fields(event)], lease_seconds, renewal, clear_fence=write is not None
+            )
+        except StepsNotDurable as error:
+            if write is None:
+                raise
+            # The write ran, and the database lost what the attempt counted
+            # on before it — its fence, the turn that asked for it: a retry
+            # would resume before the write and could send it again.
+            raise WriteNotDurable(
+                f"the {event.effect} tool {event.tool_name!r} executed but its record "
+                f"cannot be made durable: {error}",
+                write=write,
+            ) from error
+        if write is not None and outcome.persisted:
+            self._recorded_writes.append((self._recorded, write))
         if outcome is RecordOutcome.PERSISTED:
             if next_key is not None:
                 self._renewed_for = (next_call, next_key)
@@ -214,12 +252,15 @@ class LeasedExecution:
         refused. Only while the run holds every step the attempt recorded:
         otherwise ``StepsNotDurable`` (the retry resumes after the last step
         that is there), and ``LeaseLost`` when the run is not this lease's."""
-        recorded = self._recorded
         if self._in_doubt and not self._resolve_doubt():
             raise StepsNotDurable(
                 "the run cannot settle while it cannot tell whether its steps were recorded"
             )
-        if self._recorded < recorded:
+        # Against the most the attempt ever had recorded, not the count as it
+        # stands: a restore lowers that count to what the database holds, and
+        # the steps it restored may still be unwritten (a final record in doubt
+        # twice, say).
+        if self._recorded < self._most_recorded:
             raise StepsNotDurable(
                 "the database lost steps of the run: it is not settled without them"
             )
@@ -377,6 +418,14 @@ class LeasedExecution:
                     "the database lost steps of the run and cannot say how many yet"
                 ) from None
         lost = self._recorded - count
+        for recorded_with, write in self._recorded_writes:
+            if recorded_with > count:
+                raise WriteNotDurable(
+                    f"the database lost the record of the {write['effect']} tool "
+                    f"{write['tool']!r} that this attempt executed, a commit that had "
+                    "waited for the flush",
+                    write=write,
+                )
         if not 0 < lost <= len(self._unflushed):
             raise StepsNotDurable(
                 f"{lost} recorded step(s) of the attempt were lost by the database "
@@ -424,6 +473,7 @@ class LeasedExecution:
             )
             self._count(landed)
             self._recorded += len(landed)
+            self._most_recorded = max(self._most_recorded, self._recorded)
             # Whether their commit waited for the flush is not known here:
             # they count as what a crash may still lose (an entry too many
             # at the head is harmless: a restore takes the tail).
@@ -443,6 +493,7 @@ class LeasedExecution:
     def _landed(self, steps: list[dict]) -> None:
         self._count(steps)
         self._recorded += len(steps)
+        self._most_recorded = max(self._most_recorded, self._recorded)
         self._unwritten = []
 
     @staticmethod
@@ -508,6 +559,16 @@ def withdraw_unstarted_fence(lease: Lease, key: str) -> bool:
         logger.warning("run=%s fence of a call that did not start left up", lease.run_id)
         return False
     return True
+
+
+def _write_of(event: StepEvent) -> dict:
+    """The executed write as a fence names it (``transitions.settle``'s ``fence``)."""
+    return {
+        "effect": event.effect,
+        "tool": event.tool_name,
+        "arguments": event.arguments,
+        "idempotency_key": event.idempotency_key,
+    }
 
 
 def _step_fields(event: StepEvent) -> dict:

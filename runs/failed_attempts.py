@@ -10,7 +10,7 @@ from django.db import DatabaseError
 
 from runs import transitions
 from runs.dispatch import dispatch_or_fail
-from runs.errors import AuditPersistenceFailed, WriteOutcomeUnknown
+from runs.errors import AuditPersistenceFailed, WriteNotDurable, WriteOutcomeUnknown
 from runs.execution import withdraw_unstarted_fence
 from runs.failures import classify, is_retryable
 from runs.journal import JournalUnreplayable
@@ -52,6 +52,8 @@ def withdraw_unstarted(lease: Lease, error: Exception) -> None:
 
 
 def _interactive_reason(error: Exception) -> str:
+    if isinstance(error, WriteNotDurable):
+        return TerminationReason.WRITE_INTERRUPTED
     if isinstance(error, ProviderError):
         return TerminationReason.PROVIDER_FAILED
     if isinstance(error, WriteOutcomeUnknown) and error.effect == ToolEffect.NON_IDEMPOTENT_WRITE:
@@ -100,6 +102,11 @@ def settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count: 
     if isinstance(error, AuditPersistenceFailed) and error.call is not None:
         _mark_audit_failed(lease, error.call)
     try:
+        if isinstance(error, WriteNotDurable):
+            # The database may not show the write any more: the attempt's
+            # own knowledge of it stands as the run's write in question.
+            _end_write_in_doubt(lease, error, mode, details)
+            return
         if mode == RunMode.INTERACTIVE:
             transitions.settle(lease, RunStatus.FAILED, _interactive_reason(error), **details)
             return
@@ -126,3 +133,14 @@ def settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count: 
         # The settle itself failed: the run stays running with its fence as it
         # stands, and its lease expires; recovery is the reaper's (G7).
         logger.exception("run=%s could not be settled after failure", lease.run_id)
+
+
+def _end_write_in_doubt(lease: Lease, error: WriteNotDurable, mode: str, details: dict) -> None:
+    """A write ran whose record is not durable: never retried, whatever its
+    effect. Dead-lettered ``write_interrupted`` (an interactive run ends
+    ``failed`` with that reason) with the call standing on its fence."""
+    reason = TerminationReason.WRITE_INTERRUPTED
+    if mode == RunMode.INTERACTIVE:
+        transitions.settle(lease, RunStatus.FAILED, reason, fence=error.write, **details)
+    else:
+        transitions.dead_letter(lease, reason, fence=error.write, **details)

@@ -60,7 +60,10 @@ def _statement() -> tuple[str, tuple, tuple]:
     sql = (
         f"INSERT INTO {AgentRun._meta.db_table} ({', '.join(columns)}) "
         f"VALUES ({', '.join(values)}) "
-        f"RETURNING {', '.join(connection.ops.quote_name(f.column) for f in returned)}"
+        f"RETURNING {', '.join(connection.ops.quote_name(f.column) for f in returned)}, "
+        # Last, and read by nobody: the run's creation commits once it is on
+        # disk, whatever the session's or database's default (G12).
+        "(SELECT set_config('synchronous_commit', 'on', true))"
     )
     return sql, tuple(computed), tuple(returned)
 
@@ -91,7 +94,7 @@ def insert_queued_run(request: dict, prompt: str, *, submitted_by, submitted_via
         cursor.execute(sql, params)
         row = cursor.fetchone()
     stored = {}
-    for field, value in zip(returned, row, strict=True):
+    for field, value in zip(returned, row[:-1], strict=True):
         for converter in field.get_db_converters(connection):
             value = converter(value, None, connection)
         stored[field.attname] = value

@@ -166,7 +166,7 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
             lease_token = lease_token + 1, {_RENEWED}, pending_effect = '',
             pending_call = NULL, started_at = statement_timestamp(),
             step_count = step_count + 1, attempt_steps = 1
-        WHERE id = %(run_id)s AND status = 'queued'
+        WHERE id = %(run_id)s AND status = 'queued' AND available_at <= statement_timestamp()
         RETURNING id, step_count, lease_token, request, requeue_count
     """
     row = _run_then_steps(
@@ -190,6 +190,11 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
 #: waiting for the WAL flush (the claim's, and the record of model turns,
 #: reads and resume steps; the bench's floor job copies it).
 COMMIT_WITHOUT_FLUSH = "(SELECT set_config('synchronous_commit', 'off', true)) AS no_flush"
+#: Its opposite: the statement's transaction commits once its WAL is on
+#: disk, whatever the session's, role's or database's default — a
+#: ``synchronous_commit = off`` there must not make a fence, a write's record
+#: or a settle one a server crash may lose (G6, G12).
+COMMIT_WITH_FLUSH = "(SELECT set_config('synchronous_commit', 'on', true)) AS flush"
 
 # The tools the run asks for that an operator has switched off since it was
 # enqueued: the worker does not offer them. Read by the claim itself rather
@@ -262,7 +267,10 @@ def _run_then_steps(
     if steps:
         sql += f", step AS ({_insert_steps(len(steps), arguments_from_request)} RETURNING 1)"
     sql += f" SELECT {columns} FROM run"
-    if not wait_for_flush and not connection.in_atomic_block:
+    if wait_for_flush:
+        # Alone or in a caller's transaction: waiting is never less safe.
+        sql += f", {COMMIT_WITH_FLUSH}"
+    elif not connection.in_atomic_block:
         # Alone, the statement is its transaction, and a setting local to it
         # decides how it commits. (In a caller's transaction it would decide
         # how the caller's work commits: not this statement's choice.)

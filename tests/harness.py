@@ -141,6 +141,12 @@ def main(command: list[str]) -> int:
                     f"postgres://postgres@127.0.0.1:{postgres.port}/{postgres.dbname}"
                 ),
                 "NRLLM_TEST_REDIS_URL": f"redis://127.0.0.1:{redis.port}",
+                # The throwaway server runs with fsync off (pg_ctl's -F) unless
+                # the bench asks for a durable one: the app is told it knows.
+                "NRLLM_ALLOW_NON_DURABLE_DATABASE": os.environ.get(
+                    "NRLLM_ALLOW_NON_DURABLE_DATABASE",
+                    "false" if os.environ.get("NRLLM_HARNESS_DURABLE") else "true",
+                ),
             }
             print(
                 f"tests.harness: PostgreSQL on {postgres.port}, redis-server on {redis.port}",

@@ -11,6 +11,7 @@ WAL alone, as after a host crash inside the flush delay. The server runs no
 autovacuum and no background writer, either of which could flush the WAL too.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -369,3 +370,43 @@ def test_behind_a_pooler_the_records_guard_sees_lost_steps_and_no_write_runs_ove
     assert [recipient for (recipient,) in recipients] == ["team", "two"]
     if model:
         assert model.requests_by_turn == {0: 1, 1: 1, 2: 1}, model.requests_by_turn
+
+
+@contextlib.contextmanager
+def _database_default_off(url: str):
+    """``ALTER DATABASE … SET synchronous_commit = off``, a common tuning,
+    for the sessions opened meanwhile."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ALTER DATABASE postgres SET synchronous_commit = off")
+    try:
+        yield
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ALTER DATABASE postgres RESET synchronous_commit")
+
+
+@pytest.mark.parametrize("model", MODELS, indirect=True)
+def test_with_the_database_default_off_a_writes_fence_record_and_settle_still_reach_disk(
+    model, server_url, workers, worker_env
+):
+    """The records that must reach disk set ``synchronous_commit = on`` for
+    their own transaction, whatever the database's default says: a crash
+    after the run completed loses nothing of it — the fence's commit carried
+    the claim and the turn, the write's record and the settle waited too."""
+    env = {**_app_env(worker_env, server_url), "NRLLM_OPENAI_API_KEY": "sk-test-not-a-real-key"}
+    plan = [{"calls": [NOTIFY]}, {"answer": "sent {take}"}]
+    request = request_for("drifting" if model else "scripted", plan, ["send_notification"])
+    with _database_default_off(server_url):
+        run_id, wal_writer, worker = _run_with_the_wal_writer_stalled(
+            workers, server_url, env, request, burst=True
+        )
+        _output_of(worker)
+        os.kill(wal_writer, signal.SIGKILL)  # the crash, once the run has ended
+        wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
+    expected = {
+        "status": "completed",
+        "fence": "",
+        "output": "sent 2" if model else "sent same",
+        "steps": ["request", "llm", "tool", "llm"],
+    }
+    assert _run(server_url, run_id, *expected) == expected

@@ -5,6 +5,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from runs import transitions
 from runs.execution import UNFLUSHED_STEPS_KEPT
@@ -12,7 +13,7 @@ from runs.models import AgentRun
 from runs.runtime import enqueue, run_queued
 from runs.step_journal import COMMIT_WITHOUT_FLUSH
 from runs.transitions import Lease, RecordOutcome
-from tests.helpers import answer, call, scripted, wait_until
+from tests.helpers import answer, call, scripted, stored, wait_until
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,6 +99,29 @@ def test_a_stale_job_for_a_run_already_taken_does_nothing():
         1,  # the first claim's request step, and nothing from the stale job
     )
     assert OutboxNotification.objects.count() == 0
+
+
+def test_a_job_that_comes_before_a_retrys_backoff_ends_claims_nothing():
+    """A duplicate or stale job of a run waiting out its retry's backoff
+    finds it not due (the database's clock) and does nothing; once due, the
+    run is claimed and goes on (G4, G8)."""
+    agent_run = queued_run(
+        stored(scripted(call("send_notification", recipient="a", message="b"), answer()))
+    )
+    lease = transitions.claim(agent_run.pk, "w", 60).lease
+    details = {"failure_class": "rate_limit", "error_type": "E", "error_message": "429"}
+    assert transitions.requeue_for_retry(lease, **details, delay_seconds=300) is not None
+
+    run_queued(agent_run.pk)
+
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.lease_token, agent_run.step_count) == ("queued", 1, 1)
+    assert OutboxNotification.objects.count() == 0
+    AgentRun.objects.filter(pk=agent_run.pk).update(available_at=timezone.now())
+    run_queued(agent_run.pk)
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.lease_token) == ("completed", 2)
+    assert OutboxNotification.objects.count() == 1
 
 
 def test_the_lease_is_renewed_at_every_step_boundary():

@@ -8,7 +8,7 @@ from django.test import Client
 
 from nrllm_ops.logs import JsonFormatter
 from runs.runtime import run
-from tests.helpers import answer, call, retried_when_due, scripted
+from tests.helpers import answer, call, manage, retried_when_due, scripted
 
 pytestmark = pytest.mark.django_db
 
@@ -19,11 +19,32 @@ def test_healthz_needs_nothing():
 
 
 def test_readyz_checks_the_database_and_redis(settings):
-    assert Client().get("/readyz").json() == {"ready": True, "checks": {"database": "ok"}}
+    assert Client().get("/readyz").json() == {
+        "ready": True,
+        "checks": {"database": "ok", "durable_commits": "ok"},
+    }
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     response = Client().get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"]["redis"].startswith("error: ConnectionError")
+
+
+def test_a_server_that_cannot_make_a_commit_durable_is_not_ready_and_no_worker_starts(
+    settings, worker_env
+):
+    """The test server runs with fsync off (the harness allows it): without
+    that allowance /readyz is 503 and ``rqworker`` refuses to start, both
+    naming why (G6, G12)."""
+    settings.NRLLM_ALLOW_NON_DURABLE_DATABASE = False
+    response = Client().get("/readyz")
+    assert response.status_code == 503
+    assert "fsync = off" in response.json()["checks"]["durable_commits"]
+
+    env = {**worker_env, "NRLLM_ALLOW_NON_DURABLE_DATABASE": "false"}
+    done = manage("rqworker", "--burst", settings.NRLLM_QUEUE_NAME, env=env)
+    assert done.returncode != 0
+    assert "rqworker not started" in done.stderr and "fsync = off" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_metrics_are_access_controlled(settings, viewer_client, outsider_client):

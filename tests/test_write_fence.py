@@ -1,6 +1,7 @@
 """G6: a write's fence is on the run row while the tool runs, and cleared with its audit."""
 
 import pytest
+from django.db.models import F
 
 from runs import transitions
 from runs.models import AgentRun
@@ -127,3 +128,52 @@ def test_a_re_executed_run_stamps_the_fence_before_a_write_it_has_not_recorded(s
     probe = agent_run.steps.get(kind="tool")
     assert probe.result == {"pending_effect": "idempotent_write", "lease_token": 2}
     assert agent_run.pending_effect == ""
+
+
+def _lose_the_last_step(run_id) -> None:
+    """What a server crash behind a transaction pooler leaves: the run's
+    latest record, which did not wait for the flush, is gone, and the
+    worker's connection did not break. (The append-only trigger is the
+    database's; a recovery does not run it, nor does this.)"""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        cursor.execute(
+            "DELETE FROM runs_runstep WHERE run_id = %s AND sequence ="
+            " (SELECT max(sequence) FROM runs_runstep WHERE run_id = %s)",
+            [run_id, run_id],
+        )
+        cursor.execute("SET session_replication_role = DEFAULT")
+    AgentRun.objects.filter(pk=run_id).update(
+        step_count=F("step_count") - 1, attempt_steps=F("attempt_steps") - 1
+    )
+
+
+def test_a_fence_is_never_stamped_over_steps_the_database_lost():
+    """Before a call the step before it did not renew for (the first live
+    call after a resume, say), the lease is renewed and a write's fence
+    stamped on their own — guarded, as every record is, on the attempt's
+    step count. Over a turn the database lost, that renewal matches nothing:
+    the attempt writes the turn again with it, so the write never starts
+    without the turn that asked for it on disk (G6, G12)."""
+    from runs.execution import LeasedExecution
+    from runs.loop import PlannedCall, StepEvent
+    from runs.vocabulary import StepKind
+    from tools.registry import offered_tools
+
+    agent_run = transitions.create_queued_run(scripted(answer()), "p")
+    lease = transitions.claim(agent_run.pk, "w", 60).lease
+    execution = LeasedExecution(lease, 60, 30, recorded_steps=1)
+    arguments = {"recipient": "ops", "message": "hi"}
+    turn = {"content": "", "tool_calls": [{"name": "send_notification", "arguments": arguments}]}
+    execution.after_step(StepEvent(kind=StepKind.LLM, result=turn))
+    _lose_the_last_step(agent_run.pk)
+
+    tool = offered_tools(["send_notification"], frozenset())["send_notification"]
+    execution.before_tool(PlannedCall(tool=tool, arguments=arguments, position="1.0"))
+
+    agent_run.refresh_from_db()
+    assert list(agent_run.steps.values_list("kind", flat=True)) == ["request", "llm"]
+    assert (agent_run.attempt_steps, agent_run.pending_effect) == (2, "non_idempotent_write")
+    assert agent_run.steps.get(kind="llm").result == turn

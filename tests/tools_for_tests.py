@@ -319,3 +319,26 @@ class ExitingWrite(Tool):
 
     def run(self, arguments, context):
         raise SystemExit(3)
+
+
+class WriteBeforeFailover(Tool):
+    """A non-idempotent write whose effect is outside the database (a line
+    appended to the file ``NRLLM_TEST_WRITES_FILE``: a failover cannot take
+    it back), still in flight while the test fails the database over; it
+    returns once the file ``NRLLM_TEST_FAILOVER_DONE`` exists."""
+
+    name = "write_before_failover"
+    description = "non-idempotent write during which the database fails over"
+    effect = ToolEffect.NON_IDEMPOTENT_WRITE
+    parameters = _ANY
+    timeout_seconds = 120
+
+    def run(self, arguments, context):
+        with open(os.environ["NRLLM_TEST_WRITES_FILE"], "a") as writes:
+            writes.write(json.dumps({"key": context.idempotency_key, **arguments}) + "\n")
+        done = os.environ["NRLLM_TEST_FAILOVER_DONE"]
+        for _ in range(1000):
+            if os.path.exists(done):
+                break
+            time.sleep(0.1)
+        return {"written": True}

@@ -39,6 +39,7 @@ from runs.transitions.lease import (
     mark_audit_failed,
     renew_lease,
     standing,
+    steps_lost,
     withdraw_fence,
 )
 from runs.transitions.operators import append_operator_step, operator_requeue, operator_restart
@@ -104,6 +105,7 @@ __all__ = [
     "settle",
     "skips_the_flush",
     "standing",
+    "steps_lost",
     "wait_for_approval",
     "withdraw_fence",
 ]

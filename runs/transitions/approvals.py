@@ -16,7 +16,6 @@ import enum
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import transaction
 from django.db.models import Count, Exists, F, OuterRef, Subquery
 from django.db.models.functions import Coalesce, Now
 
@@ -32,6 +31,7 @@ from runs.transitions._common import (
     _steps_lost,
     _update_returning,
     db_time,
+    reaching_disk,
 )
 from runs.vocabulary import ApprovalStatus, RunMode, RunStatus, StepKind, TerminationReason
 
@@ -76,7 +76,7 @@ def wait_for_approval(
     — perhaps everything: the attempt's settle then matches nothing).
     ``recorded``: as ``record_steps``'.
     """
-    with transaction.atomic():
+    with reaching_disk():
         rows = _update_returning(
             _owned_holding(lease, recorded).filter(cancel_requested_at__isnull=True),
             ("step_count",),
@@ -191,7 +191,7 @@ def decide_approval(
     Raises DatabaseError when the database refused any of it: then nothing
     changed, and the run still waits."""
     status = ApprovalStatus.APPROVED if approved else ApprovalStatus.DENIED
-    with transaction.atomic():
+    with reaching_disk():
         run_id = (
             ApprovalRequest.objects.filter(pk=approval_id).values_list("run_id", flat=True).first()
         )
@@ -279,7 +279,7 @@ def expire_approvals(as_of=None) -> tuple[list[str], int]:
     overdue = ApprovalRequest.objects.filter(
         run=OuterRef("pk"), status=ApprovalStatus.PENDING, expires_at__lt=now
     )
-    with transaction.atomic():
+    with reaching_disk():
         rows = _update_returning(
             AgentRun.objects.filter(Exists(overdue), status=RunStatus.WAITING_FOR_APPROVAL),
             ("id", "step_count", "lease_token"),

@@ -22,6 +22,7 @@ from runs.transitions._common import (
     _update_returning,
     db_time,
     logger,
+    reaching_disk,
 )
 from runs.transitions.approvals import withdraw_approvals
 from runs.transitions.steps import _usage_totals, _usage_values
@@ -88,9 +89,10 @@ def _settle(lease: Lease, status: str, reason: str, *, fence: dict | None, **fie
         ending_reason = Case(
             When(cancel_wins, then=Value(TerminationReason.CANCELLED)), default=Value(reason)
         )
-    rows = _update_returning(
-        _owned(lease), ("status",), **_ended(ending_status, ending_reason, **fields, **standing)
-    )
+    with reaching_disk():
+        rows = _update_returning(
+            _owned(lease), ("status",), **_ended(ending_status, ending_reason, **fields, **standing)
+        )
     if not rows:
         logger.warning(
             "settle ignored: run=%s lease_token=%s is no longer this lease's (wanted %s/%s)",
@@ -203,7 +205,7 @@ def dead_letter(
     (``fence``: as ``settle``'s). A cancel requested meanwhile wins as it
     does in ``settle``: the run ends ``cancelled``, with no dead letter."""
     details = {"failure_class": failure_class, "error_type": error_type}
-    with transaction.atomic():
+    with reaching_disk():
         ended = _settle(
             lease,
             RunStatus.FAILED,
@@ -219,6 +221,7 @@ def dead_letter(
     return ended is not None
 
 
+@reaching_disk()
 def requeue_for_retry(
     lease: Lease,
     *,
@@ -288,7 +291,7 @@ def fail_dispatch(run_id, dispatch_count: int, error: BaseException, failure_cla
         "error_type": type(error).__name__,
         "error_message": str(error),
     }
-    with transaction.atomic():
+    with reaching_disk():
         failed = AgentRun.objects.filter(
             pk=run_id, status=RunStatus.QUEUED, dispatch_count=dispatch_count
         ).update(**_ended(RunStatus.FAILED, TerminationReason.DISPATCH_FAILED, **details))
@@ -307,6 +310,7 @@ class CancelOutcome(enum.Enum):
     NOT_FOUND = "not_found"
 
 
+@reaching_disk()
 def cancel(run_id) -> CancelOutcome:
     """Cancel a run: at once if queued or waiting for approval (its pending
     approvals are withdrawn with it); by fence if running (G9)."""

@@ -14,9 +14,12 @@ from runs.transitions._common import (
     _expiry,
     _log_change,
     _owned,
+    _owned_holding,
+    _steps_lost,
     _update_returning,
     db_time,
     logger,
+    reaching_disk,
 )
 from runs.vocabulary import RunMode, RunStatus, StepKind
 from tools.enabled import approval_overrides, disabled_tool_names
@@ -41,6 +44,7 @@ def create_queued_run(
     )
 
 
+@reaching_disk()
 def begin_interactive(
     request: dict,
     prompt: str,
@@ -92,7 +96,10 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
     record the attempt's first step (its request) in the same transaction.
 
     Of any number of concurrent claims exactly one matches; a duplicate or
-    stale job gets None and must do nothing. The UPDATE returns what the
+    stale job gets None and must do nothing, and so does a job that comes
+    before the run is due (a retry's backoff, by the database's clock: the
+    job a retry was scheduled with comes then, or the reaper dispatches the
+    run again once it is overdue, G7). The UPDATE returns what the
     worker needs (token, request, budget, history), so one commit starts the
     attempt. The request step is fail-soft like every non-tool step (G2): if
     the database refuses it, the claim stands without it.
@@ -144,7 +151,9 @@ def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
     approval overrides) or None if not claimable."""
     with transaction.atomic():
         rows = _update_returning(
-            AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED),
+            AgentRun.objects.filter(
+                pk=run_id, status=RunStatus.QUEUED, available_at__lte=db_time()
+            ),
             ("lease_token", "request", "requeue_count", "step_count"),
             status=RunStatus.RUNNING,
             lease_owner=owner,
@@ -185,17 +194,27 @@ def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bo
     return True
 
 
+@reaching_disk()
 def renew_lease(
-    lease: Lease, lease_seconds: float, *, fence: str = "", call: dict | None = None
+    lease: Lease,
+    lease_seconds: float,
+    *,
+    fence: str = "",
+    call: dict | None = None,
+    recorded: int | None = None,
 ) -> bool:
     """Extend the lease (heartbeat); with ``fence``, also stamp the write fence.
 
     Before a tool call (``fence`` given, possibly empty) the renewal also
     requires that no cancel was requested, so a cancelled run starts no tool.
-    False means the lease is lost or the run must stop.
+    False means the lease is lost or the run must stop — or, with
+    ``recorded`` (as ``record_steps``'), that the run holds fewer of the
+    attempt's steps than it recorded (``steps_lost`` tells): a fence is never
+    stamped over steps a server crash lost, the turn that asked for the
+    write among them (G12).
     """
     return bool(
-        _owned(lease)
+        _owned_holding(lease, recorded)
         .filter(cancel_requested_at__isnull=True)
         .update(
             lease_expires_at=_expiry(lease_seconds),
@@ -205,6 +224,13 @@ def renew_lease(
     )
 
 
+def steps_lost(lease: Lease, recorded: int) -> bool:
+    """After a guarded write matched nothing: whether the run is still this
+    lease's but holds fewer than ``recorded`` of the attempt's steps."""
+    return _steps_lost(lease, recorded)
+
+
+@reaching_disk()
 def withdraw_fence(lease: Lease, key: str) -> bool:
     """Clear the fence if it was stamped for the call whose idempotency key
     is ``key``: the caller knows that call did not start (G6)."""
@@ -217,6 +243,7 @@ def withdraw_fence(lease: Lease, key: str) -> bool:
     )
 
 
+@reaching_disk()
 def mark_audit_failed(lease: Lease, call: dict) -> bool:
     """Say on the fence standing for ``call`` (tool, arguments, idempotency
     key, as stamped) that the call executed and its step could not be

@@ -1,6 +1,5 @@
 """Operators' transitions (G10, G11)."""
 
-from django.db import transaction
 from django.db.models import F
 
 from runs.models import AgentRun
@@ -9,6 +8,7 @@ from runs.transitions._common import (
     _log_change,
     _update_returning,
     db_time,
+    reaching_disk,
 )
 from runs.transitions.approvals import void_unused_decisions
 from runs.vocabulary import RunMode, RunStatus
@@ -41,7 +41,7 @@ def operator_restart(run_id, *, seen_status: str, seen_step_count: int, step: di
 def _back_in_queue_by_operator(
     action: str, run_id, seen_status: str, seen_step_count: int, step: dict, extra: dict
 ) -> int | None:
-    with transaction.atomic():
+    with reaching_disk():
         rows = _update_returning(
             AgentRun.objects.filter(
                 pk=run_id,
@@ -83,7 +83,7 @@ def _back_in_queue_by_operator(
 
 def append_operator_step(run_id, step: dict) -> bool:
     """Record an operator's action on the run's step stream, whatever its status."""
-    with transaction.atomic():
+    with reaching_disk():
         if not AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") + 1):
             return False
         sequence, _ = _append_step(run_id, None, step)

@@ -6,7 +6,6 @@ import json
 import operator
 from dataclasses import dataclass
 
-from django.db import transaction
 from django.db.models import Case, F, Q, TextField, Value, When
 from django.db.models.functions import Now
 
@@ -18,6 +17,7 @@ from runs.transitions._common import (
     _log_change,
     _update_returning,
     db_time,
+    reaching_disk,
 )
 from runs.vocabulary import RunStatus, TerminationReason
 
@@ -93,7 +93,7 @@ def _reap(reapings: list[Reaping], as_of, changes: dict, dead_letter: dict | Non
     if not reapings:
         return []
     by_run = {r.stale.run_id: r for r in reapings}
-    with transaction.atomic():
+    with reaching_disk():
         rows = _update_returning(
             _still_stale(reapings, as_of),
             ("id", "step_count", "dispatch_count"),
@@ -174,12 +174,14 @@ def note_redispatch(run_id, *, seen_dispatch: int, due_before, step: dict) -> in
     )
     # A cancel requested of a running run that was queued again before this
     # check existed wins over its redispatch (G9).
-    if seen.filter(cancel_requested_at__isnull=False).update(
-        **_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)
-    ):
+    with reaching_disk():
+        cancelled = seen.filter(cancel_requested_at__isnull=False).update(
+            **_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)
+        )
+    if cancelled:
         _log_change("cancel", run_id, status=RunStatus.CANCELLED)
         return None
-    with transaction.atomic():
+    with reaching_disk():
         rows = _update_returning(
             seen.filter(cancel_requested_at__isnull=True),
             ("lease_token", "dispatch_count"),
