@@ -230,17 +230,18 @@ def steps_lost(lease: Lease, recorded: int) -> bool:
     return _steps_lost(lease, recorded)
 
 
-@reaching_disk()
 def withdraw_fence(lease: Lease, key: str) -> bool:
     """Clear the fence if it was stamped for the call whose idempotency key
     is ``key``: the caller knows that call did not start (G6)."""
-    # Called after a failure, which may have broken the connection.
+    # Called after a failure, which may have broken the connection: dropped
+    # before the transaction begins, which it could not do inside one.
     _drop_broken_connection()
-    return bool(
-        _owned(lease)
-        .filter(pending_call__idempotency_key=key)
-        .update(pending_effect="", pending_call=None)
-    )
+    with reaching_disk():
+        return bool(
+            _owned(lease)
+            .filter(pending_call__idempotency_key=key)
+            .update(pending_effect="", pending_call=None)
+        )
 
 
 @reaching_disk()
