@@ -264,3 +264,66 @@ def test_a_run_request_that_cannot_be_checked_is_refused_naming_why():
 )
 def test_a_schema_whose_references_stay_inside_it_is_accepted(schema):
     assert check_schema(schema) is None
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"allOf": [{"$ref": "#"}]},
+        {"$ref": "#"},
+        {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/b"}]}, "b": {"not": {"$ref": "#/$defs/a"}}}},
+        {"$defs": {"a": {"$id": "http://example.com/a", "if": {"$ref": "#"}}}},
+    ],
+)
+def test_a_schema_that_refers_to_itself_in_place_is_refused(schema):
+    """Checking any value against it recurses until the interpreter's
+    limit: every call would be refused, so the schema is."""
+    assert check_schema(schema) == (
+        "parameters refers to itself in place (a $ref cycle), which never ends"
+    )
+
+
+def test_a_schema_that_refers_to_itself_inside_a_part_of_the_value_is_accepted():
+    tree = {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#"}}}}
+    assert check_schema(tree) is None
+    assert argument_errors(tree, {"children": [{"children": []}]}) == []
+
+
+def _items_nested(depth: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def test_a_schema_nested_past_the_limit_is_refused_naming_the_limit_not_raised():
+    assert check_schema(_items_nested(60)) is None
+    assert check_schema(_items_nested(150)) == (
+        "parameters is nested more than 64 levels deep, too deep to check"
+    )
+
+
+def test_a_message_quoting_a_huge_value_is_cut_and_still_says_what_is_wrong():
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    (problem,) = argument_errors(schema, {"n": "x" * 1_000_000})
+    assert len(problem) < 700, len(problem)
+    assert problem.startswith("n: 'xxx")
+    assert problem.endswith("... (1000002 characters) is not of type 'integer'")
+
+
+def test_a_value_with_thousands_of_problems_reports_the_first_few():
+    problems = argument_errors({"type": "array", "items": {"type": "integer"}}, ["x"] * 5000)
+    assert len(problems) == 21
+    assert problems[-1] == "(arguments): 4980 more problems not listed"
+
+
+@pytest.mark.django_db
+def test_an_api_400_quoting_a_huge_value_is_cut(api):
+    response = api.post(
+        "/api/runs/",
+        {"prompt": ["x" * 1_000_000], "provider": {"kind": "scripted", "turns": []}},
+        format="json",
+    )
+    assert response.status_code == 400, response.content[:500]
+    assert len(response.content) < 1000, len(response.content)
+    assert "is not of type 'string'" in response.json()["detail"]

@@ -1,5 +1,13 @@
-"""Checking a call's arguments against the tool's JSON Schema before it runs."""
+"""Checking a call's arguments against the tool's JSON Schema before it runs.
 
+A schema may come from an MCP server that is careless or hostile: one that
+would make a check hang (a backtracking ``pattern``, a schema that refers to
+itself in place) or crash (nested past the interpreter's recursion limit) is
+refused where it is loaded or listed, naming why, and a check that still
+runs too long ends as a value that cannot be checked (``UNCHECKABLE``).
+"""
+
+import re
 from typing import Any
 from urllib.parse import urldefrag, urlsplit
 
@@ -10,15 +18,36 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from tools import patterns
+from tools.patterns import PatternTooSlow, Untranslatable
+
+# jsonschema's pattern keywords, in every validator of the process, match
+# within a time bound: see tools/patterns.py.
+patterns.bound_jsonschema()
+
+#: The deepest schema (in JSON levels) checked: jsonschema checks a schema
+#: and a value by recursion, and a schema about 150 levels deep runs past
+#: the interpreter's limit. Real schemas (pydantic's, with $defs) are far
+#: shallower.
+MAX_SCHEMA_DEPTH = 64
+#: The longest message about one value: jsonschema's quote the whole value.
+MESSAGE_CHARS = 500
+#: The most messages reported for one value.
+MOST_MESSAGES = 20
+
 
 def check_schema(schema: Any) -> str | None:
     """Return why ``schema`` is not a usable JSON Schema, or None."""
     if not isinstance(schema, dict):
         return "parameters must be a JSON Schema object (a dict)"
+    if _depth_past(schema, MAX_SCHEMA_DEPTH):
+        return f"parameters is nested more than {MAX_SCHEMA_DEPTH} levels deep, too deep to check"
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as error:
-        return f"parameters is not a valid JSON Schema: {error.message}"
+        return f"parameters is not a valid JSON Schema: {shortened(error.message)}"
+    except RecursionError:
+        return "parameters is nested too deeply to be checked"
     remote = _remote_reference(schema)
     if remote is not None:
         # Never fetched (a schema, an MCP server's too, must not make the
@@ -27,7 +56,105 @@ def check_schema(schema: Any) -> str | None:
             f"parameters refers to another document ({remote!r}): "
             "only references within the schema work"
         )
+    return _unmatchable_pattern(schema) or _reference_cycle(schema)
+
+
+def _depth_past(value: Any, most: int) -> bool:
+    """Whether ``value`` nests more than ``most`` levels (without recursion)."""
+    level = [value]
+    for _ in range(most + 1):
+        level = [
+            item
+            for container in level
+            if isinstance(container, dict | list)
+            for item in (container.values() if isinstance(container, dict) else container)
+        ]
+        if not level:
+            return False
+    return True
+
+
+def _unmatchable_pattern(schema: dict) -> str | None:
+    for subschema in _subschemas(schema):
+        if not isinstance(subschema, dict):
+            continue
+        found = [subschema.get("pattern"), *subschema.get("patternProperties", {})]
+        for pattern in found:
+            if not isinstance(pattern, str):
+                continue
+            try:
+                patterns.translated(pattern)
+            except (Untranslatable, re.error) as error:
+                shown = pattern[:80]
+                return f"parameters has a pattern that cannot be checked ({shown!r}): {error}"
     return None
+
+
+#: Keywords whose subschemas apply to the value itself, not to a part of it:
+#: a reference cycle through these alone never ends, whatever the value.
+_IN_PLACE = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas")
+
+
+def _reference_cycle(schema: dict) -> str | None:
+    """A reference that leads back to itself without descending into the
+    value (``{"allOf": [{"$ref": "#"}]}``): checking any value against it
+    recurses until the interpreter's limit, so every call would be refused.
+    A depth-first walk of what applies in place, from every subschema."""
+    root = Registry().resolver_with_root(DRAFT202012.create_resource(schema))
+    walking, walked = set(), set()
+    for start, resolver in _subschemas_resolved(schema, root):
+        if id(start) in walked:
+            continue
+        walking.add(id(start))
+        path = [(start, _applied_in_place(start, resolver))]
+        while path:
+            node, children = path[-1]
+            for child, child_resolver in children:
+                if id(child) in walking:
+                    return "parameters refers to itself in place (a $ref cycle), which never ends"
+                if id(child) not in walked:
+                    walking.add(id(child))
+                    path.append((child, _applied_in_place(child, child_resolver)))
+                    break
+            else:
+                path.pop()
+                walking.discard(id(node))
+                walked.add(id(node))
+    return None
+
+
+def _subschemas_resolved(schema: dict, resolver):
+    """Each subschema with the resolver its references are read with."""
+    resolver = resolver.in_subresource(DRAFT202012.create_resource(schema))
+    yield schema, resolver
+    for subschema in DRAFT202012.subresources_of(schema):
+        if isinstance(subschema, dict):
+            yield from _subschemas_resolved(subschema, resolver)
+
+
+def _applied_in_place(node: dict, resolver):
+    """The subschemas that apply to the value ``node`` applies to, each
+    with the resolver to read it with."""
+    for keyword in _IN_PLACE:
+        value = node.get(keyword)
+        if keyword == "dependentSchemas" and isinstance(value, dict):
+            value = list(value.values())
+        for child in value if isinstance(value, list) else [value]:
+            if isinstance(child, dict):
+                yield child, resolver.in_subresource(DRAFT202012.create_resource(child))
+    for keyword in ("$ref", "$dynamicRef"):
+        reference = node.get(keyword)
+        if isinstance(reference, str):
+            try:
+                resolved = resolver.lookup(reference)
+            except Unresolvable:
+                continue  # refused when a value is checked, naming it
+            if isinstance(resolved.contents, dict):
+                contents = resolved.contents
+                yield (
+                    contents,
+                    resolved.resolver.in_subresource(DRAFT202012.create_resource(contents)),
+                )
 
 
 def _subschemas(schema: Any):
@@ -106,7 +233,7 @@ _CHECKED_BY_JSONSCHEMA_ALONE = {"patternProperties"}
 _EXACT_FLOATS_BELOW = 2.0**53
 
 #: Why a value could not be checked at all: refused, naming it, not a crash.
-UNCHECKABLE = (RecursionError, OverflowError, Unresolvable)
+UNCHECKABLE = (RecursionError, OverflowError, Unresolvable, PatternTooSlow, Untranslatable)
 
 
 def uncheckable(error: Exception) -> str:
@@ -114,7 +241,39 @@ def uncheckable(error: Exception) -> str:
         return "nested too deeply to be checked"
     if isinstance(error, OverflowError):
         return "holds a number too large to be checked"
+    if isinstance(error, PatternTooSlow):
+        return str(error)
+    if isinstance(error, Untranslatable):
+        return f"cannot be checked: the schema has a pattern that cannot be matched ({error})"
     return f"cannot be checked: the schema's reference cannot be resolved ({error})"
+
+
+def shortened(message: str) -> str:
+    """``message`` cut to ``MESSAGE_CHARS``."""
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    return f"{message[:MESSAGE_CHARS]}... ({len(message)} characters, cut)"
+
+
+#: How much of a value a message quotes.
+QUOTED_CHARS = 120
+
+
+def _with_short_messages(error):
+    """``error`` (and the errors it holds, which ``best_match`` may pick)
+    with its message shortened: jsonschema's quote the whole offending
+    value, which a model or an API client may send by the megabyte. The
+    quote is cut, so the message still says what is wrong with it."""
+    message = error.message
+    if len(message) > MESSAGE_CHARS:
+        quoted = repr(error.instance)
+        if len(quoted) > QUOTED_CHARS and quoted in message:
+            cut = f"{quoted[:QUOTED_CHARS]}... ({len(quoted)} characters)"
+            message = message.replace(quoted, cut)
+        error.message = shortened(message)
+    for held in error.context:
+        _with_short_messages(held)
+    return error
 
 
 class CompiledSchema:
@@ -170,7 +329,8 @@ class CompiledSchema:
         return self._checker.is_valid(value)
 
     def iter_errors(self, value: Any):
-        return self._checker.iter_errors(value)
+        """jsonschema's errors, their messages shortened."""
+        return map(_with_short_messages, self._checker.iter_errors(value))
 
 
 #: Compiled schemas by the id of their schema, each holding the schema
@@ -193,16 +353,21 @@ def compiled_schema(schema: dict[str, Any]) -> CompiledSchema:
 
 
 def argument_errors(schema: dict[str, Any], arguments: Any) -> list[str]:
-    """Every way ``arguments`` violates ``schema``, each naming its path."""
+    """Every way ``arguments`` violates ``schema`` (the first
+    ``MOST_MESSAGES``), each naming its path. Returns within about
+    ``patterns.PATTERN_SECONDS`` whatever the schema's patterns."""
     compiled = compiled_schema(schema)
     try:
-        if compiled.is_valid(arguments):
-            return []
-        found = sorted(compiled.iter_errors(arguments), key=lambda e: list(e.path))
+        with patterns.deadline():
+            if compiled.is_valid(arguments):
+                return []
+            found = sorted(compiled.iter_errors(arguments), key=lambda e: list(e.path))
     except UNCHECKABLE as error:
         return [f"(arguments): {uncheckable(error)}"]
     errors = []
-    for error in found:
-        where = "/".join(str(part) for part in error.path) or "(arguments)"
+    for error in found[:MOST_MESSAGES]:
+        where = shortened("/".join(str(part) for part in error.path)) or "(arguments)"
         errors.append(f"{where}: {error.message}")
+    if len(found) > MOST_MESSAGES:
+        errors.append(f"(arguments): {len(found) - MOST_MESSAGES} more problems not listed")
     return errors
