@@ -1,24 +1,32 @@
 """MCP servers that misbehave: what a server lists is checked before a
 tool is offered, and a server that hangs costs its own listing the connect
 timeout and nothing more — not another server's listing, not twice the
-timeout.
+timeout. A schema that would hang or crash a check makes its own tool
+unavailable, never the server's listing; a backtracking pattern ends a
+call's check as invalid arguments; a listing or a result past the cap on
+one message costs that much memory and no more.
 
 Servers: ``tests.mcp_servers.liar`` (raw JSON-RPC over stdio: lists what
 the test writes, or never answers) and the tracker
 (``tests.mcp_servers.tracker``).
 """
 
+import json
 import threading
 import time
+import tracemalloc
 
 import pytest
 
 from runs.models import AgentRun
-from tests.helpers import answer, scripted
+from runs.runtime import enqueue
+from runs.vocabulary import RunStatus, StepKind
+from tests.helpers import answer, call, fresh, scripted
 from tests.mcp_fixtures import reset_mcp
 from tests.mcp_toolsets import Liar, StuckStarting, TrackerOverStdio
 from tools.contract import ToolContext, ToolOutcomeUnknown
-from tools.mcp import catalog
+from tools.mcp import catalog, limits
+from tools.mcp.results import RESULT_CHARS
 
 pytestmark = pytest.mark.django_db
 
@@ -144,3 +152,129 @@ def test_the_tools_list_waits_for_servers_stuck_starting_side_by_side_not_one_af
     )
     assert refused.status_code == 400, refused.content
     assert time.monotonic() - refused_at < 2 + 1.5
+
+
+def listed(*tools: dict) -> str:
+    return json.dumps(list(tools))
+
+
+LOOKUP = {"name": "lookup", "inputSchema": {"type": "object"}}
+
+
+def nested(depth: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return {"type": "object", "properties": {"q": schema}}
+
+
+@pytest.mark.parametrize(
+    "schema, reason",
+    [
+        (nested(150), "nested more than 64 levels deep"),
+        ({"type": "object", "allOf": [{"$ref": "#"}]}, "refers to itself in place"),
+    ],
+    ids=["nested 150 levels", "refers to itself"],
+)
+@pytest.mark.django_db(transaction=True)  # the embedded default executes a run on commit
+def test_a_schema_a_check_cannot_finish_makes_only_its_tool_unavailable(
+    liar, api, operator_client, schema, reason
+):
+    # The SDK parses both; jsonschema's checks of them recurse past the
+    # interpreter's limit. Raised, it failed the whole listing: the tools
+    # pages and enqueue answered 500, every tool of the server was lost.
+    liar(listed({"name": "twice", "inputSchema": schema}, LOOKUP))
+
+    tools = tools_of(api)
+
+    assert tools["liar__twice"]["available"] is False
+    assert reason in tools["liar__twice"]["unavailable_reason"]
+    assert tools["liar__lookup"]["available"] is True
+    assert operator_client.get("/admin/tools/toolsetting/").status_code == 200
+    refused = api.post("/api/runs/", scripted(answer(), tools=["liar__twice"]), format="json")
+    assert refused.status_code == 400, refused.content
+    assert reason in refused.json()["detail"]
+    accepted = api.post(
+        "/api/runs/",
+        scripted(call("liar__lookup"), answer(), tools=["liar__lookup"]),
+        format="json",
+    )
+    assert accepted.status_code == 201, accepted.content
+    ran = fresh(enqueue(scripted(call("liar__lookup"), answer(), tools=["liar__lookup"])))
+    assert ran.status == RunStatus.COMPLETED, ran.error_message
+    assert ran.steps.get(kind=StepKind.TOOL).result == "done"
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_backtracking_pattern_ends_a_calls_check_as_invalid_arguments_and_the_run_goes_on(
+    liar, workers, tmp_path
+):
+    # re takes hours on this: the worker would spin, its lease expire, and
+    # the next worker hang the same way.
+    pattern = {"type": "object", "properties": {"q": {"type": "string", "pattern": "^(a|aa)+$"}}}
+    liar(listed({"name": "lookup", "inputSchema": pattern}))
+    slow, quick = "a" * 48 + "b", "aaaa"
+    agent_run = enqueue(
+        scripted(
+            call("liar__lookup", q=slow),
+            call("liar__lookup", q=quick),
+            answer(),
+            tools=["liar__lookup"],
+        )
+    )
+    second = enqueue(scripted(call("liar__lookup", q=quick), answer(), tools=["liar__lookup"]))
+
+    workers.run_burst(timeout=60, **{key: str(tmp_path / name) for key, name in LIAR_FILES.items()})
+
+    done = fresh(agent_run)
+    assert done.status == RunStatus.COMPLETED, done.error_message
+    refused, called = done.steps.filter(kind=StepKind.TOOL).order_by("sequence")
+    assert refused.error.startswith("invalid arguments: (arguments): matching the pattern")
+    assert "took longer than 1s" in refused.error
+    assert called.error == "" and called.result == "done"
+    # The worker was free for the next run; the slow call never left it.
+    assert fresh(second).status == RunStatus.COMPLETED
+    assert (tmp_path / "liar.log").read_text() == '"lookup"\n' * 2
+
+
+LIAR_FILES = {"LIAR_TOOLS": "liar-tools.json", "LIAR_LOG": "liar.log"}
+
+
+def test_a_tool_list_past_the_cap_fails_its_listing_with_a_reason(liar, api):
+    description = "x" * (limits.MESSAGE_BYTES + 1000)
+    liar(listed({**LOOKUP, "description": description}))
+
+    tools = tools_of(api)
+
+    reason = tools["liar__lookup"]["unavailable_reason"]
+    assert reason == (
+        f"MCP server 'liar' cannot be listed: its tool list is larger than "
+        f"{limits.MESSAGE_BYTES} bytes, this client's cap"
+    )
+    refused = api.post("/api/runs/", scripted(answer(), tools=["liar__lookup"]), format="json")
+    assert refused.status_code == 400, refused.content
+    assert len(refused.content) < 2000
+
+
+def test_a_result_past_the_cap_is_cut_as_it_arrives_and_the_session_goes_on(liar):
+    huge = f"huge_{8 * limits.MESSAGE_BYTES}"  # the size it answers with
+    liar(listed({"name": huge, "inputSchema": {"type": "object"}}, LOOKUP))
+    listing = catalog.listing(Liar)
+    context = ToolContext(run_id="r", idempotency_key="k", attempt=1)
+
+    tracemalloc.start()
+    try:
+        value = listing.tools[f"liar__{huge}"].run({}, context)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    # Read whole, the answer alone would be 32 MB (and its parse more).
+    assert peak < 2 * limits.MESSAGE_BYTES, peak
+    assert value["truncated"] is True
+    assert len(value["json"]) == RESULT_CHARS
+    assert value["json"].startswith('{"jsonrpc": "2.0", "id": ')
+    # The rest of the answer was read and dropped: the next call's answer
+    # is its own, over the same session.
+    assert listing.tools["liar__lookup"].run({}, context) == "done"

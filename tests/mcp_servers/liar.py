@@ -11,7 +11,9 @@ answers as its first argument says.
 A ``tools/call`` is logged to ``LIAR_LOG`` (one line per call), so a test
 counts the calls that reached it, and answered ``{"content": [{"type":
 "text", "text": "done"}]}`` — or, for a tool whose name starts with
-``refuse``, with a JSON-RPC error in place of a result.
+``refuse``, with a JSON-RPC error in place of a result; for one named
+``huge_<size>``, with a text of ``size`` bytes, written a piece at a time
+(the server never holds it whole either).
 
 Run as ``python -m tests.mcp_servers.liar list`` (or ``hang``).
 """
@@ -33,6 +35,18 @@ def _answer(request_id, result_text: str) -> None:
 def _refuse(request_id, code: int, message: str) -> None:
     error = {"code": code, "message": message}
     sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
+    sys.stdout.flush()
+
+
+def _answer_huge(request_id, size: int) -> None:
+    sys.stdout.write(
+        f'{{"jsonrpc": "2.0", "id": {json.dumps(request_id)}, '
+        '"result": {"content": [{"type": "text", "text": "'
+    )
+    piece = "x" * 65536
+    for _ in range(size // len(piece) + 1):
+        sys.stdout.write(piece)
+    sys.stdout.write('"}]}}\n')
     sys.stdout.flush()
 
 
@@ -64,6 +78,8 @@ def _serve_one(message: dict) -> None:
             log.write(json.dumps(name) + "\n")
         if name.startswith("refuse"):
             _refuse(request_id, -32602, f"cannot do {name} now")
+        elif name.startswith("huge"):
+            _answer_huge(request_id, int(name.removeprefix("huge_")))
         else:
             _answer(request_id, '{"content": [{"type": "text", "text": "done"}]}')
     else:

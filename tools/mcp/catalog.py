@@ -5,9 +5,11 @@ cannot be reached must not stop the app, and ``migrate`` need not start
 one), kept for ``LISTING_SECONDS``, and asked again sooner after a failure
 (``RETRY_SECONDS``), so a server that comes back is seen without a restart.
 
-A declared tool is unavailable when the server cannot be reached, does not
-offer it, or offers it with a schema or a name this runtime cannot use;
-each has its reason, for operators and for the refusal at enqueue.
+A declared tool is unavailable when the server cannot be reached (or
+listed: its list is past the cap on one message), does not offer it, or
+offers it with a schema or a name this runtime cannot use; each has its
+reason, for operators and for the refusal at enqueue. One tool's schema
+never fails the listing of the others.
 """
 
 import functools
@@ -23,7 +25,7 @@ from tools.effects import ToolEffect
 from tools.mcp import metrics
 from tools.mcp.declaration import FUNCTION_NAME, McpToolset, Undeclared
 from tools.mcp.hints import contradictions, hints_of
-from tools.mcp.sessions import NotSent, sessions
+from tools.mcp.sessions import NotSent, TooLarge, sessions
 from tools.mcp.tool import McpTool
 from tools.validation import check_schema
 
@@ -107,7 +109,8 @@ def _listed(toolset: type[McpToolset]) -> Listing:
         offered = sessions().list_tools(toolset)
     except NotSent as error:
         metrics.LISTINGS.labels(toolset.server, "unreachable").inc()
-        reason = f"MCP server {toolset.server!r} cannot be reached: {error}"
+        failed = "cannot be listed" if isinstance(error, TooLarge) else "cannot be reached"
+        reason = f"MCP server {toolset.server!r} {failed}: {error}"
         return Listing(
             unavailable=dict.fromkeys(toolset.declared_names(), reason),
             unreachable=reason,
@@ -121,7 +124,10 @@ def _listed(toolset: type[McpToolset]) -> Listing:
         if declared is None and toolset.undeclared is Undeclared.HIDE:
             continue
         name = toolset.registered_name(remote.name)
-        problem = _problem(name, remote.input_schema)
+        try:
+            problem = _problem(name, remote.input_schema)
+        except Exception as error:  # one tool's schema never fails the others' listing
+            problem = f"the server's input schema cannot be checked: {type(error).__name__}"
         if times_listed[remote.name] > 1:
             # Which of them the server runs is unknown: a call checked
             # against one schema would be sent to the other.

@@ -25,6 +25,12 @@ def result_value(result) -> Any:
     return {"truncated": True, "json": text[:RESULT_CHARS]}
 
 
+def cut_value(start: str) -> dict:
+    """An answer cut at the cap on one message (``limits``), as a result
+    cut here is: its text, marked ``truncated``."""
+    return {"truncated": True, "json": start[:RESULT_CHARS]}
+
+
 def error_text(result) -> str:
     """What a result with ``isError`` says, cut to a few thousand characters."""
     value = _value(result)

@@ -16,6 +16,10 @@ server, which is what the runtime needs to know of a write (G13):
 - ``MaybeSent``: it was handed to the server and no answer came (the server
   went away, the connection broke, the call ran past its time limit).
 
+What a server sends is read to a cap per message (``limits``): a listing
+past it fails (``TooLarge``), a call's answer past it comes back as its
+start (``TruncatedAnswer``).
+
 A forked child (RQ's work horse) starts with no sessions: the loop thread
 did not survive the fork, and the parent's sessions stay the parent's.
 """
@@ -26,6 +30,7 @@ import logging
 import os
 import threading
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -41,6 +46,37 @@ class NotSent(Exception):
 
 class MaybeSent(Exception):
     """The call was handed to the server; whether it acted is unknown."""
+
+
+class TooLarge(NotSent):
+    """The server's tool list is past the cap on one message."""
+
+
+@dataclass(frozen=True)
+class TruncatedAnswer:
+    """A call's answer past the cap on one message: the server answered,
+    and ``start`` is the first of what it sent (not parsed: cut, it is no
+    JSON)."""
+
+    start: str
+
+
+def _past_the_cap(error: BaseException) -> str | None:
+    """The start of an answer the cap cut, when ``error`` says it was cut
+    (the stand-in's code, or the SDK's refusal of an event past its cap),
+    else None."""
+    from mcp.shared.exceptions import MCPError
+
+    from tools.mcp import limits
+
+    if not isinstance(error, MCPError):
+        return None
+    if error.code == limits.PAST_THE_CAP:
+        data = error.data if isinstance(error.data, dict) else {}
+        return str(data.get("start", ""))
+    if f"exceeded the {limits.MESSAGE_BYTES} byte limit" in error.message:
+        return ""  # an event stream's event: the SDK kept none of it
+    return None
 
 
 async def _probe(client) -> None:
@@ -139,9 +175,12 @@ class _Session:
 
 async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncExitStack):
     """What the SDK's ``Client`` connects to, its resources on ``stack``."""
+    import httpx2
     from mcp import StdioServerParameters
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+    from tools.mcp import limits
 
     if not isinstance(transport, Stdio | StreamableHttp):
         raise TypeError(f"get_transport() returned {transport!r}, not a Stdio or a StreamableHttp")
@@ -149,16 +188,25 @@ async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncE
     if problem:
         raise TypeError(f"get_transport(): {problem}")
     if isinstance(transport, Stdio):
-        return StdioServerParameters(
-            command=transport.command,
-            args=list(transport.args),
-            env=transport.environment(),
-            cwd=transport.cwd,
+        return limits.capped_stdio_client(
+            StdioServerParameters(
+                command=transport.command,
+                args=list(transport.args),
+                env=transport.environment(),
+                cwd=transport.cwd,
+            )
         )
+    # The SDK's create_mcp_http_client, with a transport that caps JSON bodies.
     http_client = await stack.enter_async_context(
-        create_mcp_http_client(headers=transport.headers())
+        httpx2.AsyncClient(
+            headers=transport.headers(),
+            timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+            transport=limits.CappedJsonBodies(httpx2.AsyncHTTPTransport()),
+        )
     )
-    return streamable_http_client(transport.url, http_client=http_client)
+    return streamable_http_client(
+        transport.url, http_client=http_client, max_sse_event_size=limits.MESSAGE_BYTES
+    )
 
 
 class Sessions:
@@ -236,6 +284,12 @@ class Sessions:
                         break
         except (Exception, TimeoutError) as error:
             await self._forget(toolset, session)
+            if _past_the_cap(error) is not None:
+                from tools.mcp.limits import MESSAGE_BYTES
+
+                raise TooLarge(
+                    f"its tool list is larger than {MESSAGE_BYTES} bytes, this client's cap"
+                ) from error
             raise NotSent(_described(error)) from error
         return tools
 
@@ -248,7 +302,8 @@ class Sessions:
         meta: dict[str, Any],
         timeout: float,
     ):
-        """Call ``name`` once and return the SDK's ``CallToolResult``.
+        """Call ``name`` once and return the SDK's ``CallToolResult`` (or a
+        ``TruncatedAnswer``).
 
         Before the call, the session is proved alive with a probe (a session
         whose server went away since it was last used is reopened), so a
@@ -267,6 +322,9 @@ class Sessions:
         try:
             return await session.client.call_tool(name, arguments, meta=meta)
         except (Exception, asyncio.CancelledError) as error:
+            start = _past_the_cap(error)
+            if start is not None:
+                return TruncatedAnswer(start)  # answered: the session is sound
             if not isinstance(error, asyncio.CancelledError):
                 # The session may be broken: the next call opens a fresh one.
                 await self._forget(toolset, session)

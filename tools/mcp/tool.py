@@ -8,6 +8,8 @@ repeated write. Its outcome is mapped as the runtime needs it:
 
 - a result with ``isError``: a ``ToolError``, the server's text fed back to
   the model;
+- an answer past the cap on one message: its start, marked ``truncated``
+  (the server answered; what it said is not parsed);
 - nothing sent (the server cannot be reached): a ``ToolError``;
 - sent and no answer (the server went away, the connection broke, the time
   limit ran out): ``ToolOutcomeUnknown`` — for a write, a write in doubt
@@ -21,8 +23,8 @@ from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
 from tools.effects import ToolEffect
 from tools.mcp import metrics
 from tools.mcp.declaration import McpToolset
-from tools.mcp.results import error_text, result_value
-from tools.mcp.sessions import MaybeSent, NotSent, sessions
+from tools.mcp.results import cut_value, error_text, result_value
+from tools.mcp.sessions import MaybeSent, NotSent, TruncatedAnswer, sessions
 
 IDEMPOTENCY_KEY_META = "nrllm-ops/idempotencyKey"
 #: How much later than the call's own limit the runtime's stop (SIGALRM,
@@ -85,6 +87,9 @@ class McpTool(Tool):
                 meta=meta,
                 timeout=self.timeout_seconds,
             )
+            if isinstance(result, TruncatedAnswer):
+                outcome = "ok"
+                return cut_value(result.start)
             if result.is_error:
                 raise ToolError(f"{self.name}: the server reports an error: {error_text(result)}")
             outcome = "ok"
