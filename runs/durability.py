@@ -2,7 +2,7 @@
 
 The records that stamp or clear a write's fence, settle, park or decide set
 ``synchronous_commit = on`` for their own transaction
-(``transitions._common.reaching_disk``): a database or role tuned to ``off``,
+(``nrllm_ops.commits.reaching_disk``): a database or role tuned to ``off``,
 or a session setting leaked through a transaction pooler, cannot make them
 commits a crash may lose. What no statement can set is the server's
 ``fsync``: with it off, no commit reaches disk, and a server crash may lose
@@ -12,9 +12,9 @@ any of them. ``/readyz`` and the worker's start say so.
 import logging
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
-from runs.transitions._common import FLUSH_ON_COMMIT
+from nrllm_ops.commits import FLUSH_ON_COMMIT
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,14 @@ def durability_problem() -> str | None:
 
 def refusal() -> str | None:
     """``durability_problem``, unless the deployment allowed it (then it is
-    logged, once per call, and None)."""
-    problem = durability_problem()
+    logged, once per call, and None). A database that cannot be asked yet
+    is no refusal: a worker starts and waits for it as it always has, and
+    ``/readyz`` asks again."""
+    try:
+        problem = durability_problem()
+    except DatabaseError as error:
+        logger.warning("could not ask the database whether it keeps its commits: %s", error)
+        return None
     if problem is not None and getattr(settings, ALLOWANCE):
         logger.warning("non-durable database allowed by %s: %s", ALLOWANCE, problem)
         return None

@@ -84,6 +84,21 @@ class Journal:
     def ends_with_final_answer(self) -> bool:
         return bool(self.turns) and not self.turns[-1].turn.tool_calls
 
+    def goes_live_with(self, run_id, idempotency_key: str) -> bool:
+        """Whether a call of the last turn that has no outcome yet carries
+        ``idempotency_key``: a resumed attempt runs that very call, with that
+        key. (A write whose turn is not in the journal is asked of the model
+        again, which may word it otherwise.)"""
+        if not self.turns:
+            return False
+        last, number = self.turns[-1], len(self.turns)
+        return any(
+            idempotency_key_for(str(run_id), f"{number}.{index}", call.name, call.arguments)
+            == idempotency_key
+            for index, call in enumerate(last.turn.tool_calls)
+            if index >= len(last.outcomes)
+        )
+
     @property
     def ends_with_whole_turn(self) -> bool:
         """The last turn asked for calls and every one has its outcome: the

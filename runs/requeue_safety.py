@@ -70,6 +70,10 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
             "(max_iterations), each call with its outcome: a resumed attempt would end "
             "max_iterations again; restart it from the beginning instead",
         )
+    if run.pending_effect == ToolEffect.IDEMPOTENT_WRITE and not _fenced_call_reruns(run, journal):
+        refused = _unreconciled(run)
+        if refused is not None:
+            return refused
     plan = _resume_plan(run, journal) + _approvals_to_ask(journal, request, disabled)
     return RequeueVerdict(True, "safe", plan, _tools(run), journal)
 
@@ -77,6 +81,10 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
 def restart_safety(run: AgentRun) -> RequeueVerdict:
     """May ``run`` be restarted from the beginning, replaying nothing."""
     refused, _ = _refused_for_status_or_doubt(run)
+    if refused is None and run.pending_effect == ToolEffect.IDEMPOTENT_WRITE:
+        # Nothing is replayed: the fenced call never runs again with its key,
+        # and the model, asked anew, may word the write otherwise.
+        refused = _unreconciled(run)
     if refused is not None:
         return refused
     executed = (
@@ -130,7 +138,13 @@ def _refused_for_status_or_doubt(run: AgentRun) -> tuple[RequeueVerdict | None, 
     # The run ended (status checked above) with its fence on a
     # non-idempotent write: it may or may not have landed, and its outcome
     # is not in the journal.
-    tool = (run.pending_call or {}).get("tool", "a non-idempotent write")
+    return _unreconciled(run), request
+
+
+def _unreconciled(run: AgentRun) -> RequeueVerdict | None:
+    """Why the write in doubt on ``run``'s fence stops it from running again,
+    or None once an operator reconciled it ``not_applied``."""
+    tool = (run.pending_call or {}).get("tool", f"a {run.pending_effect}")
     # Only a reconciliation of this very write counts: one made for an
     # earlier write in doubt settles that write, not this one.
     reconciliation = run.reconciliation
@@ -138,16 +152,25 @@ def _refused_for_status_or_doubt(run: AgentRun) -> tuple[RequeueVerdict | None, 
         return RequeueVerdict(
             False,
             "write_in_doubt",
-            f"the non_idempotent_write {tool!r} may have landed; reconcile it first",
-        ), request
+            f"the {run.pending_effect} {tool!r} may have landed; reconcile it first",
+        )
     if reconciliation.outcome == ReconciliationOutcome.APPLIED:
         return RequeueVerdict(
             False,
             "write_applied",
             f"{reconciliation.operator} reconciled the write {tool!r} as applied, and its "
             "outcome is not in the journal: running the run again would repeat it",
-        ), request
-    return None, request
+        )
+    return None
+
+
+def _fenced_call_reruns(run: AgentRun, journal: Journal) -> bool:
+    """Whether the resumed attempt runs the fenced call again as recorded,
+    with its idempotency key: only then is an ``idempotent_write`` in doubt
+    safe to run again without an operator's word. (Its turn may be gone: a
+    write whose record a failover lost, G12.)"""
+    key = (run.pending_call or {}).get("idempotency_key", "")
+    return not key or journal.goes_live_with(run.pk, key)
 
 
 def _approvals_to_ask(journal: Journal, request: RunRequest, disabled: set[str]) -> str:
@@ -187,7 +210,12 @@ def _resume_plan(run: AgentRun, journal: Journal) -> str:
     if run.pending_effect:
         # The fenced call's outcome is not recorded: it executes again, live.
         tool = (run.pending_call or {}).get("tool", "the fenced write")
-        if run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
+        if not _fenced_call_reruns(run, journal):
+            plan += (
+                f"; the {run.pending_effect} {tool!r}, reconciled not_applied, is not in the "
+                "journal: the model is asked for its turn again"
+            )
+        elif run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
             plan += f"; the write {tool!r}, reconciled not_applied, executes again"
         else:
             plan += (

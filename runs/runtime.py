@@ -12,6 +12,7 @@ import secrets
 import signal
 import socket
 import threading
+import time
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
@@ -70,6 +71,12 @@ def enqueue(
     return run
 
 
+#: A job that comes at most this long before its run is due waits for it;
+#: one that comes sooner (a duplicate or stale job while a retry's backoff
+#: runs, G8) does nothing, and the run's own job, or the reaper, comes later.
+EARLY_JOB_WAIT_SECONDS = 5
+
+
 def run_queued(run_id) -> None:
     """Claim and execute a queued run. Never raises for a run's outcome.
 
@@ -77,7 +84,14 @@ def run_queued(run_id) -> None:
     """
     claimed = transitions.claim(run_id, worker_identity(), settings.NRLLM_LEASE_SECONDS)
     if claimed is None:
-        logger.info("run=%s not claimable (already taken or ended); job ignored", run_id)
+        early = transitions.seconds_until_due(run_id)
+        if early is not None and early <= EARLY_JOB_WAIT_SECONDS:
+            # Its own job a little early (RQ's scheduler keeps whole
+            # seconds; its host's clock is not the database's): it waits.
+            time.sleep(early)
+            claimed = transitions.claim(run_id, worker_identity(), settings.NRLLM_LEASE_SECONDS)
+    if claimed is None:
+        logger.info("run=%s not claimable (taken, ended or not yet due); job ignored", run_id)
         return
     if claimed.request_recorded:
         STEPS.labels(StepKind.REQUEST, "none").inc()

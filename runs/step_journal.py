@@ -166,7 +166,8 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
             lease_token = lease_token + 1, {_RENEWED}, pending_effect = '',
             pending_call = NULL, started_at = statement_timestamp(),
             step_count = step_count + 1, attempt_steps = 1
-        WHERE id = %(run_id)s AND status = 'queued' AND available_at <= statement_timestamp()
+        WHERE id = %(run_id)s AND status = 'queued'
+            AND (available_at IS NULL OR available_at <= statement_timestamp())
         RETURNING id, step_count, lease_token, request, requeue_count
     """
     row = _run_then_steps(

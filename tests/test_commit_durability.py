@@ -410,3 +410,40 @@ def test_with_the_database_default_off_a_writes_fence_record_and_settle_still_re
         "steps": ["request", "llm", "tool", "llm"],
     }
     assert _run(server_url, run_id, *expected) == expected
+
+
+#: An operator tightens a tool's approval policy, as the admin and the API do.
+TIGHTEN = """
+from django.contrib.auth import get_user_model
+from tools.approval_settings import set_approval_policy
+from tools.models import ToolSetting
+operator, _ = get_user_model().objects.get_or_create(username="tightener", is_superuser=True)
+setting = ToolSetting.objects.get(name="send_notification")
+print(set_approval_policy(setting, operator, "{policy}").ok)
+"""
+
+
+def _approval_of_send_notification(url: str) -> str:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT approval FROM tools_toolsetting WHERE name = 'send_notification'"
+        ).fetchone()[0]
+
+
+def test_with_the_database_default_off_a_tightened_approval_policy_survives_a_crash(
+    server_url, worker_env
+):
+    """An operator's change of a tool's approval policy reaches disk before
+    they are told it is done: a crash right after it does not let the tool's
+    next calls run unattended (G14)."""
+    env = _app_env(worker_env, server_url)
+    _manage(env, "shell", "-c", TIGHTEN.format(policy="default"))
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")  # the operator and the setting are on disk
+    with _database_default_off(server_url):
+        wal_writer = _stall_wal_writer(server_url)
+        assert _manage(env, "shell", "-c", TIGHTEN.format(policy="required")).endswith("True")
+        assert _approval_of_send_notification(server_url) == "required"
+        os.kill(wal_writer, signal.SIGKILL)  # the crash, once the operator saw it done
+        wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
+    assert _approval_of_send_notification(server_url) == "required"

@@ -106,7 +106,13 @@ def test_a_job_that_comes_before_a_retrys_backoff_ends_claims_nothing():
     finds it not due (the database's clock) and does nothing; once due, the
     run is claimed and goes on (G4, G8)."""
     agent_run = queued_run(
-        stored(scripted(call("send_notification", recipient="a", message="b"), answer()))
+        stored(
+            scripted(
+                call("send_notification", recipient="a", message="b"),
+                answer(),
+                tools=["send_notification"],
+            )
+        )
     )
     lease = transitions.claim(agent_run.pk, "w", 60).lease
     details = {"failure_class": "rate_limit", "error_type": "E", "error_message": "429"}

@@ -45,6 +45,8 @@ def test_a_server_that_cannot_make_a_commit_durable_is_not_ready_and_no_worker_s
     assert done.returncode != 0
     assert "rqworker not started" in done.stderr and "fsync = off" in done.stderr
     assert "Traceback" not in done.stderr
+    done = manage("rqworker-pool", "--burst", settings.NRLLM_QUEUE_NAME, env=env)
+    assert done.returncode != 0 and "rqworker-pool not started" in done.stderr
 
 
 def test_metrics_are_access_controlled(settings, viewer_client, outsider_client):

@@ -26,7 +26,22 @@ from tests.helpers import manage, wait_until
 
 pytestmark = pytest.mark.worker
 
-TOOL = "tests.tools_for_tests.WriteBeforeFailover"
+TOOLS = {
+    "non_idempotent_write": "tests.tools_for_tests.WriteBeforeFailover",
+    "idempotent_write": "tests.tools_for_tests.IdempotentWriteBeforeFailover",
+}
+NAMES = {
+    "non_idempotent_write": "write_before_failover",
+    "idempotent_write": "idempotent_write_before_failover",
+}
+
+#: What an operator is told of a requeue and a restart of the run.
+VERDICTS = """
+from runs.models import AgentRun
+from runs.requeue_safety import requeue_safety, restart_safety
+run = AgentRun.objects.get(pk="{run_id}")
+print(requeue_safety(run).code, restart_safety(run).code)
+"""
 
 
 def _pg_bin(name: str) -> str:
@@ -78,10 +93,15 @@ def _run(url: str, run_id: str) -> dict:
     }
 
 
+@pytest.mark.parametrize("effect", ["non_idempotent_write", "idempotent_write"])
 @pytest.mark.parametrize("model", MODELS, indirect=True)
 def test_a_write_whose_fence_a_failover_lost_is_dead_lettered_in_doubt_never_retried(
-    model, workers, worker_env, tmp_path
+    model, effect, workers, worker_env, tmp_path
 ):
+    """Whatever the write's effect: an idempotent write whose turn is gone
+    cannot run again with its key (the model, asked again, words it
+    otherwise), so an operator reconciles it before a requeue or a restart."""
+    tool, name = TOOLS[effect], NAMES[effect]
     workdir = Path(tempfile.mkdtemp(prefix="nrllm-failover-"))
     workdir.chmod(0o755)
     server = postgres_server(workdir)
@@ -93,23 +113,23 @@ def test_a_write_whose_fence_a_failover_lost_is_dead_lettered_in_doubt_never_ret
             "DJANGO_SETTINGS_MODULE": "nrllm_ops.settings",
             "SECRET_KEY": "tests-only-secret-key",
             "DATABASE_URL": url,
-            "NRLLM_TOOLS": TOOL,
+            "NRLLM_TOOLS": tool,
             "NRLLM_OPENAI_API_KEY": "sk-test-not-a-real-key",
         }
         done = manage("migrate", "--verbosity=0", env=env)
         assert done.returncode == 0, done.stderr
-        write = {"name": "write_before_failover", "arguments": {"to": "ops {take}"}}
+        write = {"name": name, "arguments": {"to": "ops {take}"}}
         # The model takes 6 s to ask for the write: time for the snapshot.
         plan = [{"calls": [write], "delay_seconds": 6}, {"answer": "done {take}"}]
         kind = "drifting" if model else "scripted"
-        request = request_for(kind, plan, ["write_before_failover"])
+        request = request_for(kind, plan, [name])
         done = manage("enqueue_run", "-", env=env, stdin=json.dumps(request))
         assert done.returncode == 0, done.stderr
         run_id = done.stdout.strip()
         worker = workers.start(
             burst=True,
             DATABASE_URL=url,
-            NRLLM_TOOLS=TOOL,
+            NRLLM_TOOLS=tool,
             NRLLM_RETRY_BACKOFF_SECONDS=0,
             NRLLM_TEST_WRITES_FILE=str(writes),
             NRLLM_TEST_FAILOVER_DONE=str(failed_over),
@@ -138,9 +158,9 @@ def test_a_write_whose_fence_a_failover_lost_is_dead_lettered_in_doubt_never_ret
         assert ended == {
             "status": "failed",
             "reason": "write_interrupted",
-            "fence": "non_idempotent_write",
+            "fence": effect,
             "call": {
-                "tool": "write_before_failover",
+                "tool": name,
                 "arguments": {"to": sent["to"]},
                 "idempotency_key": sent["key"],
             },
@@ -148,3 +168,5 @@ def test_a_write_whose_fence_a_failover_lost_is_dead_lettered_in_doubt_never_ret
         }, output.decode()[-3000:]
         if model:
             assert model.requests_by_turn == {0: 1}, model.requests_by_turn
+        done = manage("shell", "-c", VERDICTS.format(run_id=run_id), env=env)
+        assert done.stdout.splitlines()[-1].split() == ["write_in_doubt"] * 2, done.stderr

@@ -342,3 +342,10 @@ class WriteBeforeFailover(Tool):
                 break
             time.sleep(0.1)
         return {"written": True}
+
+
+class IdempotentWriteBeforeFailover(WriteBeforeFailover):
+    """``WriteBeforeFailover``, declared an idempotent write."""
+
+    name = "idempotent_write_before_failover"
+    effect = ToolEffect.IDEMPOTENT_WRITE

@@ -14,6 +14,7 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.utils.translation import override as translation_override
 
+from nrllm_ops.commits import reaching_disk
 from tools import admin_display as display
 from tools import approval_settings
 from tools.models import Note, OutboxNotification, ToolSetting
@@ -169,7 +170,8 @@ class ToolSettingAdmin(admin.ModelAdmin):
         ``set_approval_policy``, which checks it again under the row's lock
         and logs it. The admin's transaction holds both: a refusal there (a
         permission withdrawn since the form was checked) saves neither."""
-        obj.save(update_fields=["enabled", "updated_at"])
+        with reaching_disk():  # in the admin's transaction: its commit waits
+            obj.save(update_fields=["enabled", "updated_at"])
         if "approval" not in form.changed_data:
             return
         result = approval_settings.set_approval_policy(

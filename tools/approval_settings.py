@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.db import transaction
 from django.db.models.functions import Now
 
+from nrllm_ops.commits import reaching_disk
 from tools.approval_policy import (
     RELAX_PERMISSION,
     ApprovalPolicy,
@@ -113,7 +113,7 @@ def set_approval_policy(
     if problem:
         return PolicyChange(False, "invalid", f"note {problem}")
     effect = effect_for(setting.name)  # a tool no longer registered fails closed (G1)
-    with transaction.atomic():
+    with reaching_disk():
         # Locked, so the check and the log's "before" see the value this
         # change replaces, not one a concurrent change already replaced.
         current = (

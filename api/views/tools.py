@@ -4,7 +4,6 @@
 import json
 
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.db import transaction
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
@@ -12,6 +11,7 @@ from rest_framework.response import Response
 from api import permissions
 from api.serializers import ToolSerializer
 from api.views.base import BaseAPIView, errors
+from nrllm_ops.commits import reaching_disk
 from tools import approval_settings
 from tools.approval_policy import ApprovalPolicy
 from tools.models import ToolSetting
@@ -162,7 +162,7 @@ class ToolDetail(BaseAPIView):
         ``relax_permission_required``)."""
         setting = _setting(name)
         changes = _changes(request.data)
-        with transaction.atomic():
+        with reaching_disk():
             # Locked, so the log's "before" is the value this change replaced.
             # Gone if deleted since the lookup above: the same 404 as before it.
             setting = ToolSetting.objects.select_for_update().filter(pk=setting.pk).first()

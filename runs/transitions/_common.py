@@ -1,15 +1,15 @@
 """What the transition modules share: the lease, the guards, the database
 clock, and appending a step under a guarded UPDATE."""
 
-import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Value
 from django.db.models.functions import Now
 
+from nrllm_ops.commits import reaching_disk  # noqa: F401  (the transitions' own)
 from runs.models import AgentRun, RunStep
 from runs.vocabulary import RunStatus
 
@@ -37,28 +37,6 @@ def _log_change(action: str, run_id, **fields) -> None:
         " ".join(f"{key}={value}" for key, value in fields.items()),
         extra={"action": action, "run_id": str(run_id), **fields},
     )
-
-
-#: The SQL that makes the transaction it runs in commit only once its WAL is
-#: on disk, whatever the session's, role's or database's default.
-FLUSH_ON_COMMIT = "SET LOCAL synchronous_commit = on"
-
-
-@contextlib.contextmanager
-def reaching_disk():
-    """A transaction whose commit waits for the WAL flush (G6, G12): the
-    transitions that stamp or clear a fence, settle, park, decide, requeue
-    or reap run in one. ``synchronous_commit`` is set ``on`` for that
-    transaction only, as the records that may skip the flush set ``off``
-    for theirs, so neither a tuning of the database or role to ``off`` nor
-    a session's setting leaked through a transaction pooler can make such a
-    commit one a server crash may lose. Inside a caller's transaction it
-    makes the caller's commit wait too: never less safe. Also a decorator."""
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(FLUSH_ON_COMMIT)
-        yield
 
 
 def _owned(lease: Lease):

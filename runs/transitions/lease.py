@@ -3,7 +3,8 @@
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F
+from django.db.models import DurationField, ExpressionWrapper, F, Q
+from django.db.models.functions import Now
 
 from runs.models import AgentRun, RunStep
 from runs.run_insert import insert_queued_run
@@ -152,7 +153,9 @@ def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
     with transaction.atomic():
         rows = _update_returning(
             AgentRun.objects.filter(
-                pk=run_id, status=RunStatus.QUEUED, available_at__lte=db_time()
+                Q(available_at__isnull=True) | Q(available_at__lte=db_time()),
+                pk=run_id,
+                status=RunStatus.QUEUED,
             ),
             ("lease_token", "request", "requeue_count", "step_count"),
             status=RunStatus.RUNNING,
@@ -192,6 +195,18 @@ def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bo
         AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") - 1, attempt_steps=0)
         return False
     return True
+
+
+def seconds_until_due(run_id) -> float | None:
+    """How long until the ``queued`` run ``run_id`` is due, by the database's
+    clock; None when it is not queued or due already."""
+    early = (
+        AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED, available_at__gt=Now())
+        .annotate(early=ExpressionWrapper(F("available_at") - Now(), DurationField()))
+        .values_list("early", flat=True)
+        .first()
+    )
+    return None if early is None else early.total_seconds()
 
 
 @reaching_disk()

@@ -8,9 +8,14 @@ from django_rq.management.commands.rqworker import Command as RQWorkerCommand
 from runs.durability import refusal
 
 
+def refuse_a_non_durable_database(command: str) -> None:
+    """Raise ``CommandError`` naming why, if the database cannot keep commits."""
+    problem = refusal()
+    if problem is not None:
+        raise CommandError(f"{command} not started: {problem}")
+
+
 class Command(RQWorkerCommand):
     def handle(self, *args, **options):
-        problem = refusal()
-        if problem is not None:
-            raise CommandError(f"rqworker not started: {problem}")
+        refuse_a_non_durable_database("rqworker")
         return super().handle(*args, **options)
