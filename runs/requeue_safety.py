@@ -81,10 +81,6 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
 def restart_safety(run: AgentRun) -> RequeueVerdict:
     """May ``run`` be restarted from the beginning, replaying nothing."""
     refused, _ = _refused_for_status_or_doubt(run)
-    if refused is None and run.pending_effect == ToolEffect.IDEMPOTENT_WRITE:
-        # Nothing is replayed: the fenced call never runs again with its key,
-        # and the model, asked anew, may word the write otherwise.
-        refused = _unreconciled(run)
     if refused is not None:
         return refused
     executed = (

@@ -199,14 +199,17 @@ def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bo
 
 def seconds_until_due(run_id) -> float | None:
     """How long until the ``queued`` run ``run_id`` is due, by the database's
-    clock; None when it is not queued or due already."""
-    early = (
-        AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED, available_at__gt=Now())
+    clock (0 once it is: a claim that just missed it may try again); None
+    when it is not queued."""
+    rows = (
+        AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED)
         .annotate(early=ExpressionWrapper(F("available_at") - Now(), DurationField()))
         .values_list("early", flat=True)
-        .first()
     )
-    return None if early is None else early.total_seconds()
+    if not rows:
+        return None
+    early = rows[0]
+    return 0.0 if early is None else max(early.total_seconds(), 0.0)
 
 
 @reaching_disk()
