@@ -95,17 +95,14 @@ def test_a_doubt_resolved_late_and_then_lost_in_a_crash_is_written_again_in_its_
     assert _run(server_url, run_id, "status", "output") == {"status": "completed", "output": "done"}
 
 
-def test_a_final_answer_that_cannot_tell_whether_its_steps_are_there_does_not_complete(
-    server_url,  # noqa: F811
-    workers,
-    worker_env,
-):
-    """The server crashes while the model writes its final answer, after a
-    turn and a read recorded without the flush. The final record meets the
-    broken connection, and the database refuses to be asked what it holds
-    (as a server still recovering does). The attempt does not complete the
-    run over the lost steps: it fails (``connection``) and its retry resumes
-    after the last durable step, asking the lost turn again."""
+def _crashed_while_the_model_answers(server_url, workers, worker_env, after_the_crash) -> str:  # noqa: F811
+    """A run of a read and then a final answer, through the fault proxy: the
+    server crashes while the model writes the answer, after the turn and the
+    read were recorded without the flush (the claim flushed by another
+    commit). ``after_the_crash(proxy)`` sets the fault the final record meets
+    next. The run must complete all the same, with every step its answer
+    came from, through a retry that resumes after the last durable step.
+    Returns what the worker printed."""
     env = {**_app_env(worker_env, server_url), "NRLLM_TOOLS": TOOLS}
     request = scripted(
         {**call("search_notes", query="one"), "delay_seconds": 2},
@@ -127,8 +124,7 @@ def test_a_final_answer_that_cannot_tell_whether_its_steps_are_there_does_not_co
         )
         os.kill(wal_writer, signal.SIGKILL)  # the crash, while the model answers
         wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
-        with proxy.lock:
-            proxy.refuse = 2  # both of the final record's counts
+        after_the_crash(proxy)
         output, _ = worker.communicate(timeout=120)
     finally:
         proxy.close()
@@ -141,6 +137,25 @@ def test_a_final_answer_that_cannot_tell_whether_its_steps_are_there_does_not_co
         "steps": ["request", "request", "llm", "tool", "llm"],
     }
     assert _run(server_url, run_id, *expected) == expected, output
+    return output
+
+
+def test_a_final_answer_that_cannot_tell_whether_its_steps_are_there_does_not_complete(
+    server_url,  # noqa: F811
+    workers,
+    worker_env,
+):
+    """The final record meets the broken connection, and the database
+    refuses to be asked what it holds (as a server still recovering does).
+    The attempt does not complete the run over the lost steps: it fails
+    (``connection``) and its retry resumes after the last durable step,
+    asking the lost turn again."""
+
+    def refuse_both_counts(proxy):
+        with proxy.lock:
+            proxy.refuse = 2  # both of the final record's counts
+
+    _crashed_while_the_model_answers(server_url, workers, worker_env, refuse_both_counts)
 
 
 def test_a_final_answer_in_doubt_twice_does_not_complete_without_the_steps_it_restored(
@@ -148,46 +163,17 @@ def test_a_final_answer_in_doubt_twice_does_not_complete_without_the_steps_it_re
     workers,
     worker_env,
 ):
-    """The server crashes while the model writes its final answer, after a
-    turn and a read recorded without the flush. The final record meets the
-    broken connection; the database, asked, holds neither step, and the
-    attempt restores them ahead of the answer — but that record never
-    arrives either (the connection is cut before it is sent). The run is
-    not completed without the restored steps: the retry resumes after the
-    last durable step."""
-    env = {**_app_env(worker_env, server_url), "NRLLM_TOOLS": TOOLS}
-    request = scripted(
-        {**call("search_notes", query="one"), "delay_seconds": 2},
-        answer("after", delay_seconds=10),
-        tools=["search_notes"],
+    """The final record meets the broken connection; the database, asked,
+    holds neither the turn nor the read, and the attempt restores them ahead
+    of the answer — but that record never arrives either (the connection is
+    cut before it is sent). The run is not completed without the restored
+    steps: the retry resumes after the last durable step."""
+    cuts = []
+
+    def cut_the_restoring_record(proxy):
+        cuts.append(proxy.add(Rule(b"THEN 'completed' ELSE 'cancelled'", "kill_before")))
+
+    output = _crashed_while_the_model_answers(
+        server_url, workers, worker_env, cut_the_restoring_record
     )
-    run_id = _manage(env, "enqueue_run", "-", stdin=json.dumps(request))
-    wal_writer = _stall_wal_writer(server_url)
-    proxy, proxied = _through_a_proxy(server_url)
-    try:
-        worker = workers.start(
-            burst=True, DATABASE_URL=proxied, NRLLM_TOOLS=TOOLS, NRLLM_RETRY_BACKOFF_SECONDS=0
-        )
-        wait_until(lambda: _run(server_url, run_id, "status")["status"] == "running", what="claim")
-        flush_another_commit(server_url)  # the claim is on disk
-        wait_until(
-            lambda: _run(server_url, run_id, "steps")["steps"] == ["request", "llm", "tool"],
-            what="the read recorded",
-        )
-        os.kill(wal_writer, signal.SIGKILL)  # the crash, while the model answers
-        wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
-        # The final record after the restore: cut before it reaches the server.
-        cut = proxy.add(Rule(b"THEN 'completed' ELSE 'cancelled'", "kill_before"))
-        output, _ = worker.communicate(timeout=120)
-    finally:
-        proxy.close()
-    output = output.decode()
-    assert cut.fired.is_set(), output
-    assert worker.returncode == 0, output
-    assert "it is not settled without them" in output, output
-    expected = {
-        "status": "completed",
-        "output": "after",
-        "steps": ["request", "request", "llm", "tool", "llm"],
-    }
-    assert _run(server_url, run_id, *expected) == expected, output
+    assert cuts[0].fired.is_set(), output
