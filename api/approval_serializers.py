@@ -13,7 +13,7 @@ from django.db.models.functions import Left, Now
 from rest_framework import serializers
 
 from api.serializers import StrictSerializer, TextField
-from runs.approval_actions import MAX_NOTE_CHARS
+from runs.approvals.actions import MAX_NOTE_CHARS
 from runs.models import ApprovalRequest
 from runs.vocabulary import ApprovalStatus, RunStatus
 

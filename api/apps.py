@@ -1,3 +1,5 @@
+"""The Django app of the REST API and what it must remember (run creation keys)."""
+
 from django.apps import AppConfig
 
 

@@ -25,5 +25,5 @@ RECONCILE = requires("runs.reconcile_agentrun")
 VIEW_DEAD_LETTERS = requires("runs.view_deadletter")
 VIEW_TOOLS = requires("tools.view_toolsetting")
 CHANGE_TOOLS = requires("tools.change_toolsetting")
-#: Also checked by ``runs.approval_actions`` itself, whatever the caller checked.
+#: Also checked by ``runs.approvals.actions`` itself, whatever the caller checked.
 APPROVE = requires("runs.approve_write")

@@ -185,51 +185,6 @@ def _resume_rows(resume: dict) -> list[dict]:
     ]
 
 
-def _peer_figures(base_url: str, size: dict, database: str) -> dict:
-    from bench import figures
-
-    python = os.environ.get("NRLLM_BENCH_DBOS_PYTHON")
-    if not python or not Path(python).exists():
-        sys.exit(
-            "bench: NRLLM_BENCH_DBOS_PYTHON must name the DBOS virtualenv's python (make bench)"
-        )
-    # Rounds of ours, then theirs right after; reported: the round with the
-    # median ratio, as for the queue. Our cost is mostly the WAL flush and
-    # DBOS's mostly CPU, so a shared machine's drift moves the two apart;
-    # within a round it hits both alike.
-    peer = _peer_rounds(python, base_url, size["peer_workflows"], size["peer_rounds"], database)
-    # Like for like: our model turns and reads do not wait for the flush (G12)
-    # and DBOS's steps do; with no commit waiting on either side, what is
-    # left is each runtime's CPU and round trips per step.
-    with figures.commits_not_waiting_for_the_flush():
-        peer["not_waiting_for_the_flush"] = _peer_rounds(
-            python,
-            base_url,
-            size["peer_workflows"],
-            size["flushless_rounds"],
-            database,
-            wait_for_flush=False,
-        )
-    return peer
-
-
-def _peer_rounds(
-    python: str, base_url: str, workflows: int, rounds: int, database: str, **options
-) -> dict:
-    from bench import figures
-
-    measured = []
-    for _ in range(rounds):
-        ours = figures.ten_step_runs(workflows)
-        theirs = figures.dbos_peer(python, base_url, workflows, f"{database}_dbos", **options)
-        ratio = ours["steps_per_second"] / theirs["steps_per_second"]
-        measured.append({"ours": ours, "dbos": theirs, "ratio": ratio})
-    return {
-        **figures.median_by(measured, "ratio"),
-        "rounds": [round(r["ratio"], 2) for r in measured],
-    }
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
@@ -252,7 +207,12 @@ def main(argv=None) -> int:
     django.setup()
     from django.core.management import call_command
 
-    from bench import figures, scale
+    from bench import scale
+    from bench.measuring import commits_not_waiting_for_the_flush
+    from bench.peer import peer_figures
+    from bench.resume import resume_figures
+    from bench.steps import step_figures
+    from bench.through_the_queue import through_the_queue
 
     call_command("migrate", verbosity=0)
     started = time.perf_counter()
@@ -260,37 +220,37 @@ def main(argv=None) -> int:
         from django.conf import settings
 
         settings.REDIS_URL = redis_url
-        queue = figures.through_the_queue(size["queue_runs"], size["queue_rounds"], worker_env)
+        queue = through_the_queue(size["queue_runs"], size["queue_rounds"], worker_env)
         print(json.dumps(queue, indent=2))
         return 0
     if args.only == "resume":
-        resume = figures.resume_figures(size["steps"], size["step_rounds"])
+        resume = resume_figures(size["steps"], size["step_rounds"])
         print(json.dumps(resume, indent=2))
         return 0
     if args.only == "peer":
-        peer = _peer_figures(base_url, size, args.database)
+        peer = peer_figures(base_url, size, args.database)
         print(json.dumps(peer, indent=2))
         return 0
-    steps, baseline = figures.step_figures(size["steps"], size["step_rounds"])
-    with figures.commits_not_waiting_for_the_flush():
-        flushless = figures.step_figures(size["steps"], size["flushless_rounds"])
+    steps, baseline = step_figures(size["steps"], size["step_rounds"])
+    with commits_not_waiting_for_the_flush():
+        flushless = step_figures(size["steps"], size["flushless_rounds"])
     if args.only == "steps":
         print(json.dumps({"steps": steps, "baseline": baseline, "flushless": flushless}, indent=2))
         return 0
-    peer = _peer_figures(base_url, size, args.database)
+    peer = peer_figures(base_url, size, args.database)
     # In-process, as the step figures: before runs go to Redis below.
-    resume = figures.resume_figures(size["steps"], size["step_rounds"])
+    resume = resume_figures(size["steps"], size["step_rounds"])
 
     from django.conf import settings
 
     # From here on runs are dispatched to Redis, as in production: the
     # reaper's requeues must not execute in this process.
     settings.REDIS_URL = redis_url
-    queue = figures.through_the_queue(size["queue_runs"], size["queue_rounds"], worker_env)
+    queue = through_the_queue(size["queue_runs"], size["queue_rounds"], worker_env)
     # SimpleWorker's again with no commit waiting for the flush: how close the
     # runs come to bare RQ where the disk is not what limits them.
-    with figures.commits_not_waiting_for_the_flush():
-        flushless_queue = figures.through_the_queue(
+    with commits_not_waiting_for_the_flush():
+        flushless_queue = through_the_queue(
             size["queue_runs"], size["flushless_rounds"], worker_env, (SIMPLE_WORKER,)
         )
     at_scale = scale.at_scale(size["scale_runs"], size["steps_per_run"])

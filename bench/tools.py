@@ -5,7 +5,7 @@ import os
 import psycopg
 from django.conf import settings
 
-from runs.step_journal import COMMIT_WITHOUT_FLUSH
+from runs.transitions.step_journal import COMMIT_WITHOUT_FLUSH
 from tools.contract import Tool
 from tools.effects import ToolEffect
 
@@ -55,7 +55,7 @@ _FLOOR_TRANSITION = """
     INSERT INTO bench_floor_step (run, body) SELECT id, %(body)s FROM taken {commit}
 """
 # The claim's commit does not wait for the WAL flush, as the runtime's does not
-# (runs/step_journal.py); the settle's does.
+# (runs/transitions/step_journal.py); the settle's does.
 _FLOOR_CLAIM = _FLOOR_TRANSITION.format(commit=f", {COMMIT_WITHOUT_FLUSH}")
 _FLOOR_SETTLE = _FLOOR_TRANSITION.format(commit="")
 _FLOOR_BODY = "x" * 1024

@@ -6,7 +6,7 @@ setting leaked through a transaction pooler, would make a commit that the
 runtime counts on — a fence, a settle, an operator's decision, a tool
 switched off — one a server crash may lose. ``reaching_disk`` sets it ``on``
 for one transaction, as the records that may skip the flush set ``off`` for
-theirs (``runs/step_journal.py``). Here, below runs, tools and the API,
+theirs (``runs/transitions/step_journal.py``). Here, below runs, tools and the API,
 so that each of them can use it.
 """
 

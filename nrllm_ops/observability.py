@@ -29,7 +29,7 @@ def readyz(request):
     except Exception as error:  # noqa: BLE001 - any failure means not ready
         checks["database"] = f"error: {type(error).__name__}"
     else:
-        from runs.durability import refusal
+        from nrllm_ops.durability import refusal
 
         try:
             problem = refusal()

@@ -1,6 +1,6 @@
 """Settings for nrllm-ops, read only from environment variables.
 
-Every variable is listed with its default in the README. Defaults run locally
+Every variable is listed with its default in docs/operations.md. Defaults run locally
 with zero setup: a SQLite file under ``var/`` and in-process execution.
 """
 
@@ -154,7 +154,7 @@ NRLLM_APPROVAL_SECOND_PERSON = env_bool("NRLLM_APPROVAL_SECOND_PERSON", False)
 # Posted (JSON) when a run starts to wait, through the SSRF-guarded HTTP
 # client of the tools (its host need not be in NRLLM_HTTP_ALLOWED_HOSTS; a
 # non-public address it resolves to must be); empty: no webhook. At most
-# once per park, best effort (runs.approval_webhook).
+# once per park, best effort (runs.approvals.webhook).
 NRLLM_APPROVAL_WEBHOOK_URL = env_http_url("NRLLM_APPROVAL_WEBHOOK_URL")
 # When set, each POST carries X-Nrllm-Signature-256: sha256=<HMAC-SHA256 of the body>.
 NRLLM_APPROVAL_WEBHOOK_SECRET = env_str("NRLLM_APPROVAL_WEBHOOK_SECRET")

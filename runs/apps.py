@@ -1,3 +1,5 @@
+"""The Django app that holds runs, their steps, approvals and dead letters."""
+
 from django.apps import AppConfig
 
 

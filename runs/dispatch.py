@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 import redis
 from django.conf import settings
 from django.db import DatabaseError
+from django.utils.module_loading import import_string
 from redis import Redis
 from rq import Queue
 from rq.job import Job, JobStatus
@@ -30,6 +31,10 @@ from runs.failures import classify, is_retryable
 logger = logging.getLogger(__name__)
 
 JOB_FUNCTION = "runs.jobs.execute_run_job"
+#: Without Redis the caller is the worker. Named, as RQ names the job
+#: function: the queue sits below the runtime it wakes (the runtime
+#: dispatches retries), so it never imports it.
+RUN_IN_CALLER = "runs.runtime.run_queued"
 JOB_OPTIONS = {"job_timeout": -1, "result_ttl": 3600, "failure_ttl": 86400}
 
 
@@ -157,9 +162,7 @@ def _execute_in_caller(run_id, delay_seconds: float) -> None:
     """
     if delay_seconds > 0 or _in_embedded_worker.get():
         return
-    from runs.runtime import run_queued
-
-    run_queued(run_id)
+    import_string(RUN_IN_CALLER)(run_id)
 
 
 def live_job_ids(job_ids: list[str], *, grace_seconds: float) -> set[str]:

@@ -277,7 +277,7 @@ class ApprovalRequest(models.Model):
     effect = models.CharField(max_length=32, choices=EFFECT_CHOICES)
     arguments = models.JSONField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=64)
-    #: sha256 of all of the above with the run's id (``runs.approvals.digest``).
+    #: sha256 of all of the above with the run's id (``runs.transitions.approvals.digest``).
     digest = models.CharField(max_length=64)
     #: ``policy`` (the tool's) or ``request`` (the run's request asked).
     required_by = models.CharField(max_length=16)

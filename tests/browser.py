@@ -1,5 +1,5 @@
 """What the browser tests share: Debian's chromium driven by Playwright,
-where the README's screenshots live (the ``screenshots`` fixture in
+where the manual's screenshots live (the ``screenshots`` fixture in
 conftest.py), and an admin page logged in as one of the cast."""
 
 import contextlib

@@ -214,7 +214,7 @@ def operator(db):
 
 @pytest.fixture
 def screenshots(tmp_path):
-    """Where the browser tests' screenshots go: the README's, with `make
+    """Where the browser tests' screenshots go: the manual's (docs/), with `make
     screenshots` (NRLLM_UPDATE_SCREENSHOTS=1); otherwise a temporary folder,
     so a test run leaves the work tree clean."""
     from tests.browser import DOCS_SCREENSHOTS

@@ -43,7 +43,7 @@ def answer(content="done", **extra) -> dict:
 
 def stored(request) -> dict:
     """A request as ``enqueue`` stores it."""
-    from runs.run_request import parse_run_request
+    from runs.runtime.run_request import parse_run_request
 
     return parse_run_request(request).as_json()
 

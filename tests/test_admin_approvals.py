@@ -10,7 +10,7 @@ import re
 import pytest
 from django.test import Client
 
-from runs import approval_actions
+from runs.approvals import actions as approval_actions
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, ApprovalRequest
 from runs.runtime import enqueue

@@ -11,7 +11,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs import approval_actions
+from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus

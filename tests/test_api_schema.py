@@ -17,8 +17,10 @@ from schemathesis.checks import (
 )
 
 from nrllm_ops.wsgi import application
-from runs import approval_actions, operator_actions, transitions
+from runs import transitions
+from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest, DeadLetter
+from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.vocabulary import SubmittedVia

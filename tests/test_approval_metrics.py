@@ -9,7 +9,8 @@ import pytest
 from django.db.models import F
 from django.test import Client
 
-from runs import approval_actions, transitions
+from runs import transitions
+from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue

@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from rest_framework.test import APIClient
 
-from runs import approval_actions
+from runs.approvals import actions as approval_actions
 from runs.models import AgentRun, ApprovalRequest
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus

@@ -7,8 +7,10 @@ import threading
 
 import pytest
 
-from runs import approval_actions, operator_actions, transitions
+from runs import transitions
+from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
+from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason

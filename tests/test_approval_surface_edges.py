@@ -349,7 +349,7 @@ def test_a_decision_is_in_the_admin_log_and_on_the_step_stream(api, operator):
 
 
 def webhook_log(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "runs.approval_webhook"]
+    return [r.getMessage() for r in caplog.records if r.name == "runs.approvals.webhook"]
 
 
 def test_the_webhook_follows_no_redirect(settings, http_server):

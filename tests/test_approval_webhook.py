@@ -11,7 +11,7 @@ import time
 import pytest
 from django.utils.dateparse import parse_datetime
 
-from runs import approval_actions
+from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus
@@ -45,7 +45,7 @@ def approve_all(agent_run, operator) -> None:
 
 
 def webhook_log(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "runs.approval_webhook"]
+    return [r.getMessage() for r in caplog.records if r.name == "runs.approvals.webhook"]
 
 
 def webhook_at(settings, url: str, secret: str = "") -> None:
@@ -110,7 +110,7 @@ def test_without_a_secret_the_post_is_unsigned(settings, http_server):
 def test_without_a_url_nothing_is_tried(settings, http_server, caplog):
     webhook_at(settings, "")
 
-    with caplog.at_level(logging.DEBUG, logger="runs.approval_webhook"):
+    with caplog.at_level(logging.DEBUG, logger="runs.approvals.webhook"):
         agent_run = enqueue(request_for("scripted", ONE_CALL, TOOLS))
 
     assert fresh(agent_run).status == RunStatus.WAITING_FOR_APPROVAL
@@ -125,7 +125,7 @@ def test_a_url_resolving_to_a_private_address_not_allowed_is_refused_and_the_run
     settings.NRLLM_HTTP_ALLOWED_HOSTS = []
     webhook_at(settings, http_server.url("/hook", host="hooks.test"))
 
-    with caplog.at_level(logging.WARNING, logger="runs.approval_webhook"):
+    with caplog.at_level(logging.WARNING, logger="runs.approvals.webhook"):
         agent_run = enqueue(request_for("scripted", ONE_CALL, TOOLS))
 
     assert http_server.received == []
@@ -157,7 +157,7 @@ def test_the_webhook_host_needs_no_entry_and_stays_closed_to_the_tools(settings,
 def test_a_receiver_answering_500_does_not_change_the_run(settings, http_server, operator, caplog):
     webhook_at(settings, http_server.url("/status/500"))
 
-    with caplog.at_level(logging.WARNING, logger="runs.approval_webhook"):
+    with caplog.at_level(logging.WARNING, logger="runs.approvals.webhook"):
         agent_run = enqueue(request_for("scripted", ONE_CALL, TOOLS))
 
     assert len(http_server.posts()) == 1
@@ -178,7 +178,7 @@ def test_a_receiver_that_hangs_or_trickles_is_cut_at_the_timeout_and_the_run_sti
     webhook_at(settings, http_server.url(path))
     started = time.monotonic()
 
-    with caplog.at_level(logging.WARNING, logger="runs.approval_webhook"):
+    with caplog.at_level(logging.WARNING, logger="runs.approvals.webhook"):
         agent_run = enqueue(request_for("scripted", ONE_CALL, TOOLS))
 
     assert time.monotonic() - started < 5

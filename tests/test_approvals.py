@@ -7,7 +7,8 @@ dispatch); with real workers, SIGKILLs and concurrent decisions in
 import pytest
 from django.db import DatabaseError
 
-from runs import approval_actions, transitions
+from runs import transitions
+from runs.approvals import actions as approval_actions
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, ApprovalRequest
 from runs.reaper import reap_stale_runs
@@ -231,8 +232,8 @@ def test_a_run_requeued_after_expiry_asks_again_and_an_old_digest_does_not_count
     agent_run = enqueue(request_for("scripted" if model is None else "drifting", PLAN, TOOLS))
     (first,) = pending(agent_run)
     reap_stale_runs(as_of=later(86400 + 60))
-    from runs import operator_actions
-    from runs.requeue_safety import requeue_safety
+    from runs.operators import actions as operator_actions
+    from runs.operators.requeue_safety import requeue_safety
 
     # The verdict says what the requeue will do: wait again, for the same call.
     verdict = requeue_safety(fresh(agent_run))
@@ -252,7 +253,7 @@ def test_a_run_requeued_after_expiry_asks_again_and_an_old_digest_does_not_count
 
 
 def test_waiting_runs_are_not_requeueable(operator):
-    from runs.requeue_safety import requeue_safety
+    from runs.operators.requeue_safety import requeue_safety
 
     agent_run = enqueue(request_for("scripted", PLAN, TOOLS))
     assert requeue_safety(fresh(agent_run)).code == "status"

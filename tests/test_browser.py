@@ -1,5 +1,5 @@
 """The console in a real browser: Playwright driving Debian's chromium against
-the live test server. Saves screenshots of the main pages for the README."""
+the live test server. Saves screenshots of the main pages for the manual (docs/console.md)."""
 
 import re
 

@@ -1,6 +1,6 @@
 """The approvals inbox in a real browser (G14): an approver opens it from the
 overview, approves one call and denies another, and the run page shows the
-history. Saves the README's screenshots of both pages (`make screenshots`)."""
+history. Saves the screenshots (docs/console.md) of both pages (`make screenshots`)."""
 
 import re
 

@@ -2,7 +2,7 @@
 stdio beside the builtins, one whose hints lie flagged, one whose server's
 description holds markup shown as text, and a server that is down shown
 unavailable. An operator switches off the undeclared close_issue from the
-list. Saves the README's screenshot of the page (`make screenshots`)."""
+list. Saves the screenshot (docs/console.md) of the page (`make screenshots`)."""
 
 import pytest
 from playwright.sync_api import expect

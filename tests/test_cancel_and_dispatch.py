@@ -13,10 +13,11 @@ from django.db import DatabaseError
 from django.utils import timezone
 from rq.job import Job
 
-from runs import operator_actions, transitions
+from runs import transitions
 from runs.dispatch import job_id_for, run_queue
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, DeadLetter
+from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.transitions import Reaping, StaleLease

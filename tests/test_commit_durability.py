@@ -1,5 +1,5 @@
 """The commits that do not wait for the WAL flush — the claim
-(``runs/step_journal.py``) and the record of model turns and reads that
+(``runs/transitions/step_journal.py``) and the record of model turns and reads that
 stamp no write's fence (``runs/transitions/steps.must_reach_disk``): what a
 server crash can lose, and what it cannot.
 

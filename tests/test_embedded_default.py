@@ -81,7 +81,7 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
             "shell",
             "-c",
             "from django.contrib.auth import get_user_model\n"
-            "from runs.approval_actions import approve\n"
+            "from runs.approvals.actions import approve\n"
             "from runs.models import ApprovalRequest\n"
             "approval = ApprovalRequest.objects.get(status='pending')\n"
             "admin = get_user_model().objects.get(username='admin')\n"

@@ -6,12 +6,13 @@ import pytest
 from django.db.models import F
 from django.db.models.functions import Now
 
-from runs import approval_actions, transitions
+from runs import transitions
+from runs.approvals import actions as approval_actions
 from runs.dispatch import executing_in_embedded_worker
 from runs.embedded_worker import execute_due_runs
 from runs.models import AgentRun, ApprovalRequest
-from runs.run_request import parse_run_request
 from runs.runtime import enqueue
+from runs.runtime.run_request import parse_run_request
 from runs.transitions import db_time
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import answer, fresh, scripted

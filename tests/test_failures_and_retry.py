@@ -6,12 +6,12 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError
 
-from runs.errors import AuditPersistenceFailed
 from runs.failures import classify, is_retryable
 from runs.models import DeadLetter
 from runs.providers import ProviderError
-from runs.retry import decide_retry
 from runs.runtime import enqueue
+from runs.runtime.errors import AuditPersistenceFailed
+from runs.runtime.retry import decide_retry
 from runs.vocabulary import FailureClass
 from tests.helpers import answer, call, retried_when_due, scripted
 from tools.models import Note

@@ -37,7 +37,7 @@ def get(url):
 
 
 def under_time_limit(seconds, call, url):
-    """``call(url)`` stopped after ``seconds`` as runs.loop stops a tool."""
+    """``call(url)`` stopped after ``seconds`` as runs.runtime.loop stops a tool."""
     with time_limit(seconds, "the tool"):
         return call(url)
 

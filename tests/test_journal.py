@@ -9,11 +9,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs import transitions
-from runs.journal import JournalUnreplayable, read_journal
 from runs.models import AgentRun, DeadLetter, RunStep
-from runs.requeue_safety import requeue_safety
-from runs.run_request import parse_run_request
+from runs.operators.requeue_safety import requeue_safety
 from runs.runtime import enqueue, run_queued
+from runs.runtime.journal import JournalUnreplayable, read_journal
+from runs.runtime.run_request import parse_run_request
 from tests.helpers import answer, call, fresh, scripted
 from tools.contract import idempotency_key_for
 from tools.models import ToolSetting

@@ -14,9 +14,9 @@ import pytest
 from django.db import connection
 
 from runs.models import AgentRun, RunStep
-from runs.requeue_safety import requeue_safety, restart_safety
-from runs.run_request import parse_run_request
+from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import run_queued
+from runs.runtime.run_request import parse_run_request
 from runs.transitions import create_queued_run
 from tests.helpers import answer, call, scripted
 from tools.contract import idempotency_key_for

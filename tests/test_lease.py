@@ -8,11 +8,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from runs import transitions
-from runs.execution import UNFLUSHED_STEPS_KEPT
 from runs.models import AgentRun
 from runs.runtime import enqueue, run_queued
-from runs.step_journal import COMMIT_WITHOUT_FLUSH
+from runs.runtime.step_ledger import UNFLUSHED_STEPS_KEPT
 from runs.transitions import Lease, RecordOutcome
+from runs.transitions.step_journal import COMMIT_WITHOUT_FLUSH
 from tests.helpers import answer, call, scripted, stored, wait_until
 from tools.models import OutboxNotification
 
@@ -74,7 +74,7 @@ def _synchronous_commit() -> str:
 
 def test_a_claim_and_a_model_turns_record_skip_the_flush_only_for_their_own_commit():
     """The claim's commit and a model turn's record do not wait for the WAL
-    flush (runs/step_journal.py). Inside a caller's transaction they must not
+    flush (runs/transitions/step_journal.py). Inside a caller's transaction they must not
     make the caller's commit skip it."""
     lease = transitions.claim(queued_run().pk, "alone", 60).lease
     assert transitions.record_step(lease, 60, {"kind": "llm"}, clear_fence=False).persisted

@@ -16,8 +16,9 @@ import threading
 import pytest
 from django.db import connection
 
-from runs import operator_actions, transitions
+from runs import transitions
 from runs.models import AgentRun, RunStep
+from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run_queued
 from tests.db_proxy import FaultProxy, Rule, proxied_connection

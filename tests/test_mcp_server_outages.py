@@ -24,7 +24,7 @@ from datetime import timedelta
 import psutil
 import pytest
 
-from runs import approval_actions
+from runs.approvals import actions as approval_actions
 from runs.dispatch import executing_in_embedded_worker
 from runs.embedded_worker import execute_due_runs
 from runs.models import AgentRun, ApprovalRequest, DeadLetter

@@ -13,10 +13,10 @@ with the scripted and the drifting model.
 
 import pytest
 
-from runs import operator_actions
 from runs.models import DeadLetter
+from runs.operators import actions as operator_actions
+from runs.operators.requeue_safety import requeue_safety
 from runs.reaper import reap_stale_runs
-from runs.requeue_safety import requeue_safety
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from tests.drifting_model import MODELS

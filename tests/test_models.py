@@ -5,8 +5,8 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
-from runs.run_insert import insert_queued_run
 from runs.runtime import run
+from runs.transitions.run_insert import insert_queued_run
 from runs.vocabulary import (
     ApprovalStatus,
     DeadLetterReason,
@@ -71,7 +71,7 @@ def test_the_database_refuses_to_update_a_step():
     assert RunStep.objects.get(pk=step.pk).error == ""
 
 
-# What recording a read step changes on the run (runs/step_journal.py).
+# What recording a read step changes on the run (runs/transitions/step_journal.py).
 RENEWAL_COLUMNS = (
     "step_count",
     "lease_expires_at",
@@ -123,7 +123,7 @@ def test_recording_read_steps_leaves_the_run_indexes_alone():
 
 
 def test_a_queued_run_inserted_in_one_statement_is_the_row_the_orm_would_insert(operator):
-    """``runs.run_insert`` builds its INSERT from the model: the row it
+    """``runs.transitions.run_insert`` builds its INSERT from the model: the row it
     stores, and the instance it returns, match the ORM's ``create`` in every
     column but the run's id and times."""
     request = {"prompt": "p", "tools": [], "provider": {"kind": "scripted"}, "max_iterations": 3}

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from runs.models import AgentRun, CircuitTransition, ProviderCircuit
 from runs.providers.openai_failures import FAILURE_TABLE
-from runs.run_request import InvalidRunRequest
 from runs.runtime import enqueue, run
+from runs.runtime.run_request import InvalidRunRequest
 from tests.fake_openai import Reply, completion, error
 from tests.helpers import retried_when_due
 from tools.models import Note, OutboxNotification

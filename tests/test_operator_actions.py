@@ -7,10 +7,11 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.db import connection, transaction
 
-from runs import operator_actions, transitions
+from runs import transitions
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, DeadLetter
-from runs.requeue_safety import requeue_safety, restart_safety
+from runs.operators import actions as operator_actions
+from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue, run
 from tests.helpers import answer, call, scripted
 from tools.models import OutboxNotification

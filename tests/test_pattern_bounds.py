@@ -72,7 +72,7 @@ def test_a_backtracking_pattern_in_a_tools_own_schema_goes_through_the_same_boun
         f"""
         import django
         django.setup()
-        from runs.loop import _plan
+        from runs.runtime.loop import _plan
         from runs.providers.base import ToolCall
         from tools.contract import Tool
 

@@ -12,12 +12,13 @@ import time
 import pytest
 from django.apps import apps as django_apps
 
-from runs import operator_actions, transitions
+from runs import transitions
 from runs.models import AgentRun, RunStep, WriteReconciliation
+from runs.operators import actions as operator_actions
+from runs.operators.requeue_safety import requeue_safety
 from runs.reaper import reap_stale_runs
-from runs.requeue_safety import requeue_safety
-from runs.run_request import parse_run_request
 from runs.runtime import enqueue, run
+from runs.runtime.run_request import parse_run_request
 from runs.selectors import writes_in_doubt
 from tests.helpers import answer, free_port, fresh, later, scripted
 

@@ -6,10 +6,10 @@ asked for again."""
 
 import pytest
 
-from runs import operator_actions
 from runs.faults import step_inserts_refused
+from runs.operators import actions as operator_actions
+from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.reaper import reap_stale_runs
-from runs.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue
 from tests.drifting_model import MODELS, NOTIFY, openai_request, request_for
 from tests.fake_openai import error

@@ -9,12 +9,13 @@ import threading
 import pytest
 from django.db import connection
 
-from runs import operator_actions, transitions
+from runs import transitions
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, RunStep
-from runs.requeue_safety import requeue_safety
-from runs.run_request import parse_run_request
+from runs.operators import actions as operator_actions
+from runs.operators.requeue_safety import requeue_safety
 from runs.runtime import enqueue, run, run_queued
+from runs.runtime.run_request import parse_run_request
 from tests.helpers import (
     answer,
     call,

@@ -9,8 +9,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from runs.models import AgentRun, RunStep
-from runs.run_request import InvalidRunRequest
 from runs.runtime import enqueue, run
+from runs.runtime.run_request import InvalidRunRequest
 from tests.conftest import ROOT
 from tests.helpers import answer, scripted
 from tools.models import ToolSetting

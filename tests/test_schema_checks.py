@@ -14,7 +14,7 @@ from jsonschema import Draft202012Validator
 
 from runs.providers.openai_chat import OpenAIChatProvider
 from runs.providers.scripted import ScriptedProvider
-from runs.run_request import (
+from runs.runtime.run_request import (
     _REQUEST_SCHEMA,
     _STORED_SCHEMA,
     InvalidRunRequest,

@@ -30,7 +30,7 @@ WORKER_ENV = {
     "NRLLM_OPERATION_MARGIN_SECONDS": 1,
     "NRLLM_MAX_REQUEUES": 5,
 }
-# Both worker classes the README describes: RQ's forking default, and jobs
+# Both worker classes docs/operations.md describes: RQ's forking default, and jobs
 # run in the worker itself on a kept database connection.
 WORKER_KINDS = [
     {},

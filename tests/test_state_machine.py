@@ -21,9 +21,9 @@ from hypothesis.stateful import (
 )
 
 from runs import transitions
-from runs.journal import JournalUnreplayable, read_journal
 from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
+from runs.runtime.journal import JournalUnreplayable, read_journal
 from runs.transitions import CancelOutcome, RecordOutcome
 from tools.contract import idempotency_key_for
 

@@ -7,11 +7,11 @@ import os
 import pytest
 from django.db import OperationalError, connection
 
-from runs.errors import AuditPersistenceFailed
 from runs.failures import classify
 from runs.faults import step_inserts_refused
 from runs.models import DeadLetter, RunStep
 from runs.runtime import enqueue, run
+from runs.runtime.errors import AuditPersistenceFailed
 from tests.helpers import answer, call, scripted
 from tools.models import Note, OutboxNotification
 

@@ -5,8 +5,8 @@ from django.db.models import F
 
 from runs import transitions
 from runs.models import AgentRun
-from runs.run_request import parse_run_request
 from runs.runtime import enqueue, run, run_queued
+from runs.runtime.run_request import parse_run_request
 from runs.transitions import Lease, NextCall, RecordOutcome
 from tests.helpers import answer, call, scripted, wait_until
 
@@ -157,8 +157,8 @@ def test_a_fence_is_never_stamped_over_steps_the_database_lost():
     step count. Over a turn the database lost, that renewal matches nothing:
     the attempt writes the turn again with it, so the write never starts
     without the turn that asked for it on disk (G6, G12)."""
-    from runs.execution import LeasedExecution
-    from runs.loop import PlannedCall, StepEvent
+    from runs.runtime.execution import LeasedExecution
+    from runs.runtime.loop import PlannedCall, StepEvent
     from runs.vocabulary import StepKind
     from tools.registry import offered_tools
 

@@ -38,7 +38,7 @@ NAMES = {
 #: What an operator is told of a requeue and a restart of the run.
 VERDICTS = """
 from runs.models import AgentRun
-from runs.requeue_safety import requeue_safety, restart_safety
+from runs.operators.requeue_safety import requeue_safety, restart_safety
 run = AgentRun.objects.get(pk="{run_id}")
 print(requeue_safety(run).code, restart_safety(run).code)
 """

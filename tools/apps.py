@@ -1,3 +1,5 @@
+"""The tools app: after migrate, every registered tool has its settings row."""
+
 from django.apps import AppConfig
 from django.apps import apps as global_apps
 from django.db import DEFAULT_DB_ALIAS

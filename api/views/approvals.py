@@ -1,7 +1,7 @@
 """``/api/approvals/``: the calls that wait for an operator, and their
 decisions (G14).
 
-A thin adapter over ``runs.approval_actions``, which the admin's inbox uses
+A thin adapter over ``runs.approvals.actions``, which the admin's inbox uses
 too: it checks the permission and four-eyes again, binds the decision to
 the digest, and records it with the run's release in one transaction.
 """
@@ -25,7 +25,7 @@ from api.errors import Conflict
 from api.filters import ApprovalFilter
 from api.pagination import TimeCursorPagination
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
-from runs import approval_actions
+from runs.approvals import actions as approval_actions
 from runs.models import AgentRun
 from runs.vocabulary import ApprovalStatus
 

@@ -17,9 +17,9 @@ from api.serializers import (
 )
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from api.views.runs import get_run
-from runs import operator_actions
 from runs.models import DeadLetter
-from runs.operator_actions import write_in_question
+from runs.operators import actions as operator_actions
+from runs.operators.actions import write_in_question
 from runs.selectors import write_audit_runs
 
 

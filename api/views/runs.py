@@ -31,11 +31,11 @@ from api.serializers import (
     with_run_relations,
 )
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
-from runs import operator_actions
 from runs.models import AgentRun
-from runs.requeue_safety import requeue_safety, restart_safety
-from runs.run_request import InvalidRunRequest
+from runs.operators import actions as operator_actions
+from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue
+from runs.runtime.run_request import InvalidRunRequest
 from runs.vocabulary import SubmittedVia
 
 STEPS_PAGE = 100

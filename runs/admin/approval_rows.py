@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from runs.admin.display import as_text, effect_badge, shortened
-from runs.approval_actions import APPROVE_PERMISSION, may_approve
+from runs.approvals.actions import APPROVE_PERMISSION, may_approve
 from runs.models import ApprovalRequest, RunStep
 from runs.vocabulary import ApprovalStatus, StepKind, SubmittedVia
 

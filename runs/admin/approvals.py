@@ -1,9 +1,9 @@
 """The approvals inbox (G14): an operator page inside the admin, a thin
-adapter over ``runs.approval_actions``.
+adapter over ``runs.approvals.actions``.
 
 Seeing it needs ``runs.view_agentrun``; deciding needs
 ``runs.approve_write``, checked here (a crafted POST without it is a 403)
-and again by ``approval_actions`` (which also applies four-eyes). Every
+and again by ``runs.approvals.actions`` (which also applies four-eyes). Every
 decision carries the digest of the call as the page showed it: a page left
 open while the run moved on decides nothing, and says why.
 """
@@ -19,9 +19,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from runs import approval_actions
 from runs.admin import approval_rows
 from runs.admin.paginator import BoundedCountPaginator
+from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from runs.admin.display import shortened
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, ProviderCircuit
-from runs.operator_actions import write_in_question
+from runs.operators.actions import write_in_question
 from runs.selectors import EXECUTED_WRITE, write_audit_runs, writes_in_doubt
 from runs.vocabulary import ApprovalStatus, RunStatus, StepKind
 

@@ -5,10 +5,10 @@ from django.db.models import F
 from django.template.response import TemplateResponse
 from django.utils.timesince import timesince
 
-from runs import operator_actions
 from runs.admin.display import shortened
 from runs.admin.runs import OperatorPermissions, ReadOnly
 from runs.models import DeadLetter
+from runs.operators import actions as operator_actions
 
 
 class OpenFilter(admin.SimpleListFilter):

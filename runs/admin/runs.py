@@ -17,7 +17,6 @@ from django.urls import path, reverse
 from django.utils.html import format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from runs import operator_actions
 from runs.admin import approval_rows, console, search
 from runs.admin.approvals import ApprovalsInbox
 from runs.admin.display import effect_badge, shortened
@@ -29,7 +28,8 @@ from runs.admin.filters import (
 )
 from runs.admin.paginator import BoundedCountPaginator
 from runs.models import AgentRun
-from runs.requeue_safety import requeue_safety, restart_safety
+from runs.operators import actions as operator_actions
+from runs.operators.requeue_safety import requeue_safety, restart_safety
 from tools.registry import effect_for
 
 logger = logging.getLogger(__name__)

@@ -13,13 +13,14 @@ Lock order, everywhere: the run's row, then its approval rows.
 """
 
 import enum
+import hashlib
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db.models import Count, Exists, F, OuterRef, Subquery
 from django.db.models.functions import Coalesce, Now
 
-from runs import approvals
 from runs.models import AgentRun, ApprovalRequest, RunStep
 from runs.transitions._common import (
     Lease,
@@ -56,6 +57,29 @@ class WaitingCall:
     arguments: object
     idempotency_key: str
     required_by: str  # "policy" or "request"
+
+
+def digest(request: ApprovalRequest) -> str:
+    """The digest a decision of ``request``'s call must carry: its run, the
+    attempt that asked, the turn, and the call (place, tool, effect,
+    arguments, idempotency key). A page shown before the run moved on
+    (decided by someone else, expired, cancelled, asked again by a later
+    attempt) carries a digest that matches nothing."""
+    material = json.dumps(
+        [
+            str(request.run_id),
+            request.lease_token,
+            request.turn_sequence,
+            request.position,
+            request.tool_name,
+            request.effect,
+            request.arguments,
+            request.idempotency_key,
+        ],
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(material.encode()).hexdigest()
 
 
 def wait_for_approval(
@@ -116,7 +140,7 @@ def wait_for_approval(
             for call in calls
         ]
         for request in requests:
-            request.digest = approvals.digest(request)
+            request.digest = digest(request)
         waiting_step = {
             "kind": StepKind.APPROVAL,
             "result": {

@@ -8,7 +8,6 @@ from django.db.models import Case, F, Q, Value, When
 
 from runs.metrics import APPROVAL_DECISIONS
 from runs.models import AgentRun, DeadLetter
-from runs.step_journal import finish_in_one_statement
 from runs.transitions._common import (
     Lease,
     _append_steps,
@@ -25,6 +24,7 @@ from runs.transitions._common import (
     reaching_disk,
 )
 from runs.transitions.approvals import withdraw_approvals
+from runs.transitions.step_journal import finish_in_one_statement
 from runs.transitions.steps import _usage_totals, _usage_values
 from runs.vocabulary import DeadLetterReason, RunStatus, TerminationReason
 from tools.effects import ToolEffect

@@ -7,8 +7,6 @@ from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 
 from runs.models import AgentRun, RunStep
-from runs.run_insert import insert_queued_run
-from runs.step_journal import claim_in_one_statement
 from runs.transitions._common import (
     Lease,
     _drop_broken_connection,
@@ -22,6 +20,8 @@ from runs.transitions._common import (
     logger,
     reaching_disk,
 )
+from runs.transitions.run_insert import insert_queued_run
+from runs.transitions.step_journal import claim_in_one_statement
 from runs.vocabulary import RunMode, RunStatus, StepKind
 from tools.enabled import approval_overrides, disabled_tool_names
 

@@ -9,7 +9,6 @@ from django.db.models import F, JSONField, Value
 from django.db.models.expressions import Case, When
 
 from runs.models import RunStep
-from runs.step_journal import record_steps_in_one_statement
 from runs.transitions._common import (
     Lease,
     _append_steps,
@@ -20,6 +19,7 @@ from runs.transitions._common import (
     _steps_lost,
     logger,
 )
+from runs.transitions.step_journal import record_steps_in_one_statement
 from runs.vocabulary import StepKind
 from tools.canonical import token_count
 from tools.effects import ToolEffect

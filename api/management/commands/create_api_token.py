@@ -1,3 +1,5 @@
+"""``manage.py create_api_token``: a REST API token for a user."""
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from knox.models import AuthToken

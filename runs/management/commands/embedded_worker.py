@@ -1,3 +1,5 @@
+"""``manage.py embedded_worker``: the embedded default's worker and reaper (no Redis)."""
+
 import signal
 import threading
 

@@ -1,8 +1,10 @@
+"""``manage.py enqueue_run``: store a queued run from a request file."""
+
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.commands._request_file import read_request
-from runs.run_request import InvalidRunRequest
 from runs.runtime import enqueue
+from runs.runtime.run_request import InvalidRunRequest
 
 
 class Command(BaseCommand):

@@ -1,3 +1,5 @@
+"""``manage.py ensure_admin``: the superuser 'admin', created once."""
+
 import os
 import secrets
 

@@ -1,3 +1,5 @@
+"""``manage.py reap_stale_runs``: one reaper pass, from a shell or a schedule."""
+
 import time
 from datetime import datetime
 

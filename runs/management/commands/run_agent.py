@@ -1,3 +1,5 @@
+"""``manage.py run_agent``: execute an interactive run inline and print its end."""
+
 import json
 import signal
 
@@ -5,8 +7,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.management.commands._request_file import read_request
 from runs.models import AgentRun
-from runs.run_request import InvalidRunRequest
 from runs.runtime import CallerInterrupted, run
+from runs.runtime.run_request import InvalidRunRequest
 
 
 class Command(BaseCommand):

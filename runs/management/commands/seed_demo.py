@@ -3,7 +3,7 @@
 Every run is executed, nothing is written by hand. With the shipped
 approval policy (``NRLLM_APPROVAL_REQUIRED_FOR=non_idempotent_write``) each
 ``send_notification`` waits for an operator: the demo decides those calls
-through ``runs.approval_actions``, as an operator does in the admin, under
+through ``runs.approvals.actions``, as an operator does in the admin, under
 a user of its own (``DEMO_APPROVER``), and leaves one waiting for whoever
 opens the admin. Without Redis each decision executes the run on inline.
 """
@@ -13,7 +13,8 @@ from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from runs import approval_actions, transitions
+from runs import transitions
+from runs.approvals import actions as approval_actions
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, ApprovalRequest
 from runs.runtime import enqueue, run

@@ -152,7 +152,7 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
     - The crash breaks the worker's connection. The run is ``queued`` again
       with its old token and its job spent, and the reaper dispatches it
       again (G4). The next claim may hand out the lost token again, but
-      under another owner (``runtime.worker_identity`` is unique per
+      under another owner (``runs.runtime.attempt.worker_identity`` is unique per
       execution), so the stale worker's guarded writes match nothing (G5).
     - Nothing outside the database depends on the claim before a commit that
       waits for the flush: a write tool runs only after its fence's commit

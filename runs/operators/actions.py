@@ -14,21 +14,13 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from runs import transitions
+from runs.action_result import ActionResult
 from runs.dispatch import dispatch_or_fail
 from runs.models import AgentRun, DeadLetter, WriteReconciliation
-from runs.requeue_safety import requeue_safety, restart_safety
+from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.selectors import fenced_key
 from runs.transitions import CancelOutcome
 from runs.vocabulary import ReconciliationOutcome, Resolution, RunStatus, StepKind
-
-
-@dataclass(frozen=True)
-class ActionResult:
-    ok: bool
-    #: Machine-readable, for the API's 409 body: the verdict's code, or
-    #: ``changed`` / ``not_cancellable`` / ``nothing_to_reconcile`` / ...
-    code: str
-    detail: str
 
 
 def _step(operator, action: str, note: str, **details) -> dict:

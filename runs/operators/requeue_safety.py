@@ -14,9 +14,9 @@ The admin and the API both call them and show their reasons.
 
 from dataclasses import dataclass, field
 
-from runs.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.models import AgentRun
-from runs.run_request import InvalidRunRequest, RunRequest, parse_stored_request
+from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
+from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_stored_request
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from tools.approval_policy import tools_needing_approval
 from tools.effects import ToolEffect

@@ -1,8 +1,10 @@
-"""The runtime: start runs, execute them under a lease, settle them.
+"""Starting runs and executing one attempt of a run under its lease.
 
 ``enqueue`` stores a queued run and dispatches its job after commit;
-``run_queued`` is what a job does; ``run`` executes an interactive run inline.
-The agent loop is driven here and observed by ``LeasedExecution``.
+``run_queued`` is what a job does (claim, then execute); ``run`` executes an
+interactive run inline. ``_execute`` drives the agent loop, observed by
+``LeasedExecution``, and ends the attempt: settled, parked for approval,
+or handed to ``failed_attempts``.
 """
 
 import contextlib
@@ -17,18 +19,23 @@ import time
 from django.conf import settings
 from django.db import DatabaseError, transaction
 
-from runs import approval_notices, transitions
-from runs.approvals import ApprovalGate, Decisions
+from runs import transitions
+from runs.approvals import notices as approval_notices
+from runs.approvals.gate import ApprovalGate, Decisions
 from runs.dispatch import dispatch_or_fail
-from runs.errors import AwaitingApproval, LeaseLost, RunCancelled
-from runs.execution import LeasedExecution
-from runs.failed_attempts import dead_letter_unreplayable, settle_failure, withdraw_unstarted
-from runs.journal import Journal, JournalUnreplayable, read_journal_of
-from runs.loop import run_agent_loop
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
 from runs.models import AgentRun
 from runs.providers import build_provider
-from runs.run_request import (
+from runs.runtime.errors import AwaitingApproval, LeaseLost, RunCancelled
+from runs.runtime.execution import LeasedExecution
+from runs.runtime.failed_attempts import (
+    dead_letter_unreplayable,
+    settle_failure,
+    withdraw_unstarted,
+)
+from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
+from runs.runtime.loop import run_agent_loop
+from runs.runtime.run_request import (
     InvalidRunRequest,
     RunRequest,
     parse_run_request,

@@ -9,7 +9,7 @@ what waits).
 
 from django.conf import settings
 
-from runs import approval_webhook
+from runs.approvals import webhook
 from runs.metrics import APPROVAL_REQUESTS
 
 
@@ -18,4 +18,4 @@ def run_waits(run_id, approvals: list) -> None:
     for approval in approvals:
         APPROVAL_REQUESTS.labels(approval.tool_name).inc()
     if settings.NRLLM_APPROVAL_WEBHOOK_URL and approvals:
-        approval_webhook.notify(run_id, approvals)
+        webhook.notify(run_id, approvals)

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from runs.loop import RecordedOutcome, RecordedTurn, StepEvent
 from runs.models import AgentRun, ApprovalRequest, RunStep
 from runs.providers.base import ToolCall, Turn
-from runs.run_request import RunRequest
+from runs.runtime.loop import RecordedOutcome, RecordedTurn, StepEvent
+from runs.runtime.run_request import RunRequest
 from runs.vocabulary import ApprovalStatus, StepKind
 from tools.canonical import token_count
 from tools.contract import idempotency_key_for

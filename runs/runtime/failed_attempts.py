@@ -10,13 +10,13 @@ from django.db import DatabaseError
 
 from runs import transitions
 from runs.dispatch import dispatch_or_fail
-from runs.errors import AuditPersistenceFailed, WriteNotDurable, WriteOutcomeUnknown
-from runs.execution import withdraw_unstarted_fence
 from runs.failures import classify, is_retryable
-from runs.journal import JournalUnreplayable
 from runs.models import AgentRun
 from runs.providers import ProviderError
-from runs.retry import decide_retry
+from runs.runtime.errors import AuditPersistenceFailed, WriteNotDurable, WriteOutcomeUnknown
+from runs.runtime.journal import JournalUnreplayable
+from runs.runtime.retry import decide_retry
+from runs.runtime.step_ledger import withdraw_unstarted_fence
 from runs.transitions import Lease
 from runs.vocabulary import RunMode, RunStatus, TerminationReason
 from tools.effects import ToolEffect

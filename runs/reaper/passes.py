@@ -1,4 +1,4 @@
-"""The reaper (G7): recovers runs whose worker stopped renewing its lease,
+"""One reaper pass (G7): recovers runs whose worker stopped renewing its lease,
 and queued runs whose wake-up job Redis lost.
 
 A stale run is requeued when that is safe and the budget allows, and
@@ -23,52 +23,20 @@ from runs import transitions
 from runs.dispatch import dispatch_many_or_fail, dispatch_or_fail, job_id_for, live_job_ids
 from runs.metrics import APPROVAL_DECISIONS, REAPER_DECISIONS
 from runs.models import AgentRun
+from runs.reaper.decisions import (
+    ABANDON,
+    CANCEL,
+    DEAD_LETTER,
+    EXPIRE,
+    REDISPATCH,
+    REQUEUE,
+    ReapDecision,
+    decide_reap,
+)
 from runs.transitions import Reaping, StaleLease, db_time
-from runs.vocabulary import DeadLetterReason, RunMode, RunStatus, StepKind, TerminationReason
-from tools.effects import ToolEffect
+from runs.vocabulary import RunMode, RunStatus, StepKind
 
 logger = logging.getLogger(__name__)
-
-REQUEUE = "requeued"
-DEAD_LETTER = "dead_lettered"
-CANCEL = "cancelled"
-ABANDON = "abandoned"
-REDISPATCH = "redispatched"
-EXPIRE = "approval_expired"
-
-
-@dataclass(frozen=True)
-class ReapDecision:
-    action: str
-    reason: str
-
-
-def decide_reap(
-    *,
-    pending_effect: str,
-    audit_failed: bool = False,
-    interactive: bool = False,
-    requeue_count: int,
-    max_requeues: int,
-    cancel_requested: bool,
-) -> ReapDecision:
-    """What to do with a run whose lease expired, and why."""
-    if pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
-        # The write may have landed; running it again could repeat it.
-        return ReapDecision(DEAD_LETTER, DeadLetterReason.WRITE_INTERRUPTED)
-    if cancel_requested:
-        return ReapDecision(CANCEL, "cancel requested")
-    if interactive:
-        # Its caller is gone (killed, interrupted): no worker may finish
-        # what the caller started, and perhaps stopped on purpose.
-        return ReapDecision(ABANDON, TerminationReason.ABANDONED)
-    if audit_failed:
-        # A write executed and its step could not be recorded (G3): its
-        # settle failed too, and a retry would run it again.
-        return ReapDecision(DEAD_LETTER, DeadLetterReason.NOT_RETRYABLE)
-    if requeue_count >= max_requeues:
-        return ReapDecision(DEAD_LETTER, DeadLetterReason.RETRIES_EXHAUSTED)
-    return ReapDecision(REQUEUE, "lease expired; safe to run again")
 
 
 @dataclass

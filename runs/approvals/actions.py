@@ -13,10 +13,10 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 
 from runs import transitions
+from runs.action_result import ActionResult
 from runs.dispatch import dispatch_or_fail
 from runs.metrics import APPROVAL_DECISION_SECONDS, APPROVAL_DECISIONS
 from runs.models import AgentRun, ApprovalRequest
-from runs.operator_actions import ActionResult
 from runs.transitions import DecisionOutcome
 from runs.vocabulary import ApprovalStatus, RunStatus
 

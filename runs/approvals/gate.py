@@ -1,48 +1,23 @@
-"""What binds an approval to its call, and what an attempt does with the
-decisions (G14).
+"""The approval gate: what one attempt does with a turn's calls that need an
+operator's decision (G14).
 
 A call that needs approval is asked for by a turn; the run waits, and an
 operator decides each waiting call on its own (one decision per call, not
-per turn). The decision must carry the call's digest: a hash of the run,
-the attempt that asked, the turn, the call's place, tool, effect, arguments
-and idempotency key. A page shown before the run moved on (decided by
-someone else, expired, cancelled, asked again by a later attempt) carries
-a digest that matches nothing.
+per turn), carrying the call's digest (``runs.transitions.approvals.digest``,
+written with the request when the run parks).
 
 An attempt that resumes the turn (``Decisions``) executes an approved call
 as it was approved — the journal's turn, never one asked again — and tells
 the model of a denied one instead of running it.
 """
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runs.models import ApprovalRequest
+from runs.transitions import WaitingCall
 from runs.vocabulary import ApprovalStatus
 from tools.contract import idempotency_key_for
-
-
-def digest(request: ApprovalRequest) -> str:
-    """The digest a decision of ``request``'s call must carry: its run, the
-    attempt that asked, the turn, and the call (place, tool, effect,
-    arguments, idempotency key)."""
-    material = json.dumps(
-        [
-            str(request.run_id),
-            request.lease_token,
-            request.turn_sequence,
-            request.position,
-            request.tool_name,
-            request.effect,
-            request.arguments,
-            request.idempotency_key,
-        ],
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(material.encode()).hexdigest()
 
 
 def denial_message(operator_name: str, note: str) -> str:
@@ -120,8 +95,6 @@ class ApprovalGate:
         (position → what the model is told) and the ones that wait
         (``WaitingCall``s). A call decided for this turn is never asked
         again: approved, it runs; denied, it does not."""
-        from runs.transitions import WaitingCall
-
         if not (self.by_policy or self.by_request or self.decisions.turn_sequence):
             return {}, []  # the common case: nothing needs approval
         denied, waiting = {}, []

@@ -1,0 +1,8 @@
+"""What operators may do to a run, and what they do.
+
+``requeue_safety`` gives the verdicts (is a requeue or a restart safe, and
+what would it repeat, G10); ``actions`` carries out requeue, restart,
+cancel, reconcile and dismiss for the admin and the API alike, each through
+a guarded transition and recorded on the run (G11). Approve and deny are in
+``runs.approvals.actions``.
+"""

@@ -1,0 +1,18 @@
+"""The runtime: a run from its claim to its settle.
+
+claim (``attempt``) → journal replayed, if any (``journal``) → the agent
+loop, provider ↔ tools (``loop``), watched by the lease, fence and audit
+(``execution``) whose steps the ledger records (``step_ledger``) → settled,
+parked for approval, or ended as a failed attempt (``failed_attempts``,
+``retry``). A run's request is parsed and checked by ``run_request``;
+``errors`` holds what the runtime raises to itself.
+
+Start here: ``enqueue`` stores a queued run and dispatches its job,
+``run_queued`` is what the job does, ``run`` executes an interactive run
+inline. The runtime writes no status itself: every change goes through
+``runs.transitions``.
+"""
+
+from runs.runtime.attempt import CallerInterrupted, enqueue, run, run_queued
+
+__all__ = ["CallerInterrupted", "enqueue", "run", "run_queued"]
