@@ -4,6 +4,7 @@ settings table in docs/operations.md matches what the code reads.
 Text only: no database, no network (http(s) links are not fetched).
 """
 
+import ast
 import re
 from pathlib import Path
 from urllib.parse import unquote
@@ -186,3 +187,55 @@ def test_every_variable_the_app_reads_is_documented():
         "variables read by the app but missing from the settings table of "
         "docs/operations.md: " + ", ".join(undocumented)
     )
+
+
+def documented_defaults() -> dict[str, str]:
+    """Variable → its default as the settings table writes it, where the
+    cell is one code span (``900``, ``true``); words (unset, empty) are left
+    out."""
+    text = SETTINGS_TABLE.read_text()
+    section = text.partition("\n## Environment variables\n")[2].partition("\n## ")[0]
+    defaults = {}
+    for row in section.splitlines():
+        cells = [cell.strip() for cell in row.split("|")]
+        if row.startswith("|") and len(cells) > 3:
+            names = re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[1])
+            value = re.fullmatch(r"`([^`]*)`", cells[2])
+            if len(names) == 1 and value:
+                defaults[names[0]] = value.group(1)
+    return defaults
+
+
+def defaults_in_settings() -> dict[str, str]:
+    """Variable → the literal default ``env_*("NAME", default)`` gives it in
+    settings.py, written as the table writes it."""
+    found = {}
+    for node in ast.walk(ast.parse(SETTINGS_MODULE.read_text())):
+        if not (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", "").startswith("env_")
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            continue
+        try:
+            default = ast.literal_eval(node.args[1])
+        except ValueError:
+            continue  # computed: nothing literal to compare
+        if isinstance(default, bool):
+            default = "true" if default else "false"
+        elif isinstance(default, list):
+            default = ",".join(default)
+        found[node.args[0].value] = str(default)
+    return found
+
+
+def test_every_documented_default_is_the_one_settings_gives():
+    documented, actual = documented_defaults(), defaults_in_settings()
+    assert len(documented) > 20, "the table's defaults were not found"
+    wrong = [
+        f"{name}: the table says {documented[name]!r}, settings.py gives {actual[name]!r}"
+        for name in sorted(documented.keys() & actual.keys())
+        if documented[name] != actual[name]
+    ]
+    assert not wrong, "\n".join(wrong)

@@ -204,7 +204,7 @@ class LeasedExecution:
                     self.lease, steps, output=output, recorded=self.ledger.recorded
                 )
             if outcome is FinishOutcome.STEPS_LOST:
-                self.ledger.unwritten = steps[:-1]
+                self.ledger.leave_unwritten(steps[:-1])
                 self.ledger.restore_lost_steps()
                 continue
             if outcome is not FinishOutcome.UNKNOWN:
@@ -213,12 +213,14 @@ class LeasedExecution:
             if self.ledger.resolve_doubt() and not self.ledger.unwritten:
                 self.settled = True  # it had committed after all
                 return
-            self.ledger.unwritten = [step for step in self.ledger.unwritten if step is not final]
+            self.ledger.leave_unwritten(
+                [step for step in self.ledger.unwritten if step is not final]
+            )
             outcome = FinishOutcome.FAILED
         if outcome is FinishOutcome.LEASE_LOST:
             raise LeaseLost()
         if outcome in (FinishOutcome.FAILED, FinishOutcome.STEPS_LOST, FinishOutcome.UNKNOWN):
-            self.ledger.unwritten = steps
+            self.ledger.leave_unwritten(steps)
             self._heartbeat_after_unrecorded_step()
             return
         self.ledger.landed(steps)

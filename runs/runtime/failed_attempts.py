@@ -21,7 +21,7 @@ from runs.transitions import Lease
 from runs.vocabulary import RunMode, RunStatus, TerminationReason
 from tools.effects import ToolEffect
 
-logger = logging.getLogger("runs.runtime")
+logger = logging.getLogger(__name__)
 
 
 def dead_letter_unreplayable(lease: Lease, error: JournalUnreplayable) -> None:

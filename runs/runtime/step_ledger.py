@@ -13,8 +13,11 @@ record transitions, and keeps what a failure leaves behind:
 - the writes whose records landed: a database that later holds fewer lost
   a write's record (``WriteNotDurable``).
 
-The agent loop's observer (``runs.runtime.execution``) decides what a
-failed record means; the ledger only keeps count.
+Each record carries the lease renewal and fence of the call after it
+(``NextCall``); a record in doubt that turns out to have landed while a
+cancel is pending withdraws the fence it stamped for a call that never
+started (``withdraw_unstarted_fence``). The agent loop's observer
+(``runs.runtime.execution``) decides what a failed record means for the run.
 """
 
 import logging
@@ -66,6 +69,11 @@ class StepLedger:
         """A record carrying ``steps`` (the unwritten ones first) may have
         committed unheard: they stay unwritten until ``resolve_doubt``."""
         self.unwritten, self.in_doubt, self.doubtful = steps, True, len(steps)
+
+    def leave_unwritten(self, steps: list[dict]) -> None:
+        """``steps`` were not recorded: they go, in order, ahead of the next
+        record."""
+        self.unwritten = steps
 
     def recorded_write(self, write: dict) -> None:
         """The executed ``write``'s record has just landed."""
@@ -252,8 +260,10 @@ class StepLedger:
 
 
 def withdraw_unstarted_fence(lease: Lease, key: str) -> bool:
-    """``transitions.withdraw_fence``, never raising; False if the database
-    could not be asked."""
+    """``transitions.withdraw_fence`` for a call that did not start, never
+    raising; False if the database could not be asked (the fence stays: a
+    write in doubt an operator reconciles, the safe side). Used wherever an
+    attempt stops before a call whose fence a record stamped."""
     try:
         transitions.withdraw_fence(lease, key)
     except DatabaseError:

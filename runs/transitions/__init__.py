@@ -5,7 +5,9 @@ be true (status, lease owner, lease token), and each reports whether it
 matched. A worker that lost its run — reaped, re-claimed, cancelled, settled
 by someone else — matches nothing and so changes nothing (G4–G6, G9).
 
-The modules of this package are split by concern; import from the package.
+The modules of this package are split by concern; import transitions from
+the package. ``step_journal`` and ``run_insert`` hold the PostgreSQL
+statements some of them run.
 """
 
 from runs.transitions._common import Lease, db_time, recover_connection

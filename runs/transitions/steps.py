@@ -170,7 +170,7 @@ def must_reach_disk(steps: Sequence[dict], *, clear_fence: bool, next_call) -> b
     PostgreSQL flushes its WAL in order —, a write's record (G2), the
     settle. Every record is guarded on how many steps the attempt has
     recorded, so one whose earlier steps a crash lost matches nothing and
-    the attempt writes them again (``LeasedExecution``).
+    the attempt writes them again (``StepLedger.restore_lost_steps``).
     """
     if clear_fence or not steps or (next_call is not None and next_call.fence):
         return True
