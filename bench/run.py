@@ -26,6 +26,8 @@ SIZES = {
         "queue_rounds": 3,
         "scale_runs": 1_000_000,
         "steps_per_run": 10,
+        "latency_processes": 20,
+        "latency_workloads": [(1.0, 100), (5.0, 60)],
     },
     "smoke": {
         "steps": 40,
@@ -37,6 +39,8 @@ SIZES = {
         "queue_rounds": 1,
         "scale_runs": 2000,
         "steps_per_run": 10,
+        "latency_processes": 2,
+        "latency_workloads": [(0.2, 4)],
     },
 }
 TARGETS = {
@@ -185,6 +189,11 @@ def _resume_rows(resume: dict) -> list[dict]:
     ]
 
 
+def _part(name: str) -> None:
+    """Say which part runs: the bench takes minutes."""
+    print(f"bench: {name}", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
@@ -192,7 +201,7 @@ def main(argv=None) -> int:
     parser.add_argument("--database", default="nrllm_bench")
     parser.add_argument(
         "--only",
-        choices=["steps", "peer", "queue", "resume"],
+        choices=["steps", "peer", "queue", "resume", "latency"],
         help="measure only these figures and print them (results files untouched)",
     )
     args = parser.parse_args(argv)
@@ -209,6 +218,7 @@ def main(argv=None) -> int:
 
     from bench import scale
     from bench.measuring import commits_not_waiting_for_the_flush
+    from bench.model_latency import latency_rows, model_latency_figures
     from bench.peer import peer_figures
     from bench.resume import resume_figures
     from bench.steps import step_figures
@@ -223,6 +233,15 @@ def main(argv=None) -> int:
         queue = through_the_queue(size["queue_runs"], size["queue_rounds"], worker_env)
         print(json.dumps(queue, indent=2))
         return 0
+    if args.only == "latency":
+        from django.conf import settings
+
+        settings.REDIS_URL = redis_url
+        figures = model_latency_figures(
+            worker_env, size["latency_processes"], size["latency_workloads"]
+        )
+        print(json.dumps(figures, indent=2))
+        return 0
     if args.only == "resume":
         resume = resume_figures(size["steps"], size["step_rounds"])
         print(json.dumps(resume, indent=2))
@@ -231,14 +250,18 @@ def main(argv=None) -> int:
         peer = peer_figures(base_url, size, args.database)
         print(json.dumps(peer, indent=2))
         return 0
+    _part("the step figures, commits waiting for the flush")
     steps, baseline = step_figures(size["steps"], size["step_rounds"])
+    _part("the step figures, the database's commits not waiting for the flush")
     with commits_not_waiting_for_the_flush():
         flushless = step_figures(size["steps"], size["flushless_rounds"])
     if args.only == "steps":
         print(json.dumps({"steps": steps, "baseline": baseline, "flushless": flushless}, indent=2))
         return 0
+    _part("DBOS Transact, the peer")
     peer = peer_figures(base_url, size, args.database)
     # In-process, as the step figures: before runs go to Redis below.
+    _part("resume")
     resume = resume_figures(size["steps"], size["step_rounds"])
 
     from django.conf import settings
@@ -246,6 +269,7 @@ def main(argv=None) -> int:
     # From here on runs are dispatched to Redis, as in production: the
     # reaper's requeues must not execute in this process.
     settings.REDIS_URL = redis_url
+    _part("through the queue")
     queue = through_the_queue(size["queue_runs"], size["queue_rounds"], worker_env)
     # SimpleWorker's again with no commit waiting for the flush: how close the
     # runs come to bare RQ where the disk is not what limits them.
@@ -253,6 +277,11 @@ def main(argv=None) -> int:
         flushless_queue = through_the_queue(
             size["queue_runs"], size["flushless_rounds"], worker_env, (SIMPLE_WORKER,)
         )
+    _part("runs waiting on a model")
+    latency = model_latency_figures(
+        worker_env, size["latency_processes"], size["latency_workloads"]
+    )
+    _part("the pages at scale")
     at_scale = scale.at_scale(size["scale_runs"], size["steps_per_run"])
 
     table = _step_rows(steps, baseline, "")
@@ -293,6 +322,7 @@ def main(argv=None) -> int:
             "ratio": figure["ratio"],
         }
     )
+    table += latency_rows(latency)
     table.append(
         {
             "figure": "worker peak RSS",
@@ -336,6 +366,7 @@ def main(argv=None) -> int:
         "resume": resume,
         "through_the_queue": queue,
         "through_the_queue_not_waiting_for_the_flush": flushless_queue,
+        "waiting_on_a_model": latency,
         "at_scale": at_scale,
         "table": table,
     }

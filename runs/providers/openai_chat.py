@@ -6,10 +6,17 @@ off: the run row decides retries. Every call passes the circuit breaker.
 
 The SDK is imported when a run first uses this provider, not with the
 module: it costs a process about 40 MB, which a worker serving other
-providers (or the web process validating requests) need not carry.
+providers (or the web process validating requests) need not carry. A
+worker loads it once, before its work horses fork (``runs.jobs.load_for_runs``).
+
+One client per process and configuration (``shared_client``): its HTTP pool
+and TLS context serve every run and thread; building them per run cost more
+CPU than the run's own statements.
 """
 
 import json
+import os
+import threading
 import time
 
 from django.conf import settings
@@ -46,20 +53,10 @@ class OpenAIChatProvider:
         problem = self.configuration_problem()
         if problem:
             raise ProviderError(problem, failure_class=FailureClass.CONFIGURATION)
-        import openai
-
         self.model = spec["model"]
         self.options = {key: spec[key] for key in ("temperature", "max_tokens") if key in spec}
         self.circuit_key = f"{settings.NRLLM_OPENAI_BASE_URL} {self.model}"
-        self.client = openai.OpenAI(
-            base_url=settings.NRLLM_OPENAI_BASE_URL,
-            api_key=settings.NRLLM_OPENAI_API_KEY,
-            max_retries=0,
-            timeout=openai.Timeout(
-                settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS,
-                connect=settings.NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS,
-            ),
-        )
+        self.client = shared_client()
 
     @classmethod
     def from_spec(cls, spec: dict, *, attempt: int) -> "OpenAIChatProvider":
@@ -86,6 +83,76 @@ class OpenAIChatProvider:
             raise failure from None
         circuit.record_success(self.circuit_key)
         return _turn(completion, latency_ms=int((time.monotonic() - started) * 1000))
+
+
+#: Configuration → (client, the process that first sent a request with it).
+_clients: dict[tuple, tuple] = {}
+_clients_lock = threading.Lock()
+
+
+def shared_client():
+    """The process's ``openai.OpenAI`` for the configured endpoint, key and
+    timeouts, built on first use; the SDK's client is safe across threads.
+
+    A forked work horse inherits the clients its parent built but never sent
+    a request with (no connection open yet: the TLS context and the module
+    graph are what it saves); one the parent used is dropped in the child
+    (``_after_fork``), whose requests must not share the parent's sockets.
+    """
+    key = (
+        settings.NRLLM_OPENAI_BASE_URL,
+        settings.NRLLM_OPENAI_API_KEY,
+        settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS,
+        settings.NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS,
+    )
+    entry = _clients.get(key)
+    if entry is None or entry[1] != os.getpid():
+        with _clients_lock:
+            entry = _clients.get(key)
+            if entry is None:
+                entry = (_new_client(*key), None)
+            # Sending a request is near: from here on its pool is this process's.
+            entry = _clients[key] = (entry[0], os.getpid())
+    return entry[0]
+
+
+def built_client() -> None:
+    """Build the configured client without sending anything, so that work
+    horses forked afterwards inherit it (``runs.jobs.load_for_runs``)."""
+    key = (
+        settings.NRLLM_OPENAI_BASE_URL,
+        settings.NRLLM_OPENAI_API_KEY,
+        settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS,
+        settings.NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS,
+    )
+    with _clients_lock:
+        if key not in _clients:
+            _clients[key] = (_new_client(*key), None)
+
+
+def _new_client(base_url, api_key, read_timeout, connect_timeout):
+    import openai
+
+    return openai.OpenAI(
+        base_url=base_url,
+        api_key=api_key,
+        max_retries=0,
+        timeout=openai.Timeout(read_timeout, connect=connect_timeout),
+    )
+
+
+def _after_fork() -> None:
+    # Clients this process sent requests with may hold open connections:
+    # the child builds its own rather than share the parent's sockets. The
+    # lock may have been held by a thread the child does not have.
+    global _clients_lock
+    _clients_lock = threading.Lock()
+    for key, (_, used_by) in list(_clients.items()):
+        if used_by is not None:
+            del _clients[key]
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _turn(completion, *, latency_ms: int) -> Turn:

@@ -1,0 +1,277 @@
+"""The real workload: runs that wait on a model.
+
+A local chat-completions server answers every request after ``latency``
+seconds: a run's first turn calls ``read_note``, its second answers. Worker
+processes of one class drain ``runs`` such runs; measured while they do:
+
+- throughput against the ideal (runs in flight / the two turns' latency);
+- runs in flight per worker process, at the peak;
+- PSS (``/proc/PID/smaps_rollup``: shared pages count once) of the workers
+  and their work horses, per run in flight, at the peak;
+- worker CPU per run (the workers' and their reaped horses' user and system
+  time while they drained, start-up left out);
+- enqueue → start and enqueue → end, p50 and p99 (the run rows' times).
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.db import transaction
+
+from bench.measuring import ROOT
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _latency_server(latency: float):
+    """A chat-completions server whose model reads a note, then answers,
+    each turn after ``latency`` seconds."""
+    from tests.fake_openai import Reply, completion, start_fake_openai
+
+    def brain(body: dict) -> Reply:
+        told = any(message["role"] == "tool" for message in body["messages"])
+        if told:
+            return Reply(200, completion("the note says hello"), delay_seconds=latency)
+        call = ("call-1", "read_note", '{"slug": "bench"}')
+        return Reply(200, completion(tool_calls=[call]), delay_seconds=latency)
+
+    fake = start_fake_openai()
+    fake.brain = brain
+    return fake
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system time of ``pid`` and of the children it has reaped."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
+    return (utime + stime + cutime + cstime) / _CLOCK_TICKS
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rpartition(")")[2].split()[1])
+    except OSError:
+        return None
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass  # a horse that exited between the listing and the read
+    return 0
+
+
+def _family(workers: set[int]) -> set[int]:
+    """The worker processes and their live children (work horses)."""
+    family = set(workers)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _parent_of(int(entry)) in workers:
+            family.add(int(entry))
+    return family
+
+
+def _in_flight_by_worker(workers: set[int]) -> dict[int, int]:
+    """Runs ``running`` now, by the worker process executing them (a horse's
+    runs count for its parent)."""
+    from runs.models import AgentRun
+
+    counts = dict.fromkeys(workers, 0)
+    for owner in AgentRun.objects.filter(status="running").values_list("lease_owner", flat=True):
+        pid = int(owner.split(":")[1])
+        worker = pid if pid in workers else _parent_of(pid)
+        if worker in counts:
+            counts[worker] += 1
+    return counts
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def model_latency_round(
+    worker_env: dict, *, worker_class: str, processes: int, latency: float, runs: int
+) -> dict:
+    """``runs`` two-turn runs drained by ``processes`` workers of ``worker_class``
+    against a model answering after ``latency`` seconds."""
+    from runs.models import AgentRun
+    from runs.runtime import enqueue
+    from tools.models import Note
+
+    fake = _latency_server(latency)
+    # This process validates the requests it enqueues: the provider must be
+    # configured here too.
+    settings.NRLLM_OPENAI_BASE_URL, settings.NRLLM_OPENAI_API_KEY = fake.base_url, "sk-bench"
+    env = {
+        **worker_env,
+        "NRLLM_WORKER_CLASS": worker_class,
+        "NRLLM_OPENAI_BASE_URL": fake.base_url,
+        "NRLLM_OPENAI_API_KEY": "sk-bench",
+        "NRLLM_OPENAI_READ_TIMEOUT_SECONDS": str(int(latency) + 60),
+        "DATABASE_CONN_MAX_AGE": "600",
+    }
+    Note.objects.update_or_create(slug="bench", defaults={"body": "hello"})
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "rqworker", settings.NRLLM_QUEUE_NAME],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    pids = {worker.pid for worker in workers}
+    try:
+        _wait_for_workers(processes)
+        cpu_before = _idle_cpu_seconds(pids)
+        prompt = f"latency {latency} {worker_class} {time.time()}"
+        request = {
+            "prompt": prompt,
+            "tools": ["read_note"],
+            "provider": {"kind": "openai", "model": "bench-model"},
+        }
+        started = time.monotonic()
+        with transaction.atomic():  # one commit; the jobs go out after it
+            for _ in range(runs):
+                enqueue(request)
+        mine = AgentRun.objects.filter(prompt=prompt)
+        peak_in_flight, peak_per_worker, pss_at_peak_kb = 0, 0, 0
+        while mine.exclude(status__in=["completed", "failed", "cancelled"]).exists():
+            if time.monotonic() - started > 600:
+                raise RuntimeError(f"{worker_class}: runs still unfinished after 600 s")
+            in_flight = _in_flight_by_worker(pids)
+            total = sum(in_flight.values())
+            if total > peak_in_flight:
+                peak_in_flight = total
+                peak_per_worker = max(in_flight.values())
+                pss_at_peak_kb = sum(_pss_kb(pid) for pid in _family(pids))
+            time.sleep(0.2)
+        cpu_after = sum(_cpu_seconds(pid) for pid in pids)
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(timeout=60)
+        fake.server.shutdown()
+        fake.server.server_close()
+    rows = list(mine.values_list("status", "created_at", "started_at", "finished_at"))
+    completed = [row for row in rows if row[0] == "completed"]
+    wall = (max(row[3] for row in rows) - min(row[1] for row in rows)).total_seconds()
+    to_start = [(row[2] - row[1]).total_seconds() for row in rows if row[2]]
+    to_end = [(row[3] - row[1]).total_seconds() for row in rows]
+    ideal = min(processes * _slots(worker_class), runs) / (2 * latency)
+    return {
+        "worker_class": worker_class,
+        "processes": processes,
+        "latency_seconds": latency,
+        "runs": runs,
+        "completed": len(completed),
+        "runs_per_second": runs / wall,
+        "ideal_runs_per_second": ideal,
+        "ratio_to_ideal": (runs / wall) / ideal,
+        "peak_in_flight": peak_in_flight,
+        "peak_in_flight_per_process": peak_per_worker,
+        "pss_mb_per_run_in_flight": pss_at_peak_kb / 1024 / max(peak_in_flight, 1),
+        "worker_cpu_ms_per_run": (cpu_after - cpu_before) * 1000 / runs,
+        "enqueue_to_start_p50_s": _percentile(to_start, 0.5),
+        "enqueue_to_start_p99_s": _percentile(to_start, 0.99),
+        "enqueue_to_end_p50_s": _percentile(to_end, 0.5),
+        "enqueue_to_end_p99_s": _percentile(to_end, 0.99),
+    }
+
+
+def _slots(worker_class: str) -> int:
+    """Runs one process of ``worker_class`` executes at once."""
+    return 1
+
+
+def _wait_for_workers(count: int) -> None:
+    """Until ``count`` workers listen (their start-up is not the runs' cost)."""
+    from rq import Worker
+
+    from runs.dispatch import run_queue
+
+    connection = run_queue().connection
+    deadline = time.monotonic() + 120
+    while len(Worker.all(connection=connection)) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not start within 120 s")
+        time.sleep(0.2)
+
+
+def _idle_cpu_seconds(pids: set[int]) -> float:
+    """The workers' CPU time once it stops growing: their start-up (which
+    goes on after they register) is not the runs' cost."""
+    previous = sum(_cpu_seconds(pid) for pid in pids)
+    while True:
+        time.sleep(0.5)
+        now = sum(_cpu_seconds(pid) for pid in pids)
+        if now - previous < 0.02 * len(pids):
+            return now
+        previous = now
+
+
+#: The worker classes measured on the real workload.
+LATENCY_WORKER_CLASSES = ("runs.worker.Worker", "rq.worker.SimpleWorker")
+#: The issue's targets (#28), per run: worker CPU and PSS per run in flight.
+CPU_MS_PER_RUN_AT_MOST = 20
+PSS_MB_PER_RUN_AT_MOST = 3
+
+
+def model_latency_figures(worker_env: dict, processes: int, workloads: list) -> list[dict]:
+    """A round per worker class and ``(latency, runs)`` of ``workloads``."""
+    return [
+        model_latency_round(
+            worker_env,
+            worker_class=worker_class,
+            processes=processes,
+            latency=latency,
+            runs=runs,
+        )
+        for latency, runs in workloads
+        for worker_class in LATENCY_WORKER_CLASSES
+    ]
+
+
+def latency_rows(figures: list[dict]) -> list[dict]:
+    """The results table's rows: throughput against the ideal, then what a
+    run cost and waited."""
+    rows = []
+    for figure in figures:
+        where = (
+            f"{figure['processes']} rqworkers ({figure['worker_class']}), a model answering in "
+            f"{figure['latency_seconds']:g} s, {figure['runs']} two-turn runs"
+        )
+        rows.append(
+            {
+                "figure": f"runs waiting on a model: {where} "
+                f"({figure['completed']} completed; ideal = runs in flight / two turns' latency)",
+                "value": f"{figure['runs_per_second']:.2f} runs/s",
+                "baseline": f"{figure['ideal_runs_per_second']:.2f} runs/s ideal",
+                "ratio": figure["ratio_to_ideal"],
+            }
+        )
+        rows.append(
+            {
+                "figure": f"worker CPU per run ({where}; at the peak "
+                f"{figure['peak_in_flight']} in flight, {figure['peak_in_flight_per_process']} "
+                f"per process, {figure['pss_mb_per_run_in_flight']:.1f} MB PSS per run in "
+                f"flight; enqueue to start p50 {figure['enqueue_to_start_p50_s']:.2f} s, p99 "
+                f"{figure['enqueue_to_start_p99_s']:.2f} s; to end p50 "
+                f"{figure['enqueue_to_end_p50_s']:.2f} s, "
+                f"p99 {figure['enqueue_to_end_p99_s']:.2f} s)",
+                "value": f"{figure['worker_cpu_ms_per_run']:.0f} ms",
+                "at_most": f"{CPU_MS_PER_RUN_AT_MOST} ms",
+            }
+        )
+    return rows

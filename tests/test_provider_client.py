@@ -1,0 +1,106 @@
+"""The openai provider's client is built once per process and configuration
+and shared by every run and thread; a forked work horse inherits one its
+parent built but never used, and builds its own when the parent used it;
+a worker loads what runs need before it forks, opening no connection."""
+
+import os
+import threading
+
+import pytest
+from django.db import connection
+
+from runs.jobs import load_for_runs
+from runs.providers import openai_chat
+from runs.providers.openai_chat import OpenAIChatProvider, shared_client
+from runs.runtime import enqueue, run
+from tests.fake_openai import Reply, completion
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SPEC = {"kind": "openai", "model": "fake-model"}
+
+
+@pytest.fixture(autouse=True)
+def no_clients_yet():
+    openai_chat._clients.clear()
+    yield
+    openai_chat._clients.clear()
+
+
+def test_runs_share_one_client_per_configuration(fake_openai, settings):
+    fake_openai.script(Reply(200, completion("one")), Reply(200, completion("two")))
+    first = run({"prompt": "p", "provider": SPEC})
+    second = run({"prompt": "p", "provider": SPEC})
+    assert (first.output, second.output) == ("one", "two")
+    assert len(openai_chat._clients) == 1
+    client = shared_client()
+    assert OpenAIChatProvider(SPEC).client is client
+
+    settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS = 7  # another configuration
+    other = OpenAIChatProvider(SPEC).client
+    assert other is not client and other.timeout.read == 7
+
+
+def test_threads_asking_at_once_get_the_same_client(fake_openai):
+    clients, start = [], threading.Barrier(8)
+
+    def ask():
+        start.wait()
+        clients.append(shared_client())
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(client) for client in clients}) == 1
+
+
+def _in_a_child(check) -> bool:
+    """Whether ``check()`` is true in a forked child of this process."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no database, no pytest; answer and go
+        try:
+            os.write(write, b"1" if check() else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    return answer == b"1"
+
+
+def test_a_horse_inherits_a_client_its_parent_built_and_never_used(fake_openai):
+    openai_chat.built_client()
+    [(built, used_by)] = openai_chat._clients.values()
+    assert used_by is None
+    assert _in_a_child(lambda: shared_client() is built)
+
+
+def test_a_horse_builds_its_own_client_when_its_parent_used_one(fake_openai):
+    used = shared_client()
+    assert not _in_a_child(lambda: shared_client() is used)
+    assert shared_client() is used  # the parent keeps its own
+
+
+@pytest.mark.worker
+def test_the_forking_worker_loads_them_before_its_first_job(fake_openai, workers, queue):
+    fake_openai.script(Reply(200, completion("from a horse")))
+    agent_run = enqueue({"prompt": "p", "provider": SPEC})
+    output = workers.run_burst()
+    loaded = output.index("loaded for runs before any job")
+    assert "the openai SDK and client" in output[loaded:].splitlines()[0]
+    assert loaded < output.index(agent_run.pk.hex[:8]), "loaded after the job began"
+    agent_run.refresh_from_db()
+    assert agent_run.output == "from a horse"
+
+
+def test_a_worker_loads_the_sdk_and_the_client_before_it_forks_and_opens_no_connection(
+    fake_openai,
+):
+    connection.close()
+    load_for_runs()
+    assert connection.connection is None, "loading opened a database connection"
+    [(_, used_by)] = openai_chat._clients.values()
+    assert used_by is None, "loading sent a request"
