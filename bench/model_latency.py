@@ -145,17 +145,25 @@ def model_latency_round(
             for _ in range(runs):
                 enqueue(request)
         mine = AgentRun.objects.filter(prompt=prompt)
-        peak_in_flight, peak_per_worker, pss_at_peak_kb = 0, 0, 0
+        # PSS per run in flight at every look, the largest while the most
+        # runs are in flight: a horse grows during its run (a first look,
+        # as it claims, would see it before it loaded anything).
+        peak_in_flight, peak_per_worker, pss_per_run_kb = 0, 0, 0.0
         while mine.exclude(status__in=["completed", "failed", "cancelled"]).exists():
             if time.monotonic() - started > 600:
                 raise RuntimeError(f"{worker_class}: runs still unfinished after 600 s")
             in_flight = _in_flight_by_worker(pids)
             total = sum(in_flight.values())
-            if total > peak_in_flight:
-                peak_in_flight = total
-                peak_per_worker = max(in_flight.values())
-                pss_at_peak_kb = sum(_pss_kb(pid) for pid in _family(pids))
+            if total and total >= peak_in_flight:
+                pss = sum(_pss_kb(pid) for pid in _family(pids)) / total
+                if total > peak_in_flight:
+                    peak_in_flight, peak_per_worker, pss_per_run_kb = total, 0, 0.0
+                peak_per_worker = max(peak_per_worker, *in_flight.values())
+                pss_per_run_kb = max(pss_per_run_kb, pss)
             time.sleep(0.2)
+        reaped_by = time.monotonic() + 30
+        while _family(pids) != pids and time.monotonic() < reaped_by:
+            time.sleep(0.1)  # a horse's CPU counts for its worker once reaped
         cpu_after = sum(_cpu_seconds(pid) for pid in pids)
     finally:
         for worker in workers:
@@ -166,6 +174,10 @@ def model_latency_round(
         fake.server.server_close()
     rows = list(mine.values_list("status", "created_at", "started_at", "finished_at"))
     completed = [row for row in rows if row[0] == "completed"]
+    if len(completed) != runs:
+        raise RuntimeError(
+            f"{worker_class}: {runs - len(completed)} of {runs} runs did not complete"
+        )
     wall = (max(row[3] for row in rows) - min(row[1] for row in rows)).total_seconds()
     to_start = [(row[2] - row[1]).total_seconds() for row in rows if row[2]]
     to_end = [(row[3] - row[1]).total_seconds() for row in rows]
@@ -181,7 +193,7 @@ def model_latency_round(
         "ratio_to_ideal": (runs / wall) / ideal,
         "peak_in_flight": peak_in_flight,
         "peak_in_flight_per_process": peak_per_worker,
-        "pss_mb_per_run_in_flight": pss_at_peak_kb / 1024 / max(peak_in_flight, 1),
+        "pss_mb_per_run_in_flight": pss_per_run_kb / 1024,
         "worker_cpu_ms_per_run": (cpu_after - cpu_before) * 1000 / runs,
         "enqueue_to_start_p50_s": _percentile(to_start, 0.5),
         "enqueue_to_start_p99_s": _percentile(to_start, 0.99),
@@ -212,17 +224,17 @@ def _wait_for_workers(count: int) -> None:
 def _idle_cpu_seconds(pids: set[int]) -> float:
     """The workers' CPU time once it stops growing: their start-up (which
     goes on after they register) is not the runs' cost."""
-    previous = sum(_cpu_seconds(pid) for pid in pids)
-    while True:
+    previous, quiet = sum(_cpu_seconds(pid) for pid in pids), 0
+    while quiet < 2:  # two half-seconds in a row with (almost) nothing done
         time.sleep(0.5)
         now = sum(_cpu_seconds(pid) for pid in pids)
-        if now - previous < 0.02 * len(pids):
-            return now
+        quiet = quiet + 1 if now - previous < 0.05 else 0
         previous = now
+    return previous
 
 
 #: The worker classes measured on the real workload.
-LATENCY_WORKER_CLASSES = ("runs.worker.Worker", "rq.worker.SimpleWorker")
+LATENCY_WORKER_CLASSES = ("runs.worker.Worker", "runs.worker.SimpleWorker")
 #: The issue's targets (#28), per run: worker CPU and PSS per run in flight.
 CPU_MS_PER_RUN_AT_MOST = 20
 PSS_MB_PER_RUN_AT_MOST = 3

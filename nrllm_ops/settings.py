@@ -4,6 +4,7 @@ Every variable is listed with its default in docs/operations.md. Defaults run lo
 with zero setup: a SQLite file under ``var/`` and in-process execution.
 """
 
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -107,9 +108,10 @@ RQ_QUEUES = {
 # The default, runs.worker.Worker, is RQ's forking worker (a work horse per
 # job) that also folds each horse's Prometheus files (nrllm_ops/metrics_files.py).
 # Each horse opens a new database connection to a cold server backend;
-# ``rq.worker.SimpleWorker`` runs jobs in the worker itself and, with
-# DATABASE_CONN_MAX_AGE, keeps its connection warm (bench/results.md compares
-# both). The lease and the reaper cover a worker that dies either way.
+# ``runs.worker.SimpleWorker`` (RQ's SimpleWorker, loading what runs need at
+# its start) runs jobs in the worker itself and, with DATABASE_CONN_MAX_AGE,
+# keeps its connection warm (bench/results.md compares both). The lease and
+# the reaper cover a worker that dies either way.
 # django-rq would also mount its dashboard inside the admin
 # (/admin/django_rq/dashboard/), with its mutating views open to any staff
 # user; it is mounted once instead, behind nrllm_ops.queue_dashboard.
@@ -165,7 +167,14 @@ NRLLM_APPROVAL_WEBHOOK_TIMEOUT_SECONDS = env_int(
 
 # --- The OpenAI-compatible provider ------------------------------------------------
 # Endpoint and key come from here only: never from a request, never stored.
-NRLLM_OPENAI_BASE_URL = env_str("NRLLM_OPENAI_BASE_URL", "https://api.openai.com/v1")
+# Checked as the webhook's is: a malformed one stops start-up, naming it (the
+# worker builds its client at start, runs.jobs.load_for_runs). Set empty, it
+# leaves the provider unconfigured.
+NRLLM_OPENAI_BASE_URL = (
+    env_http_url("NRLLM_OPENAI_BASE_URL")
+    if "NRLLM_OPENAI_BASE_URL" in os.environ
+    else "https://api.openai.com/v1"
+)
 NRLLM_OPENAI_API_KEY = env_str("NRLLM_OPENAI_API_KEY")
 NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS = env_int("NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS", 5, minimum=1)
 NRLLM_OPENAI_READ_TIMEOUT_SECONDS = env_int("NRLLM_OPENAI_READ_TIMEOUT_SECONDS", 120, minimum=1)

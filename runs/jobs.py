@@ -30,20 +30,18 @@ def execute_run_job(run_id: str) -> None:
 
 
 def load_for_runs() -> None:
-    """Load, once per worker process, what every run needs: the runtime's
-    modules, the tools, and (the openai provider configured) its SDK and
-    client. The forking worker does it before its first fork, so a work
-    horse inherits them instead of importing them again for its one run:
-    that was most of the CPU a real run cost. Opens no connection."""
-    from runs import runtime  # noqa: F401  (the module graph a run executes)
+    """Load, once per worker process, what a run needs and Django's start
+    has not loaded: with the openai provider configured, its SDK (some 650
+    modules) and a client ready to send. The forking worker does it before
+    its first fork, so a work horse inherits them instead of importing them
+    for its one run: that was most of the CPU a real run cost. Sends nothing
+    and opens no connection; the runtime and the tools are loaded by then
+    (the admin imports the runtime, the tools app builds the registry)."""
     from runs.providers.openai_chat import OpenAIChatProvider, built_client
-    from tools.registry import get_registry
 
-    loaded = [f"the runtime and {len(get_registry().names())} tools"]
     if OpenAIChatProvider.configuration_problem() is None:
         built_client()
-        loaded.append("the openai SDK and client")
-    logger.info("loaded for runs before any job: %s", ", ".join(loaded))
+        logger.info("loaded for runs before any job: the openai SDK and client")
 
 
 def reap_job() -> str:

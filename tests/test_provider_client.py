@@ -41,12 +41,14 @@ def test_runs_share_one_client_per_configuration(fake_openai, settings):
     assert other is not client and other.timeout.read == 7
 
 
-def test_threads_asking_at_once_get_the_same_client(fake_openai):
-    clients, start = [], threading.Barrier(8)
+def test_threads_asking_at_once_get_the_same_client_and_their_answers(fake_openai):
+    clients, answers, start = [], [], threading.Barrier(8)
 
     def ask():
         start.wait()
-        clients.append(shared_client())
+        client = shared_client()
+        clients.append(client)
+        answers.append(client.chat.completions.create(model="m", messages=[]))
 
     threads = [threading.Thread(target=ask) for _ in range(8)]
     for thread in threads:
@@ -54,21 +56,46 @@ def test_threads_asking_at_once_get_the_same_client(fake_openai):
     for thread in threads:
         thread.join()
     assert len({id(client) for client in clients}) == 1
+    assert len(answers) == 8 and len(fake_openai.requests) == 8
 
 
 def _in_a_child(check) -> bool:
-    """Whether ``check()`` is true in a forked child of this process."""
+    """Whether ``check()`` is true in a forked child of this process; a
+    child that raises fails the test, never answers False."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no database, no pytest; answer and go
         try:
-            os.write(write, b"1" if check() else b"0")
-        finally:
-            os._exit(0)
+            answer = b"1" if check() else b"0"
+        except BaseException as error:  # noqa: BLE001  (told to the parent)
+            answer = f"E{error!r}".encode()
+        os.write(write, answer)
+        os._exit(0)
     os.close(write)
-    answer = os.read(read, 1)
+    answer = os.read(read, 4096)
     os.waitpid(pid, 0)
+    assert answer in (b"0", b"1"), f"the child failed: {answer.decode()}"
     return answer == b"1"
+
+
+def test_a_horse_sends_through_its_own_client_when_its_parent_used_one(fake_openai):
+    """The parent sends through its client; a child forked then builds a
+    client of its own and sends through it; the parent sends again: every
+    request is answered."""
+    client = shared_client()
+
+    def ask():
+        return client.chat.completions.create(model="m", messages=[])
+
+    ask()
+    assert _in_a_child(
+        lambda: (
+            shared_client() is not client
+            and bool(shared_client().chat.completions.create(model="m", messages=[]).choices)
+        )
+    )
+    assert ask().choices, "the parent's connection survived its child"
+    assert len(fake_openai.requests) == 3
 
 
 def test_a_horse_inherits_a_client_its_parent_built_and_never_used(fake_openai):
@@ -85,10 +112,11 @@ def test_a_horse_builds_its_own_client_when_its_parent_used_one(fake_openai):
 
 
 @pytest.mark.worker
-def test_the_forking_worker_loads_them_before_its_first_job(fake_openai, workers, queue):
+@pytest.mark.parametrize("worker_class", ["runs.worker.Worker", "runs.worker.SimpleWorker"])
+def test_a_worker_loads_them_before_its_first_job(fake_openai, workers, queue, worker_class):
     fake_openai.script(Reply(200, completion("from a horse")))
     agent_run = enqueue({"prompt": "p", "provider": SPEC})
-    output = workers.run_burst()
+    output = workers.run_burst(NRLLM_WORKER_CLASS=worker_class)
     loaded = output.index("loaded for runs before any job")
     assert "the openai SDK and client" in output[loaded:].splitlines()[0]
     assert loaded < output.index(agent_run.pk.hex[:8]), "loaded after the job began"
@@ -103,4 +131,4 @@ def test_a_worker_loads_the_sdk_and_the_client_before_it_forks_and_opens_no_conn
     load_for_runs()
     assert connection.connection is None, "loading opened a database connection"
     [(_, used_by)] = openai_chat._clients.values()
-    assert used_by is None, "loading sent a request"
+    assert used_by is None and fake_openai.requests == [], "loading sent a request"

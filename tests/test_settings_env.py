@@ -20,6 +20,11 @@ from tests.conftest import ROOT
         ("DATABASE_URL", "nosuchdb://x", "DATABASE_URL is not a usable database URL"),
         ("NRLLM_TOOLS", "no.such.Tool", "NRLLM_TOOLS: cannot import 'no.such.Tool'"),
         ("LOG_FORMAT", "xml", "LOG_FORMAT='xml' must be plain or json"),
+        (
+            "NRLLM_OPENAI_BASE_URL",
+            "http://[::1",
+            "NRLLM_OPENAI_BASE_URL='http://[::1' is not a valid URL",
+        ),
     ],
 )
 def test_a_malformed_variable_stops_start_up_naming_it(name, value, message):

@@ -20,6 +20,8 @@ import threading
 import time
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from runs.providers import circuit
 from runs.providers.base import ProviderError, ToolCall, Turn
@@ -88,28 +90,42 @@ class OpenAIChatProvider:
 #: Configuration → (client, the process that first sent a request with it).
 _clients: dict[tuple, tuple] = {}
 _clients_lock = threading.Lock()
+#: Clients a forked child inherited in use: kept referenced, never closed or
+#: collected here, since closing one would take a lock of its pool that a
+#: thread of the parent may have held at the fork.
+_inherited: list = []
 
 
-def shared_client():
-    """The process's ``openai.OpenAI`` for the configured endpoint, key and
-    timeouts, built on first use; the SDK's client is safe across threads.
-
-    A forked work horse inherits the clients its parent built but never sent
-    a request with (no connection open yet: the TLS context and the module
-    graph are what it saves); one the parent used is dropped in the child
-    (``_after_fork``), whose requests must not share the parent's sockets.
-    """
-    key = (
+def _configuration() -> tuple:
+    return (
         settings.NRLLM_OPENAI_BASE_URL,
         settings.NRLLM_OPENAI_API_KEY,
         settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS,
         settings.NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS,
     )
+
+
+def shared_client():
+    """The process's ``openai.OpenAI`` for the configured endpoint, key and
+    timeouts, built on first use; its HTTP pool is locked, and it keeps no
+    state of a request, so runs and threads share it.
+
+    A forked work horse keeps a client its parent built but never sent a
+    request with (no connection open yet: the TLS context and the SDK's
+    modules are what it saves). One another process used is never this
+    process's: it is set aside (``_inherited``) and a new one built, so a
+    child never shares its parent's sockets, whether or not the fork ran
+    Python's at-fork hooks.
+    """
+    key = _configuration()
     entry = _clients.get(key)
     if entry is None or entry[1] != os.getpid():
         with _clients_lock:
             entry = _clients.get(key)
             if entry is None:
+                entry = (_new_client(*key), None)
+            elif entry[1] not in (None, os.getpid()):
+                _inherited.append(entry[0])
                 entry = (_new_client(*key), None)
             # Sending a request is near: from here on its pool is this process's.
             entry = _clients[key] = (entry[0], os.getpid())
@@ -117,17 +133,17 @@ def shared_client():
 
 
 def built_client() -> None:
-    """Build the configured client without sending anything, so that work
-    horses forked afterwards inherit it (``runs.jobs.load_for_runs``)."""
-    key = (
-        settings.NRLLM_OPENAI_BASE_URL,
-        settings.NRLLM_OPENAI_API_KEY,
-        settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS,
-        settings.NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS,
-    )
+    """Build the configured client, and load what its first request needs,
+    without sending anything: work horses forked afterwards inherit it
+    (``runs.jobs.load_for_runs``)."""
+    from runs.providers import openai_failures  # noqa: F401  (a failed call's mapping)
+
+    key = _configuration()
     with _clients_lock:
         if key not in _clients:
             _clients[key] = (_new_client(*key), None)
+        # The SDK imports the chat resources on first touch, not with the client.
+        _clients[key][0].chat.completions  # noqa: B018
 
 
 def _new_client(base_url, api_key, read_timeout, connect_timeout):
@@ -143,16 +159,25 @@ def _new_client(base_url, api_key, read_timeout, connect_timeout):
 
 def _after_fork() -> None:
     # Clients this process sent requests with may hold open connections:
-    # the child builds its own rather than share the parent's sockets. The
-    # lock may have been held by a thread the child does not have.
+    # the child builds its own. The lock may have been held by a thread the
+    # child does not have.
     global _clients_lock
     _clients_lock = threading.Lock()
-    for key, (_, used_by) in list(_clients.items()):
+    for key, (client, used_by) in list(_clients.items()):
         if used_by is not None:
+            _inherited.append(client)
             del _clients[key]
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+@receiver(setting_changed)
+def _forget_clients(setting, **kwargs):
+    # Tests change the endpoint per test: the clients of the old one go.
+    if setting.startswith("NRLLM_OPENAI_"):
+        with _clients_lock:
+            _clients.clear()
 
 
 def _turn(completion, *, latency_ms: int) -> Turn:
