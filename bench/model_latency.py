@@ -14,6 +14,7 @@ processes of one class drain ``runs`` such runs; measured while they do:
 """
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -91,11 +92,6 @@ def _in_flight_by_worker(workers: set[int]) -> dict[int, int]:
         if worker in counts:
             counts[worker] += 1
     return counts
-
-
-def _percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def model_latency_round(
@@ -181,7 +177,7 @@ def model_latency_round(
     wall = (max(row[3] for row in rows) - min(row[1] for row in rows)).total_seconds()
     to_start = [(row[2] - row[1]).total_seconds() for row in rows if row[2]]
     to_end = [(row[3] - row[1]).total_seconds() for row in rows]
-    ideal = min(processes * _slots(worker_class), runs) / (2 * latency)
+    ideal = min(processes, runs) / (2 * latency)  # one run in flight per process
     return {
         "worker_class": worker_class,
         "processes": processes,
@@ -195,16 +191,15 @@ def model_latency_round(
         "peak_in_flight_per_process": peak_per_worker,
         "pss_mb_per_run_in_flight": pss_per_run_kb / 1024,
         "worker_cpu_ms_per_run": (cpu_after - cpu_before) * 1000 / runs,
-        "enqueue_to_start_p50_s": _percentile(to_start, 0.5),
-        "enqueue_to_start_p99_s": _percentile(to_start, 0.99),
-        "enqueue_to_end_p50_s": _percentile(to_end, 0.5),
-        "enqueue_to_end_p99_s": _percentile(to_end, 0.99),
+        "enqueue_to_start_p50_s": statistics.median(to_start),
+        "enqueue_to_start_p99_s": _p99(to_start),
+        "enqueue_to_end_p50_s": statistics.median(to_end),
+        "enqueue_to_end_p99_s": _p99(to_end),
     }
 
 
-def _slots(worker_class: str) -> int:
-    """Runs one process of ``worker_class`` executes at once."""
-    return 1
+def _p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def _wait_for_workers(count: int) -> None:

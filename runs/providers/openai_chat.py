@@ -158,15 +158,10 @@ def _new_client(base_url, api_key, read_timeout, connect_timeout):
 
 
 def _after_fork() -> None:
-    # Clients this process sent requests with may hold open connections:
-    # the child builds its own. The lock may have been held by a thread the
-    # child does not have.
+    # The lock may have been held by a thread the child does not have. (The
+    # clients the parent used are set aside by ``shared_client`` itself.)
     global _clients_lock
     _clients_lock = threading.Lock()
-    for key, (client, used_by) in list(_clients.items()):
-        if used_by is not None:
-            _inherited.append(client)
-            del _clients[key]
 
 
 os.register_at_fork(after_in_child=_after_fork)
