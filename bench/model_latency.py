@@ -27,7 +27,7 @@ from bench.measuring import ROOT
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _latency_server(latency: float):
+def latency_server(latency: float):
     """A chat-completions server whose model reads a note, then answers,
     each turn after ``latency`` seconds."""
     from tests.fake_openai import Reply, completion, start_fake_openai
@@ -95,15 +95,23 @@ def _in_flight_by_worker(workers: set[int]) -> dict[int, int]:
 
 
 def model_latency_round(
-    worker_env: dict, *, worker_class: str, processes: int, latency: float, runs: int
+    worker_env: dict,
+    *,
+    worker_class: str,
+    processes: int,
+    latency: float,
+    runs: int,
+    concurrency: int = 1,
+    env: dict | None = None,
 ) -> dict:
     """``runs`` two-turn runs drained by ``processes`` workers of ``worker_class``
+    (each executing up to ``concurrency`` at once, with ``env`` added)
     against a model answering after ``latency`` seconds."""
     from runs.models import AgentRun
     from runs.runtime import enqueue
     from tools.models import Note
 
-    fake = _latency_server(latency)
+    fake = latency_server(latency)
     # This process validates the requests it enqueues: the provider must be
     # configured here too.
     settings.NRLLM_OPENAI_BASE_URL, settings.NRLLM_OPENAI_API_KEY = fake.base_url, "sk-bench"
@@ -114,6 +122,7 @@ def model_latency_round(
         "NRLLM_OPENAI_API_KEY": "sk-bench",
         "NRLLM_OPENAI_READ_TIMEOUT_SECONDS": str(int(latency) + 60),
         "DATABASE_CONN_MAX_AGE": "600",
+        **(env or {}),
     }
     Note.objects.update_or_create(slug="bench", defaults={"body": "hello"})
     workers = [
@@ -128,7 +137,7 @@ def model_latency_round(
     ]
     pids = {worker.pid for worker in workers}
     try:
-        _wait_for_workers(processes)
+        wait_for_workers(processes)
         cpu_before = _idle_cpu_seconds(pids)
         prompt = f"latency {latency} {worker_class} {time.time()}"
         request = {
@@ -177,10 +186,11 @@ def model_latency_round(
     wall = (max(row[3] for row in rows) - min(row[1] for row in rows)).total_seconds()
     to_start = [(row[2] - row[1]).total_seconds() for row in rows if row[2]]
     to_end = [(row[3] - row[1]).total_seconds() for row in rows]
-    ideal = min(processes, runs) / (2 * latency)  # one run in flight per process
+    ideal = min(processes * concurrency, runs) / (2 * latency)
     return {
         "worker_class": worker_class,
         "processes": processes,
+        "concurrency": concurrency,
         "latency_seconds": latency,
         "runs": runs,
         "completed": len(completed),
@@ -202,7 +212,7 @@ def _p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
-def _wait_for_workers(count: int) -> None:
+def wait_for_workers(count: int) -> None:
     """Until ``count`` workers listen (their start-up is not the runs' cost)."""
     from rq import Worker
 
@@ -228,25 +238,44 @@ def _idle_cpu_seconds(pids: set[int]) -> float:
     return previous
 
 
-#: The worker classes measured on the real workload.
+#: The worker classes measured on the real workload, one run in flight per
+#: process; and the concurrent one, many per process on Django's pool.
 LATENCY_WORKER_CLASSES = ("runs.worker.Worker", "runs.worker.SimpleWorker")
-#: The issue's targets (#28), per run: worker CPU and PSS per run in flight.
+CONCURRENT_WORKER = "runs.worker.ConcurrentWorker"
+#: The issue's targets (#28), per run: worker CPU and PSS per run in flight,
+#: and the share of the ideal with 200 runs in flight on 2 processes.
 CPU_MS_PER_RUN_AT_MOST = 20
 PSS_MB_PER_RUN_AT_MOST = 3
+CONCURRENT_RATIO_AT_LEAST = 0.8
 
 
-def model_latency_figures(worker_env: dict, processes: int, workloads: list) -> list[dict]:
-    """A round per worker class and ``(latency, runs)`` of ``workloads``."""
+def model_latency_figures(
+    worker_env: dict, processes: int, concurrent: tuple[int, int], workloads: list
+) -> list[dict]:
+    """A round per worker kind and ``(latency, runs per slot)`` of
+    ``workloads``: ``processes`` workers of each one-run class, and
+    ``concurrent`` = (processes, runs in flight each) of the concurrent one."""
+    kinds = [(worker_class, processes, 1, {}) for worker_class in LATENCY_WORKER_CLASSES]
+    concurrent_processes, concurrency = concurrent
+    pool = {
+        "NRLLM_WORKER_CONCURRENCY": str(concurrency),
+        # Django's pool: a connection serves statements, not model waits.
+        "DATABASE_POOL_MAX_SIZE": str(max(4, concurrency // 5)),
+        "DATABASE_CONN_MAX_AGE": "0",
+    }
+    kinds.append((CONCURRENT_WORKER, concurrent_processes, concurrency, pool))
     return [
         model_latency_round(
             worker_env,
             worker_class=worker_class,
-            processes=processes,
+            processes=kind_processes,
             latency=latency,
-            runs=runs,
+            runs=runs_per_slot * kind_processes * concurrency,
+            concurrency=concurrency,
+            env=env,
         )
-        for latency, runs in workloads
-        for worker_class in LATENCY_WORKER_CLASSES
+        for latency, runs_per_slot in workloads
+        for worker_class, kind_processes, concurrency, env in kinds
     ]
 
 
@@ -255,9 +284,11 @@ def latency_rows(figures: list[dict]) -> list[dict]:
     run cost and waited."""
     rows = []
     for figure in figures:
+        concurrency = figure.get("concurrency", 1)
+        each = f", up to {concurrency} runs in flight each" if concurrency > 1 else ""
         where = (
-            f"{figure['processes']} rqworkers ({figure['worker_class']}), a model answering in "
-            f"{figure['latency_seconds']:g} s, {figure['runs']} two-turn runs"
+            f"{figure['processes']} rqworkers ({figure['worker_class']}{each}), a model "
+            f"answering in {figure['latency_seconds']:g} s, {figure['runs']} two-turn runs"
         )
         rows.append(
             {
@@ -266,6 +297,7 @@ def latency_rows(figures: list[dict]) -> list[dict]:
                 "value": f"{figure['runs_per_second']:.2f} runs/s",
                 "baseline": f"{figure['ideal_runs_per_second']:.2f} runs/s ideal",
                 "ratio": figure["ratio_to_ideal"],
+                **({"target": CONCURRENT_RATIO_AT_LEAST} if concurrency > 1 else {}),
             }
         )
         rows.append(
@@ -279,6 +311,13 @@ def latency_rows(figures: list[dict]) -> list[dict]:
                 f"p99 {figure['enqueue_to_end_p99_s']:.2f} s)",
                 "value": f"{figure['worker_cpu_ms_per_run']:.0f} ms",
                 "at_most": f"{CPU_MS_PER_RUN_AT_MOST} ms",
+            }
+        )
+        rows.append(
+            {
+                "figure": f"PSS per run in flight ({where})",
+                "value": f"{figure['pss_mb_per_run_in_flight']:.1f} MB",
+                "at_most": f"{PSS_MB_PER_RUN_AT_MOST} MB",
             }
         )
     return rows

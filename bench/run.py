@@ -27,7 +27,13 @@ SIZES = {
         "scale_runs": 1_000_000,
         "steps_per_run": 10,
         "latency_processes": 20,
-        "latency_workloads": [(1.0, 100), (5.0, 60)],
+        # (processes, runs in flight each) of runs.worker.ConcurrentWorker.
+        "latency_concurrent": (2, 100),
+        # (model latency, runs per slot): 5 per slot at 1 s, 3 at 5 s.
+        "latency_workloads": [(1.0, 5), (5.0, 3)],
+        "recovery_runs": 20,
+        "recovery_overrides": None,
+        "recovery_model_seconds": 60,
     },
     "smoke": {
         "steps": 40,
@@ -40,7 +46,11 @@ SIZES = {
         "scale_runs": 2000,
         "steps_per_run": 10,
         "latency_processes": 2,
-        "latency_workloads": [(0.2, 4)],
+        "latency_concurrent": (1, 4),
+        "latency_workloads": [(0.2, 2)],
+        "recovery_runs": 2,
+        "recovery_overrides": {"NRLLM_LEASE_SECONDS": "2", "NRLLM_REAPER_INTERVAL_SECONDS": "1"},
+        "recovery_model_seconds": 6,
     },
 }
 TARGETS = {
@@ -81,6 +91,8 @@ def _configure(database_url: str, redis_url: str) -> dict:
         "DJANGO_SETTINGS_MODULE": "nrllm_ops.settings",
         "LOG_LEVEL": "WARNING",
         "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",
+        # The in-process figures (no Redis) execute a run as it is enqueued.
+        "NRLLM_EXECUTE_IN_CALLER": "true",
     }
     os.environ.update(env)
     os.environ.pop("REDIS_URL", None)  # the step figures execute in-process
@@ -220,6 +232,7 @@ def main(argv=None) -> int:
     from bench.measuring import commits_not_waiting_for_the_flush
     from bench.model_latency import latency_rows, model_latency_figures
     from bench.peer import peer_figures
+    from bench.recovery import recovery_after_sigkill, recovery_row
     from bench.resume import resume_figures
     from bench.steps import step_figures
     from bench.through_the_queue import through_the_queue
@@ -238,9 +251,18 @@ def main(argv=None) -> int:
 
         settings.REDIS_URL = redis_url
         figures = model_latency_figures(
-            worker_env, size["latency_processes"], size["latency_workloads"]
+            worker_env,
+            size["latency_processes"],
+            size["latency_concurrent"],
+            size["latency_workloads"],
         )
-        print(json.dumps(figures, indent=2))
+        recovery = recovery_after_sigkill(
+            worker_env,
+            size["recovery_runs"],
+            overrides=size["recovery_overrides"],
+            model_seconds=size["recovery_model_seconds"],
+        )
+        print(json.dumps({"latency": figures, "recovery": recovery}, indent=2))
         return 0
     if args.only == "resume":
         resume = resume_figures(size["steps"], size["step_rounds"])
@@ -279,7 +301,17 @@ def main(argv=None) -> int:
         )
     _part("runs waiting on a model")
     latency = model_latency_figures(
-        worker_env, size["latency_processes"], size["latency_workloads"]
+        worker_env,
+        size["latency_processes"],
+        size["latency_concurrent"],
+        size["latency_workloads"],
+    )
+    _part("recovery after a SIGKILL, shipped defaults")
+    recovery = recovery_after_sigkill(
+        worker_env,
+        size["recovery_runs"],
+        overrides=size["recovery_overrides"],
+        model_seconds=size["recovery_model_seconds"],
     )
     _part("the pages at scale")
     at_scale = scale.at_scale(size["scale_runs"], size["steps_per_run"])
@@ -323,6 +355,7 @@ def main(argv=None) -> int:
         }
     )
     table += latency_rows(latency)
+    table.append(recovery_row(recovery))
     table.append(
         {
             "figure": "worker peak RSS",
@@ -367,6 +400,7 @@ def main(argv=None) -> int:
         "through_the_queue": queue,
         "through_the_queue_not_waiting_for_the_flush": flushless_queue,
         "waiting_on_a_model": latency,
+        "recovery_after_sigkill": recovery,
         "at_scale": at_scale,
         "table": table,
     }

@@ -8,8 +8,16 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 
-def database_from_url(url: str, *, conn_max_age: int, prepared_statements: bool) -> dict:
-    """Raises ``ImproperlyConfigured`` naming DATABASE_URL if ``url`` is not usable."""
+def database_from_url(
+    url: str,
+    *,
+    conn_max_age: int,
+    prepared_statements: bool,
+    pool_max_size: int = 0,
+    pool_timeout: float = 10,
+) -> dict:
+    """Raises ``ImproperlyConfigured`` naming DATABASE_URL if ``url`` is not
+    usable, and the pool's variables if they cannot apply to it."""
     try:
         database = dj_database_url.parse(
             url,
@@ -31,6 +39,28 @@ def database_from_url(url: str, *, conn_max_age: int, prepared_statements: bool)
         # transaction mode before 1.21); so does
         # DATABASE_PREPARED_STATEMENTS=false.
         options.update(server_side_binding=True, prepare_threshold=5)
+    if pool_max_size:
+        if database["ENGINE"] != "django.db.backends.postgresql":
+            raise ImproperlyConfigured("DATABASE_POOL_MAX_SIZE needs a PostgreSQL DATABASE_URL")
+        if conn_max_age:
+            raise ImproperlyConfigured(
+                "DATABASE_POOL_MAX_SIZE and DATABASE_CONN_MAX_AGE exclude each other: "
+                "a pooled connection goes back to the pool, it is never kept"
+            )
+        # Django's own pool (psycopg_pool): each thread borrows a connection
+        # for its statements and gives it back while it waits on a model
+        # (``release_connection``), so a worker's N runs in flight share
+        # ``pool_max_size`` connections. No check on borrowing (a round trip
+        # each time): a broken connection fails its statement, and the
+        # runtime's recovery drops it. A run that finds the pool exhausted
+        # for ``pool_timeout`` seconds fails as a database error would:
+        # a connection failure, retryable (G8).
+        options["pool"] = {
+            "min_size": 1,
+            "max_size": pool_max_size,
+            "timeout": pool_timeout,
+            "check": None,
+        }
     if database["ENGINE"] == "django.db.backends.sqlite3":
         # The embedded default has two writing processes (the web server,
         # executing new runs in its request threads, and
@@ -51,3 +81,18 @@ def database_from_url(url: str, *, conn_max_age: int, prepared_statements: bool)
         options["transaction_mode"] = "IMMEDIATE"
         options["init_command"] = "PRAGMA journal_mode=WAL"
     return database
+
+
+def release_connection() -> None:
+    """Give this thread's connection back to the pool, if there is one and
+    no transaction holds it: a run in flight does this before it waits on a
+    model, so that a connection serves statements, not waits. Without a
+    pool it keeps its connection (opening one costs more than it saves)."""
+    from django.db import DatabaseError, connection
+
+    if getattr(connection, "pool", None) is None or connection.in_atomic_block:
+        return
+    try:
+        connection.close()
+    except DatabaseError:
+        pass  # the pool discards a broken connection; the next statement gets another

@@ -85,6 +85,8 @@ DATABASES = {
         env_str("DATABASE_URL") or _default_database_url,
         conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
         prepared_statements=env_bool("DATABASE_PREPARED_STATEMENTS", True),
+        pool_max_size=env_int("DATABASE_POOL_MAX_SIZE", 0, minimum=0),
+        pool_timeout=env_int("DATABASE_POOL_TIMEOUT_SECONDS", 10, minimum=1),
     )
 }
 
@@ -117,9 +119,22 @@ RQ_QUEUES = {
 # user; it is mounted once instead, behind nrllm_ops.queue_dashboard.
 RQ_SHOW_ADMIN_LINK = False
 RQ = {"WORKER_CLASS": env_str("NRLLM_WORKER_CLASS", "runs.worker.Worker")}
+# runs.worker.ConcurrentWorker executes up to this many runs at once, each in
+# a thread of its process (G15); with more than a few, set
+# DATABASE_POOL_MAX_SIZE so that they share a bounded set of connections.
+NRLLM_WORKER_CONCURRENCY = env_int("NRLLM_WORKER_CONCURRENCY", 100, minimum=1)
+# On SIGTERM a ConcurrentWorker claims no more runs and waits this long for
+# the runs in flight; the rest are handed back to the reaper, unsettled.
+NRLLM_WORKER_DRAIN_SECONDS = env_int("NRLLM_WORKER_DRAIN_SECONDS", 30, minimum=0)
+# Without Redis, a run waits for `manage.py embedded_worker` (as `make run`
+# starts it beside the web server). True: the process that enqueues a run
+# executes it there and then, in the caller's thread (tests, scripts).
+NRLLM_EXECUTE_IN_CALLER = env_bool("NRLLM_EXECUTE_IN_CALLER", False)
 
 # --- The runtime -----------------------------------------------------------
-NRLLM_LEASE_SECONDS = env_int("NRLLM_LEASE_SECONDS", 900, minimum=1)
+# Short: a background heartbeat renews the lease while a run is in flight
+# (G16), so a worker that dies is noticed in about a lease.
+NRLLM_LEASE_SECONDS = env_int("NRLLM_LEASE_SECONDS", 30, minimum=1)
 NRLLM_MAX_REQUEUES = env_int("NRLLM_MAX_REQUEUES", 3, minimum=0)
 NRLLM_MAX_ITERATIONS = env_int("NRLLM_MAX_ITERATIONS", 20, minimum=1)
 NRLLM_RETRY_BACKOFF_SECONDS = env_int("NRLLM_RETRY_BACKOFF_SECONDS", 2, minimum=0)
@@ -127,9 +142,12 @@ NRLLM_RETRY_BACKOFF_MAX_SECONDS = env_int("NRLLM_RETRY_BACKOFF_MAX_SECONDS", 300
 # A queued run due this long ago whose job Redis no longer holds is
 # dispatched again by the reaper (Redis restarted without persistence, say).
 NRLLM_REDISPATCH_AFTER_SECONDS = env_int("NRLLM_REDISPATCH_AFTER_SECONDS", 60, minimum=1)
-NRLLM_REAPER_INTERVAL_SECONDS = env_int("NRLLM_REAPER_INTERVAL_SECONDS", 30, minimum=1)
-# Added to a tool's own time limit when the lease is extended to cover it.
+NRLLM_REAPER_INTERVAL_SECONDS = env_int("NRLLM_REAPER_INTERVAL_SECONDS", 10, minimum=1)
+# Added to a tool's time limit, or a model call's timeouts, for the deadline
+# up to which the heartbeat keeps the lease through the call.
 NRLLM_OPERATION_MARGIN_SECONDS = env_int("NRLLM_OPERATION_MARGIN_SECONDS", 30, minimum=0)
+# The time limit of a tool that declares none (``timeout_seconds``).
+NRLLM_TOOL_TIME_LIMIT_SECONDS = env_int("NRLLM_TOOL_TIME_LIMIT_SECONDS", 300, minimum=1)
 # A PostgreSQL server that cannot make a commit durable (fsync = off) voids
 # the fence and the journal's guarantees (G6, G12): /readyz answers 503 and
 # the worker refuses to start, unless this says the operator knows (a

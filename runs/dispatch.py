@@ -152,15 +152,38 @@ def executing_in_embedded_worker():
         _in_embedded_worker.reset(token)
 
 
+#: Set while a script executes the runs it enqueues itself (``seed_demo``).
+_in_caller: ContextVar[bool] = ContextVar("in_caller", default=False)
+
+
+@contextlib.contextmanager
+def executing_in_caller():
+    """While active (and without Redis), a run enqueued or released due now
+    executes in the caller before the call returns, as with
+    ``NRLLM_EXECUTE_IN_CALLER``: for a script that needs its runs' outcomes
+    (the demo's scenarios), not for a server."""
+    token = _in_caller.set(True)
+    try:
+        yield
+    finally:
+        _in_caller.reset(token)
+
+
 def _execute_in_caller(run_id, delay_seconds: float) -> None:
     """The embedded default's dispatch (no Redis).
 
-    A run due now (a new run, an operator's or the reaper's requeue) executes
-    here, in the caller. A delayed one is left ``queued`` with its
-    ``available_at``: executing it now would ignore its backoff, nested in
-    the attempt that failed; the embedded worker executes it once it is due.
+    The run is left ``queued``, due at its ``available_at``, for
+    ``manage.py embedded_worker`` to execute as a worker would: a web
+    server's request thread is no place for a run (no tool time limit can
+    stop a tool there, and the request would last as long as the run).
+
+    With ``NRLLM_EXECUTE_IN_CALLER`` (tests, scripts without a worker) a run
+    due now executes here, in the caller, before ``enqueue`` returns. A
+    delayed one is left all the same: executing it now would ignore its
+    backoff, nested in the attempt that failed.
     """
-    if delay_seconds > 0 or _in_embedded_worker.get():
+    in_caller = settings.NRLLM_EXECUTE_IN_CALLER or _in_caller.get()
+    if not in_caller or delay_seconds > 0 or _in_embedded_worker.get():
         return
     import_string(RUN_IN_CALLER)(run_id)
 

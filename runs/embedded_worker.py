@@ -1,15 +1,16 @@
 """The embedded default's worker: what ``manage.py embedded_worker`` does.
 
-Without Redis there is no ``rqworker --with-scheduler`` to execute a delayed
-retry when it is due and no ``rqcron`` to run the reaper. This loop stands
-in for both, in one process beside the web server: every pass is one reaper
-pass, then the queued runs that are due, oldest first, a bounded batch,
-executed one after another in this process's main thread (so a tool's time
-limit applies, as in an RQ worker).
+Without Redis there is no ``rqworker --with-scheduler`` to execute a run and
+no ``rqcron`` to run the reaper. This loop stands in for both, in one
+process beside the web server: every pass is one reaper pass, then the
+queued runs that are due, oldest first, each claimed here and executed in a
+thread of its own, up to ``NRLLM_WORKER_CONCURRENCY`` at once — as
+``runs.worker.ConcurrentWorker`` executes them in production (G15), tool
+time limits included. The web server executes no run itself (a new run
+waits here for the next pass), unless ``NRLLM_EXECUTE_IN_CALLER`` says so.
 
 Due-ness is the database's clock, like every lease. Two executors may go
-for the same run — the web process executes a new run in the request that
-created it, a second embedded worker may be running —: the claim decides,
+for the same run (a second embedded worker, say): the claim decides,
 exactly one wins, the others do nothing.
 """
 
@@ -21,7 +22,8 @@ from django.db import close_old_connections
 from runs.dispatch import executing_in_embedded_worker
 from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
-from runs.runtime import run_queued
+from runs.runtime import claim_queued, execute_claimed, run_queued
+from runs.runtime.run_threads import RunThreads
 from runs.transitions import db_time
 from runs.vocabulary import RunStatus
 
@@ -56,24 +58,41 @@ def execute_due_runs(*, limit: int, stopping=lambda: False) -> int:
     return tried
 
 
-def serve(*, interval: float, batch_size: int, stop: threading.Event) -> None:
-    """Pass after pass until ``stop`` is set; a run being executed when it is
-    set is finished first. A pass that fails (the database away, say) is
-    logged and tried again after ``interval``: a run it left behind is the
-    next pass's or the reaper's."""
+def start_due_runs(runs: RunThreads, *, stopping=lambda: False) -> int:
+    """Claim due runs, oldest first, and start each in a thread of its own
+    while ``runs`` has a free slot; returns how many were started."""
+    started = 0
+    while not stopping() and runs.take_slot(timeout=0):
+        try:
+            run_id = next_due_run()
+            claimed = claim_queued(run_id) if run_id is not None else None
+        except BaseException:
+            runs.give_back()  # the database away, say: the pass fails, the slot stays free
+            raise
+        if claimed is None:
+            runs.give_back()
+            if run_id is None:
+                break
+            continue  # another executor took it: the next one
+        runs.start(lambda claimed=claimed: execute_claimed(claimed), name=f"run-{run_id}")
+        started += 1
+    return started
+
+
+def serve(*, interval: float, runs: RunThreads, stop: threading.Event) -> None:
+    """Pass after pass until ``stop`` is set, leaving the runs it started in
+    flight (the caller drains them). A pass that fails (the database away,
+    say) is logged and tried again after ``interval``: a run it left behind
+    is the next pass's or the reaper's."""
     with executing_in_embedded_worker():
         while not stop.is_set():
-            backlog = False
             try:
                 report = reap_stale_runs()
                 if report.decisions or report.lost_races:
                     logger.info("embedded worker: reaper pass: %s", report.summary())
-                tried = execute_due_runs(limit=batch_size, stopping=stop.is_set)
-                # A full batch: more may be due; the next pass starts at once.
-                backlog = tried == batch_size
+                start_due_runs(runs, stopping=stop.is_set)
             except Exception:
                 logger.exception("embedded worker: pass failed; next one in %ss", interval)
             finally:
                 close_old_connections()
-            if not backlog:
-                stop.wait(interval)
+            stop.wait(interval)

@@ -90,6 +90,9 @@ class StepKind(models.TextChoices):
     #: A call that needs approval was asked for (the run waits), or an
     #: operator decided it, or it expired or was withdrawn (G14).
     APPROVAL = "approval"
+    #: A write the run stopped counting on at its time limit finished after
+    #: all, in a worker thread that could not stop it: what it returned (G15).
+    LATE_RESULT = "late_result"
 
 
 class DeadLetterReason(models.TextChoices):

@@ -5,16 +5,21 @@ its first fork (``runs.jobs.load_for_runs``) and folding each finished work
 horse's metric files (``nrllm_ops.metrics_files``) when
 ``PROMETHEUS_MULTIPROC_DIR`` is set. ``SimpleWorker``: RQ's worker that
 runs jobs in its own process, loading the same at its start rather than
-in its first run.
+in its first run. ``ConcurrentWorker`` (``runs.concurrent_worker``): up to
+``NRLLM_WORKER_CONCURRENCY`` runs at once, each in a thread of its process.
 """
 
 import logging
 
+from django.db import connection
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQWorker
 
 from nrllm_ops import metrics_files
+from runs.concurrent_worker import ConcurrentWorker
 from runs.jobs import load_for_runs
+
+__all__ = ["ConcurrentWorker", "SimpleWorker", "Worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +29,15 @@ class Worker(RQWorker):
         # First: a worker that cannot load them registers nothing in Redis.
         load_for_runs()
         super().bootstrap(*args, **kwargs)
+
+    def fork_work_horse(self, job, queue):
+        # A connection pool's threads do not survive a fork, and its sockets
+        # must not be shared with a horse: the parent gives its pool up, each
+        # horse opens its own.
+        if connection.settings_dict["OPTIONS"].get("pool"):
+            connection.close()
+            connection.close_pool()
+        super().fork_work_horse(job, queue)
 
     def monitor_work_horse(self, job, queue):
         horse = self.horse_pid

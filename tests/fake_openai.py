@@ -108,9 +108,15 @@ def _handler(fake: FakeOpenAI):
     return Handler
 
 
+class _ManyClientsServer(ThreadingHTTPServer):
+    #: Hundreds of runs connect at once (the bench's concurrent workers): the
+    #: socketserver default backlog of 5 would refuse them as a model never does.
+    request_queue_size = 1024
+
+
 def start_fake_openai() -> FakeOpenAI:
     fake = FakeOpenAI()
-    fake.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    fake.server = _ManyClientsServer(("127.0.0.1", 0), _handler(fake))
     fake.server.daemon_threads = True
     threading.Thread(target=fake.server.serve_forever, daemon=True).start()
     return fake

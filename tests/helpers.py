@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -217,3 +218,23 @@ def retried_when_due(*, rounds: int = 10) -> None:
             if not AgentRun.objects.filter(status=RunStatus.QUEUED).update(available_at=Now()):
                 return
             execute_due_runs(limit=100)
+
+
+def writes_per_call(http_server) -> dict[str, Counter]:
+    """How many times each write went out, counted where it landed: the
+    notifications per idempotency key and per run (the outbox), and the
+    webhook POSTs per path (``http_server``). Each maps a count to how many
+    keys, runs or paths had it: ``{1: n}`` when every write went out once."""
+    from django.db.models import Count
+
+    from tools.models import OutboxNotification
+
+    def counted(field: str) -> Counter:
+        rows = OutboxNotification.objects.values(field).annotate(n=Count("id"))
+        return Counter(rows.values_list("n", flat=True))
+
+    return {
+        "notifications per key": counted("idempotency_key"),
+        "notifications per run": counted("run_id"),
+        "posts per call": Counter(Counter(post.path for post in http_server.posts()).values()),
+    }

@@ -23,8 +23,11 @@ DATABASES = {"default": database_from_url(_database_url, conn_max_age=0, prepare
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 TEST_REDIS_URL = f"{_redis_base_url}/{int(_worker.removeprefix('gw')) + 1}"
 RQ_QUEUES = {NRLLM_QUEUE_NAME: {"URL": TEST_REDIS_URL}}  # noqa: F405
-# Tests execute in-process unless they opt into the queue (the `queue` fixture).
+# Tests execute in-process unless they opt into the queue (the `queue` fixture):
+# a run enqueued executes in the test's thread (the embedded default's tests
+# run real `manage.py` processes on the shipped setting instead).
 REDIS_URL = ""
+NRLLM_EXECUTE_IN_CALLER = True
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 SECRET_KEY = "tests-only-secret-key"

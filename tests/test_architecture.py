@@ -30,6 +30,7 @@ LAYERS = (
             "runs.jobs",
             "runs.cron",
             "runs.worker",
+            "runs.concurrent_worker",
             "runs.embedded_worker",
             "tools.admin",
             "tools.admin_display",

@@ -114,7 +114,13 @@ def _crashed_while_the_model_answers(server_url, workers, worker_env, after_the_
     proxy, proxied = _through_a_proxy(server_url)
     try:
         worker = workers.start(
-            burst=True, DATABASE_URL=proxied, NRLLM_TOOLS=TOOLS, NRLLM_RETRY_BACKOFF_SECONDS=0
+            burst=True,
+            DATABASE_URL=proxied,
+            NRLLM_TOOLS=TOOLS,
+            NRLLM_RETRY_BACKOFF_SECONDS=0,
+            # No heartbeat tick inside the scenario: its statement would
+            # meet the refused connections the final record must meet.
+            NRLLM_LEASE_SECONDS=900,
         )
         wait_until(lambda: _run(server_url, run_id, "status")["status"] == "running", what="claim")
         flush_another_commit(server_url)  # the claim is on disk

@@ -155,7 +155,8 @@ def test_unwritten_steps_are_written_in_order_with_the_next_one_on_sqlite(tmp_pa
 
 
 # The embedded worker (`manage.py embedded_worker`, which `make run` starts
-# beside the web server): delayed retries run when due, the reaper runs.
+# beside the web server): it executes the runs, a thread each (delayed retries
+# when due), and the reaper runs.
 
 
 def _embedded_env(tmp_path, fake_openai, **extra) -> dict:
@@ -227,20 +228,21 @@ def test_a_retry_waits_for_its_backoff_and_the_embedded_worker_runs_it_when_due(
     assert manage("migrate", "--noinput", env=env).returncode == 0
     drifting_model.fail_turn(0, error(429, "slow down"))
     request = openai_request("answer", [{"answer": "done (take {take})"}], tools=[])
-    # No Redis: the new run executes in the caller (this process), its model
-    # call is refused with a 429, and the retry is left to wait its backoff.
-    enqueued = manage("enqueue_run", "-", env=env, stdin=json.dumps(request))
-    assert enqueued.returncode == 0, enqueued.stderr[-2000:]
-    run_id = uuid.UUID(enqueued.stdout.strip().splitlines()[-1]).hex
-    waiting = _run(env, run_id)
-    # Not run nested in the caller: still queued, due its backoff after the
-    # failed attempt's claim (both times the database's clock).
-    assert (waiting["status"], waiting["requeue_count"]) == ("queued", 1)
-    due_after = _moment(waiting["available_at"]) - _moment(waiting["started_at"])
-    assert due_after >= timedelta(seconds=2)
-    assert drifting_model.requests_by_turn[0] == 1
-
     with embedded_worker(env):
+        # No Redis: the new run waits for the embedded worker, which executes
+        # it; its model call is refused with a 429, and the retry is left to
+        # wait its backoff.
+        enqueued = manage("enqueue_run", "-", env=env, stdin=json.dumps(request))
+        assert enqueued.returncode == 0, enqueued.stderr[-2000:]
+        run_id = uuid.UUID(enqueued.stdout.strip().splitlines()[-1]).hex
+        wait_until(lambda: _run(env, run_id)["requeue_count"] == 1, what="the first attempt")
+        waiting = _run(env, run_id)
+        # Not run nested in the failed attempt: queued, due its backoff after
+        # that attempt's claim (both times the database's clock).
+        assert waiting["status"] == "queued"
+        due_after = _moment(waiting["available_at"]) - _moment(waiting["started_at"])
+        assert due_after >= timedelta(seconds=2)
+        assert drifting_model.requests_by_turn[0] == 1
         wait_until(lambda: _run(env, run_id)["status"] == "completed", what="the retry")
     done = _run(env, run_id)
     assert (done["termination_reason"], done["requeue_count"]) == ("completed", 1)
@@ -253,6 +255,9 @@ def test_a_retry_waits_for_its_backoff_and_the_embedded_worker_runs_it_when_due(
 def test_the_embedded_worker_reaps_a_run_whose_process_was_killed_and_it_resumes(
     tmp_path, fake_openai, drifting_model
 ):
+    """The embedded worker executing a run (in a thread of its own) is
+    SIGKILLed mid-call; the next embedded worker reaps the run and resumes
+    it, its recorded write not executed again."""
     env = _embedded_env(tmp_path, fake_openai, NRLLM_LEASE_SECONDS=2)
     assert manage("migrate", "--noinput", env=env).returncode == 0
     plan = [
@@ -260,22 +265,25 @@ def test_the_embedded_worker_reaps_a_run_whose_process_was_killed_and_it_resumes
         {"answer": "noted (take {take})"},
     ]
     drifting_model.hold_turn(1)  # the model call after the write: killed in it
-    starter = subprocess.Popen(
-        [sys.executable, "manage.py", "enqueue_run", "-"],
+    enqueued = manage(
+        "enqueue_run",
+        "-",
+        env=env,
+        stdin=json.dumps(openai_request("note it", plan, ["upsert_note"])),
+    )
+    assert enqueued.returncode == 0, enqueued.stderr[-2000:]
+    first = subprocess.Popen(
+        [sys.executable, "manage.py", "embedded_worker", "--interval", "0.2"],
         cwd=ROOT,
         env=env,
-        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        text=True,
     )
-    starter.stdin.write(json.dumps(openai_request("note it", plan, tools=["upsert_note"])))
-    starter.stdin.close()
     try:
         assert drifting_model.held.wait(timeout=60), "the run never reached its second turn"
     finally:
-        starter.kill()  # SIGKILL: the run is left running, its lease unrenewed
-        starter.wait(timeout=30)
+        first.kill()  # SIGKILL: the run is left running, its lease unrenewed
+        first.wait(timeout=30)
     ((run_id, status),) = _rows(env, "SELECT id, status FROM runs_agentrun")
     assert status == "running"
 

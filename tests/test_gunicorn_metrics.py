@@ -53,9 +53,11 @@ def test_gunicorn_folds_the_metric_files_of_a_worker_that_was_killed(
         cwd=ROOT,
         env={
             **worker_env,
-            # Without Redis a run executes in the web worker that created it,
-            # so each one counts its steps in that worker's files.
+            # Without Redis, and executed in the caller, a run executes in the
+            # web worker that created it, so each one counts its steps in that
+            # worker's files.
             "REDIS_URL": "",
+            "NRLLM_EXECUTE_IN_CALLER": "true",
             "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
             "NRLLM_METRICS_TOKEN": "t",
             "ALLOWED_HOSTS": "127.0.0.1",

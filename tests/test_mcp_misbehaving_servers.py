@@ -100,6 +100,41 @@ def test_a_json_rpc_error_in_place_of_a_result_leaves_a_write_in_doubt(liar, tmp
     assert (tmp_path / "liar.log").read_text() == '"refuse_entry"\n'  # sent, once
 
 
+def test_one_runs_json_rpc_error_leaves_another_runs_call_on_the_shared_session_alone(
+    liar, tmp_path
+):
+    """Runs in flight in one process (G15) share its session with a server:
+    a call the server refuses, while another run's write is in flight on the
+    session, must not close the session under that write (which would leave
+    it in doubt, though it was answered)."""
+    liar(
+        '[{"name": "slow_entry", "inputSchema": {"type": "object"}},'
+        ' {"name": "refuse_entry", "inputSchema": {"type": "object"}}]'
+    )
+    tools = catalog.listing(Liar).tools
+    outcomes = {}
+
+    def call_tool(name, after):
+        time.sleep(after)
+        context = ToolContext(run_id=name, idempotency_key=name, attempt=1)
+        try:
+            outcomes[name] = tools[f"liar__{name}"].run({}, context)
+        except ToolOutcomeUnknown as unknown:
+            outcomes[name] = unknown
+
+    threads = [
+        threading.Thread(target=call_tool, args=("slow_entry", 0)),
+        threading.Thread(target=call_tool, args=("refuse_entry", 0.5)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert "done slowly" in str(outcomes["slow_entry"]), outcomes
+    assert isinstance(outcomes["refuse_entry"], ToolOutcomeUnknown)
+    assert sorted((tmp_path / "liar.log").read_text().split()) == ['"refuse_entry"', '"slow_entry"']
+
+
 def test_a_server_stuck_starting_costs_its_listing_the_connect_timeout_and_no_other_listing(
     tracker, settings
 ):

@@ -259,7 +259,7 @@ def test_an_http_server_gone_between_two_calls_makes_the_next_a_tool_error_and_t
 @pytest.mark.worker
 @pytest.mark.parametrize(
     ("worker_class", "server_processes"),
-    [("rq.worker.SimpleWorker", 1), ("runs.worker.Worker", 2)],
+    [("rq.worker.SimpleWorker", 1), ("runs.worker.Worker", 2), ("runs.worker.ConcurrentWorker", 1)],
 )
 def test_a_worker_process_keeps_one_stdio_server_for_its_calls(
     worker_class, server_processes, tracker, workers
@@ -279,6 +279,7 @@ def test_a_worker_process_keeps_one_stdio_server_for_its_calls(
         assert len(calls) == 4
         pids_by_run.append({call["pid"] for call in calls})
     # One server per run attempt at most, never one per call; a
-    # SimpleWorker's runs share its one.
+    # SimpleWorker's runs share its one, and so do a ConcurrentWorker's runs
+    # in flight at once (both open the session together: one is opened, G15).
     assert [len(pids) for pids in pids_by_run] == [1, 1]
     assert len(set.union(*pids_by_run)) == server_processes

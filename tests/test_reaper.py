@@ -190,7 +190,7 @@ def test_the_reaper_is_registered_with_rqs_cron_scheduler():
     scheduler = DjangoCronScheduler()
     scheduler.load_config_from_file("runs.cron")
     [job] = scheduler.get_jobs()
-    assert job.func.__name__ == "reap_job" and job.interval == 30
+    assert job.func.__name__ == "reap_job" and job.interval == 10
 
 
 def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_dispatched_again(queue, settings):

@@ -53,7 +53,14 @@ def test_env_helpers(monkeypatch):
 def test_the_defaults(settings):
     from nrllm_ops import settings as app_settings
 
-    assert app_settings.NRLLM_LEASE_SECONDS == 900
+    # A short lease, kept in the background while a run waits (G16).
+    assert app_settings.NRLLM_LEASE_SECONDS == 30
+    assert app_settings.NRLLM_REAPER_INTERVAL_SECONDS == 10
+    assert app_settings.NRLLM_WORKER_CONCURRENCY == 100
+    assert app_settings.NRLLM_WORKER_DRAIN_SECONDS == 30
+    assert app_settings.NRLLM_TOOL_TIME_LIMIT_SECONDS == 300
+    assert app_settings.NRLLM_EXECUTE_IN_CALLER is False
+    assert "pool" not in app_settings.DATABASES["default"]["OPTIONS"]
     assert app_settings.NRLLM_MAX_REQUEUES == 3
     assert app_settings.NRLLM_MAX_ITERATIONS == 20
     assert app_settings.NRLLM_HTTP_ALLOWED_HOSTS == []
@@ -84,3 +91,27 @@ def test_prepared_statements_are_on_unless_switched_off(worker_env, value, prepa
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert (int(result.stdout.split()[-1]) > 0) is prepared
+
+
+def test_a_pool_is_built_for_postgresql_and_refused_where_it_cannot_apply():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from nrllm_ops.database import database_from_url
+
+    pooled = database_from_url(
+        "postgres://u@db/n", conn_max_age=0, prepared_statements=True, pool_max_size=20
+    )
+    assert pooled["OPTIONS"]["pool"] == {
+        "min_size": 1,
+        "max_size": 20,
+        "timeout": 10,
+        "check": None,
+    }
+    with pytest.raises(ImproperlyConfigured, match="DATABASE_POOL_MAX_SIZE needs a PostgreSQL"):
+        database_from_url(
+            "sqlite:///x.db", conn_max_age=0, prepared_statements=True, pool_max_size=5
+        )
+    with pytest.raises(ImproperlyConfigured, match="DATABASE_CONN_MAX_AGE exclude each other"):
+        database_from_url(
+            "postgres://u@db/n", conn_max_age=60, prepared_statements=True, pool_max_size=5
+        )

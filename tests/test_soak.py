@@ -9,13 +9,13 @@ import time
 from collections import Counter
 
 import pytest
-from django.db.models import Count
 
 from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus
 from tests.drifting_model import openai_request, scripted_request
+from tests.helpers import writes_per_call
 from tools.models import OutboxNotification
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
@@ -30,11 +30,17 @@ WORKER_ENV = {
     "NRLLM_OPERATION_MARGIN_SECONDS": 1,
     "NRLLM_MAX_REQUEUES": 5,
 }
-# Both worker classes docs/operations.md describes: RQ's forking default, and jobs
-# run in the worker itself on a kept database connection.
+# The worker classes docs/operations.md describes: RQ's forking default, jobs
+# run in the worker itself on a kept database connection, and many runs in
+# flight in one process, a thread each, on Django's pool (G15).
 WORKER_KINDS = [
     {},
     {"NRLLM_WORKER_CLASS": "rq.worker.SimpleWorker", "DATABASE_CONN_MAX_AGE": 60},
+    {
+        "NRLLM_WORKER_CLASS": "runs.worker.ConcurrentWorker",
+        "NRLLM_WORKER_CONCURRENCY": 20,
+        "DATABASE_POOL_MAX_SIZE": 5,
+    },
 ]
 
 
@@ -77,7 +83,9 @@ def test_runs_survive_workers_killed_every_few_seconds(
     started_workers = iter(range(10_000))
 
     def start_worker():
-        return workers.start(**WORKER_ENV, **WORKER_KINDS[next(started_workers) % 2])
+        return workers.start(
+            **WORKER_ENV, **WORKER_KINDS[next(started_workers) % len(WORKER_KINDS)]
+        )
 
     pool = [start_worker() for _ in range(WORKERS)]
     rng = random.Random(1234)
@@ -101,17 +109,10 @@ def test_runs_survive_workers_killed_every_few_seconds(
     elapsed = time.monotonic() - started
 
     outcomes = Counter(AgentRun.objects.values_list("status", "termination_reason"))
-    notifications_per_key = Counter(
-        OutboxNotification.objects.values("idempotency_key")
-        .annotate(n=Count("id"))
-        .values_list("n", flat=True)
-    )
-    notifications_per_run = Counter(
-        OutboxNotification.objects.values("run_id")
-        .annotate(n=Count("id"))
-        .values_list("n", flat=True)
-    )
-    posts_per_path = Counter(Counter(post.path for post in http_server.posts()).values())
+    sent = writes_per_call(http_server)
+    notifications_per_key = sent["notifications per key"]
+    notifications_per_run = sent["notifications per run"]
+    posts_per_path = sent["posts per call"]
     # Shown in the test summary (conftest), also from an xdist worker.
     record_property(
         "summary",

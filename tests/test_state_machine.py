@@ -116,6 +116,30 @@ class RunLifecycle(RuleBasedStateMachine):
         if renewed:
             self.fence, self.expired = fence, False
 
+    @rule(worker=WORKERS)
+    def heartbeat_keeps_the_lease(self, worker):
+        """A keeper thread's renewal (G16): the current owner's lease runs on,
+        a lost owner's changes nothing, and nothing else moves."""
+        lease = self.leases.get(worker)
+        if lease is None:
+            return
+        kept = transitions.keep_lease(lease, LEASE * 2)
+        assert kept == self._current(worker)
+        if kept:
+            self.expired = False
+
+    @rule(worker=WORKERS)
+    def worker_hands_the_run_back(self, worker):
+        """A draining worker past its grace (G15): the lease lapses now, the
+        run stays as it is for the reaper, and a lost owner changes nothing."""
+        lease = self.leases.get(worker)
+        if lease is None:
+            return
+        handed = transitions.hand_back(lease)
+        assert handed == self._current(worker)
+        if handed:
+            self.expired = True
+
     def _record(self, worker, step, clear_fence) -> bool:
         lease = self.leases.get(worker)
         if lease is None:

@@ -67,18 +67,6 @@ def test_a_worker_that_lost_the_run_stamps_no_fence():
     assert AgentRun.objects.get(pk=agent_run.pk).pending_effect == "non_idempotent_write"
 
 
-def test_the_lease_is_extended_to_cover_a_tools_own_time_limit(settings):
-    settings.NRLLM_TOOLS = ["tests.tools_for_tests.LeaseProbe"]
-    settings.NRLLM_LEASE_SECONDS = 5
-    settings.NRLLM_OPERATION_MARGIN_SECONDS = 30
-    agent_run = run(
-        scripted({"tool_calls": [{"name": "lease_probe"}]}, answer(), tools=["lease_probe"])
-    )
-    remaining = agent_run.steps.get(kind="tool").result["lease_remaining_seconds"]
-    assert 600 + 30 - 5 < remaining <= 600 + 30  # the tool's 600 s limit plus the margin
-    assert agent_run.status == "completed"
-
-
 def test_the_step_before_a_write_stamps_its_fence_unless_a_cancel_was_requested():
     """The renewal before a call rides on the previous step's record (G5, G6);
     a cancel requested meanwhile stamps nothing, and the worker stops."""

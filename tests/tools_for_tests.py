@@ -309,6 +309,15 @@ class SlowDatabaseIdempotentWrite(SlowDatabaseWrite):
     effect = ToolEffect.IDEMPOTENT_WRITE
 
 
+class SlowDatabaseRead(SlowDatabaseWrite):
+    """A read that holds a database connection for 3 s, within its limit."""
+
+    name = "slow_database_read"
+    description = "read whose statement takes 3 s; limit 10 s"
+    effect = ToolEffect.READ_ONLY
+    timeout_seconds = 10
+
+
 class ExitingWrite(Tool):
     """A write whose library exits the process (a BaseException) after writing."""
 

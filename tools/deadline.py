@@ -1,20 +1,40 @@
-"""Stopping a tool at its declared time limit.
+"""Stopping a tool at its time limit (``call_within``).
 
-A tool may declare ``timeout_seconds``. The runtime extends the lease to cover
-that limit plus a margin right before the call (so a long write is not reaped
-mid-call), and the agent loop stops the tool at the limit with ``time_limit``.
-The stop uses SIGALRM, which only the main thread can receive — the case in
-an RQ work horse and a management command; elsewhere (a web server thread)
-only the tool's own I/O timeouts apply. A tool stopped at its limit may
-have been inside a database statement: the connection is then dropped, so
-what the runtime writes next goes over a new one.
+A tool may declare ``timeout_seconds`` (the runtime gives one that declares
+none a default). The runtime's heartbeat keeps the lease through the call up
+to that limit plus a margin, and the agent loop stops counting on the tool
+at the limit:
+
+- In a process's main thread (an RQ work horse, a management command) the
+  tool is interrupted with SIGALRM (``time_limit``). A tool stopped at its
+  limit may have been inside a database statement: the connection is then
+  dropped, so what the runtime writes next goes over a new one.
+- In any other thread (``runs.worker.ConcurrentWorker``'s runs, a web
+  server's request) no signal can reach it, so the tool runs in a thread of
+  its own and the run waits for it up to the limit. Past it, the run goes on
+  without it (``ToolTimeout``) and the tool's thread is abandoned: it cannot
+  hold the run, the worker's other runs or its exit (a daemon thread), and
+  what it returns late goes to ``on_late`` — the runtime records a write's.
 """
 
 import contextlib
+import logging
 import signal
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from tools.contract import ToolError
+
+logger = logging.getLogger(__name__)
+
+
+def time_limit_of(tool) -> float:
+    """The tool's own time limit, or ``NRLLM_TOOL_TIME_LIMIT_SECONDS`` for
+    one that declares none: no call runs unbounded."""
+    from django.conf import settings
+
+    return tool.time_limit() or settings.NRLLM_TOOL_TIME_LIMIT_SECONDS
 
 
 class ToolTimeout(ToolError):
@@ -61,3 +81,72 @@ def _drop_database_connection() -> None:
         connection.close()
     except DatabaseError:
         pass  # closed all the same
+
+
+def call_within(
+    seconds: float | None,
+    tool_name: str,
+    call: Callable[[], Any],
+    *,
+    on_late: Callable[[Any, BaseException | None], None] | None = None,
+) -> Any:
+    """``call()``, stopped counting on at ``seconds``: raises ``ToolTimeout``
+    then. Off the main thread, a call still running at its limit is left to
+    finish in its own thread, and ``on_late(result, error)`` hears how."""
+    if not seconds or threading.current_thread() is threading.main_thread():
+        with time_limit(seconds, tool_name):
+            return call()
+    return _AbandonableCall(tool_name, call, on_late).wait(seconds)
+
+
+class _AbandonableCall:
+    def __init__(self, tool_name: str, call: Callable[[], Any], on_late):
+        self.tool_name, self.call, self.on_late = tool_name, call, on_late
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.abandoned = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def wait(self, seconds: float) -> Any:
+        thread = threading.Thread(target=self._run, name=f"tool-{self.tool_name}", daemon=True)
+        thread.start()
+        if not self.done.wait(seconds):
+            with self.lock:
+                # Decided under the lock: the call either finished just now
+                # (its result counts) or its finish will go to on_late.
+                self.abandoned = not self.done.is_set()
+            if self.abandoned:
+                raise ToolTimeout(
+                    f"tool {self.tool_name!r} exceeded its time limit of {seconds:g}s"
+                )
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def _run(self) -> None:
+        try:
+            self.result = self.call()
+        except BaseException as error:  # handed to the waiting run, as raised
+            self.error = error
+        finally:
+            _close_thread_connections()
+            with self.lock:
+                self.done.set()
+                late = self.abandoned
+        if late and self.on_late is not None:
+            try:
+                self.on_late(self.result, self.error)
+            except Exception:
+                logger.exception("tool %s: its late outcome could not be kept", self.tool_name)
+            finally:
+                # Keeping it took a connection of this thread's: back to the pool.
+                _close_thread_connections()
+
+
+def _close_thread_connections() -> None:
+    """A tool that used the database did so over this thread's own
+    connection: it goes with the thread (back to the pool, if one)."""
+    from django.db import connections
+
+    connections.close_all()

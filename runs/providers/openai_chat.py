@@ -23,6 +23,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from nrllm_ops.database import release_connection
 from runs.providers import circuit
 from runs.providers.base import ProviderError, ToolCall, Turn
 from runs.vocabulary import FailureClass
@@ -59,6 +60,12 @@ class OpenAIChatProvider:
         self.options = {key: spec[key] for key in ("temperature", "max_tokens") if key in spec}
         self.circuit_key = f"{settings.NRLLM_OPENAI_BASE_URL} {self.model}"
         self.client = shared_client()
+        #: How long one call may take by its client's timeouts (the SDK's
+        #: retries are off): the heartbeat keeps the lease that long (G16).
+        self.call_seconds = (
+            settings.NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS
+            + settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS
+        )
 
     @classmethod
     def from_spec(cls, spec: dict, *, attempt: int) -> "OpenAIChatProvider":
@@ -70,6 +77,8 @@ class OpenAIChatProvider:
         from runs.providers.openai_failures import to_provider_error
 
         circuit.before_call(self.circuit_key)
+        # The model takes seconds: its connection serves other runs meanwhile.
+        release_connection()
         tools = [{"type": "function", "function": spec} for spec in tool_specs]
         started = time.monotonic()
         try:

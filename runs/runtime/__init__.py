@@ -5,7 +5,9 @@ loop, provider ↔ tools (``loop``), watched by the lease, fence and audit
 (``execution``) whose steps the ledger records (``step_ledger``) → settled,
 parked for approval, or ended as a failed attempt (``failed_attempts``,
 ``retry``). A run's request is parsed and checked by ``run_request``;
-``errors`` holds what the runtime raises to itself.
+``errors`` holds what the runtime raises to itself. While an attempt is in
+flight its lease is kept in the background (``heartbeat``); a process that
+keeps many runs in flight keeps them in ``run_threads``.
 
 Start here: ``enqueue`` stores a queued run and dispatches its job,
 ``run_queued`` is what the job does, ``run`` executes an interactive run
@@ -13,6 +15,13 @@ inline. The runtime writes no status itself: every change goes through
 ``runs.transitions``.
 """
 
-from runs.runtime.attempt import CallerInterrupted, enqueue, run, run_queued
+from runs.runtime.attempt import (
+    CallerInterrupted,
+    claim_queued,
+    enqueue,
+    execute_claimed,
+    run,
+    run_queued,
+)
 
-__all__ = ["CallerInterrupted", "enqueue", "run", "run_queued"]
+__all__ = ["CallerInterrupted", "claim_queued", "enqueue", "execute_claimed", "run", "run_queued"]

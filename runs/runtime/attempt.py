@@ -26,6 +26,7 @@ from runs.dispatch import dispatch_or_fail
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
 from runs.models import AgentRun
 from runs.providers import build_provider
+from runs.runtime import heartbeat
 from runs.runtime.errors import AwaitingApproval, LeaseLost, RunCancelled
 from runs.runtime.execution import LeasedExecution
 from runs.runtime.failed_attempts import (
@@ -89,6 +90,15 @@ def run_queued(run_id) -> None:
 
     A duplicate or stale job finds the run not ``queued`` and does nothing.
     """
+    claimed = claim_queued(run_id)
+    if claimed is not None:
+        execute_claimed(claimed)
+
+
+def claim_queued(run_id) -> transitions.ClaimedRun | None:
+    """Claim a queued run for this process, or None (and log why) if it is
+    not claimable: taken, ended, or not yet due. A run's own job a little
+    early waits for it (``EARLY_JOB_WAIT_SECONDS``)."""
     claimed = transitions.claim(run_id, worker_identity(), settings.NRLLM_LEASE_SECONDS)
     if claimed is None:
         early = transitions.seconds_until_due(run_id)
@@ -99,7 +109,11 @@ def run_queued(run_id) -> None:
             claimed = transitions.claim(run_id, worker_identity(), settings.NRLLM_LEASE_SECONDS)
     if claimed is None:
         logger.info("run=%s not claimable (taken, ended or not yet due); job ignored", run_id)
-        return
+    return claimed
+
+
+def execute_claimed(claimed: transitions.ClaimedRun) -> None:
+    """Execute the attempt a claim began. Never raises for a run's outcome."""
     if claimed.request_recorded:
         STEPS.labels(StepKind.REQUEST, "none").inc()
     _execute(
@@ -248,61 +262,92 @@ def _execute(
     request step (``recorded_steps``); an interactive run records it here. A
     re-executed run resumes: it replays its journal and goes live after it
     (G12). A call that needs approval parks the run (G14)."""
-    execution = LeasedExecution(
-        lease,
-        settings.NRLLM_LEASE_SECONDS,
-        settings.NRLLM_OPERATION_MARGIN_SECONDS,
-        recorded_steps=recorded_steps,
-    )
-    try:
-        # Before the journal is read: it checks recorded calls against the
-        # tools registered, which for MCP tools is what their servers list.
-        require_available(stored_request.get("tools", []), disabled_tools)
-        if resumed:
-            request, journal = _resumption(lease, stored_request, disabled_tools)
-        else:
-            request, journal = _stored_request(stored_request), Journal()
-        offered = offered_tools(request.tools, disabled_tools)
-        execution.approvals = _approval_gate(lease, request, offered, approval_overrides, journal)
-        if mode == RunMode.INTERACTIVE:
-            execution.record_request(stored_request)
-        if journal:
-            _note_resume(execution, journal)
-        outcome = run_agent_loop(
-            prompt=request.prompt,
-            provider=TimedProvider(
-                build_provider(request.provider, attempt=lease.token), request.provider["kind"]
-            ),
-            tools=offered,
-            max_iterations=request.max_iterations,
-            observer=execution,
-            journal=journal.turns,
+    with heartbeat.kept(
+        lease, settings.NRLLM_LEASE_SECONDS, settings.NRLLM_OPERATION_MARGIN_SECONDS
+    ) as beat:
+        execution = LeasedExecution(
+            lease,
+            settings.NRLLM_LEASE_SECONDS,
+            settings.NRLLM_OPERATION_MARGIN_SECONDS,
+            recorded_steps=recorded_steps,
+            heartbeat=beat,
         )
-        if not execution.settled and outcome.reason == TerminationReason.COMPLETED:
-            # A replayed final answer, or one whose record the database
-            # refused: settled as ``finish`` settles, so a pending cancel
-            # still wins (G9).
-            execution.finish_without_steps(outcome.output)
-    except AwaitingApproval as waiting:
-        logger.info("run=%s waits for approval of %d call(s)", lease.run_id, len(waiting.approvals))
-        approval_notices.run_waits(lease.run_id, waiting.approvals)
-        return
-    except LeaseLost:
-        LEASES_LOST.inc()
-        logger.warning("run=%s lease_token=%s lost; settling nothing", lease.run_id, lease.token)
-        return
-    except RunCancelled as cancel:
-        withdraw_unstarted(lease, cancel)
-        transitions.settle(lease, RunStatus.CANCELLED, TerminationReason.CANCELLED)
-        return
-    except JournalUnreplayable as error:
-        dead_letter_unreplayable(lease, error)
-        return
-    except Exception as error:
-        settle_failure(lease, error, mode, requeue_count=requeue_count)
-        return
-    if not execution.settled:
-        transitions.settle(lease, RunStatus.FAILED, outcome.reason)
+        beat.starting()
+        try:
+            # Before the journal is read: it checks recorded calls against the
+            # tools registered, which for MCP tools is what their servers list.
+            require_available(stored_request.get("tools", []), disabled_tools)
+            if resumed:
+                request, journal = _resumption(lease, stored_request, disabled_tools)
+            else:
+                request, journal = _stored_request(stored_request), Journal()
+            offered = offered_tools(request.tools, disabled_tools)
+            execution.approvals = _approval_gate(
+                lease, request, offered, approval_overrides, journal
+            )
+            if mode == RunMode.INTERACTIVE:
+                execution.record_request(stored_request)
+            if journal:
+                _note_resume(execution, journal)
+            outcome = run_agent_loop(
+                prompt=request.prompt,
+                provider=_DeadlinedProvider(
+                    build_provider(request.provider, attempt=lease.token),
+                    request.provider["kind"],
+                    execution,
+                ),
+                tools=offered,
+                max_iterations=request.max_iterations,
+                observer=execution,
+                journal=journal.turns,
+            )
+            if not execution.settled and outcome.reason == TerminationReason.COMPLETED:
+                # A replayed final answer, or one whose record the database
+                # refused: settled as ``finish`` settles, so a pending cancel
+                # still wins (G9).
+                execution.finish_without_steps(outcome.output)
+        except AwaitingApproval as waiting:
+            logger.info(
+                "run=%s waits for approval of %d call(s)", lease.run_id, len(waiting.approvals)
+            )
+            approval_notices.run_waits(lease.run_id, waiting.approvals)
+            return
+        except LeaseLost:
+            LEASES_LOST.inc()
+            logger.warning(
+                "run=%s lease_token=%s lost; settling nothing", lease.run_id, lease.token
+            )
+            return
+        except RunCancelled as cancel:
+            withdraw_unstarted(lease, cancel)
+            transitions.settle(lease, RunStatus.CANCELLED, TerminationReason.CANCELLED)
+            return
+        except JournalUnreplayable as error:
+            dead_letter_unreplayable(lease, error)
+            return
+        except Exception as error:
+            settle_failure(lease, error, mode, requeue_count=requeue_count)
+            return
+        if not execution.settled:
+            transitions.settle(lease, RunStatus.FAILED, outcome.reason)
+
+
+class _DeadlinedProvider(TimedProvider):
+    """The run's provider, timed, with each call's deadline told to the
+    heartbeat: the lease is kept through the call up to its client's own
+    timeouts plus the margin, and a lease further once it returned (G16)."""
+
+    def __init__(self, provider, kind: str, execution: LeasedExecution):
+        super().__init__(provider, kind)
+        self._call_seconds = getattr(provider, "call_seconds", None)
+        self._execution = execution
+
+    def next_turn(self, messages, tool_specs):
+        self._execution.model_call_begins(self._call_seconds)
+        try:
+            return super().next_turn(messages, tool_specs)
+        finally:
+            self._execution.between_operations()
 
 
 def _note_resume(execution: LeasedExecution, journal: Journal) -> None:

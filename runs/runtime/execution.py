@@ -18,9 +18,9 @@ crash can lose is a tail of read and model steps that no write depends on.
 
 import logging
 
-from django.conf import settings
 from django.db import DatabaseError
 
+from nrllm_ops.database import release_connection
 from runs import metrics, transitions
 from runs.approvals.gate import ApprovalGate
 from runs.runtime.errors import (
@@ -31,11 +31,17 @@ from runs.runtime.errors import (
     StepsNotDurable,
     WriteNotDurable,
 )
+from runs.runtime.heartbeat import Heartbeat
 from runs.runtime.loop import PlannedCall, StepEvent
-from runs.runtime.step_ledger import StepLedger, withdraw_unstarted_fence
-from runs.transitions import FinishOutcome, Lease, NextCall, ParkOutcome, RecordOutcome
+from runs.runtime.step_ledger import (
+    StepLedger,
+    record_late_result,
+    withdraw_unstarted_fence,
+)
+from runs.transitions import FinishOutcome, Lease, NextCall, RecordOutcome
 from runs.vocabulary import StepKind
 from tools.contract import ToolContext, idempotency_key_for
+from tools.deadline import time_limit_of
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +55,12 @@ class LeasedExecution:
         *,
         recorded_steps: int = 0,
         approvals: ApprovalGate | None = None,
+        heartbeat: Heartbeat | None = None,
     ):
         self.lease = lease
+        #: The lease kept in the background between steps (G16); None: the
+        #: records alone renew it, each far enough for the call that follows.
+        self.heartbeat = heartbeat
         self.approvals = approvals or ApprovalGate(lease.run_id)
         self.lease_seconds = lease_seconds
         self.operation_margin = operation_margin
@@ -75,8 +85,12 @@ class LeasedExecution:
         if renewed is not None and renewed[0] is call:
             # The step recorded just before this call renewed the lease for
             # it and stamped its fence, in the same guarded UPDATE.
+            self._stop_if_handed_back(call, renewed[1])
             return self._context(call, renewed[1])
         key = idempotency_key_for(self.lease.run_id, call.position, call.tool.name, call.arguments)
+        # Handed back: no renewal holds the lease again, and a fence a record
+        # in doubt may have stamped for this call is withdrawn.
+        self._stop_if_handed_back(call, key)
         renewal = self._renewal_for(call, key)
         lease_seconds = self._lease_seconds_for(call)
         try:
@@ -91,6 +105,7 @@ class LeasedExecution:
                     else None
                 )
                 if outcome is RecordOutcome.PERSISTED:
+                    self._stop_if_handed_back(call, key)
                     return self._context(call, key)
                 if outcome is RecordOutcome.LEASE_LOST:
                     self._stop_for_lost_renewal(before=call.tool.name)
@@ -123,12 +138,18 @@ class LeasedExecution:
             if renewal.fence and not withdraw_unstarted_fence(self.lease, key):
                 error.unstarted_call = key
             raise
+        # Handed back while the renewal stamped the call's fence: it never starts.
+        self._stop_if_handed_back(call, key)
         return self._context(call, key)
 
     def after_step(self, event: StepEvent, next_call: PlannedCall | None = None) -> None:
         """Record the step, renewing the lease for ``next_call`` when it can.
-        Fail closed for an executed write, soft otherwise."""
+        Fail closed for an executed write, soft otherwise. An attempt its
+        worker handed back records the step, lets its lease lapse with it and
+        stops (``LeaseLost``: it settles nothing)."""
         self._renewed_for = None
+        self.between_operations()
+        handed_back = self.heartbeat is not None and self.heartbeat.handed_back
         next_key, renewal, lease_seconds = None, None, self.lease_seconds
         if next_call is not None:
             next_key = idempotency_key_for(
@@ -136,6 +157,8 @@ class LeasedExecution:
             )
             renewal = self._renewal_for(next_call, next_key)
             lease_seconds = self._lease_seconds_for(next_call)
+        if handed_back:
+            next_key, renewal, lease_seconds = None, None, 0
         write = _write_of(event) if event.is_executed_write else None
         try:
             outcome = self.ledger.record(
@@ -154,6 +177,8 @@ class LeasedExecution:
             ) from error
         if write is not None and outcome.persisted:
             self.ledger.recorded_write(write)
+        if handed_back:
+            raise LeaseLost()
         if outcome is RecordOutcome.PERSISTED:
             if next_key is not None:
                 self._renewed_for = (next_call, next_key)
@@ -254,6 +279,12 @@ class LeasedExecution:
             )
         self.settled = True
 
+    def write_returned_late(self, event: StepEvent, result, error: str) -> None:
+        """Record what a write returned after the run stopped counting on it:
+        the write is in doubt, and this is what an operator reconciling it
+        needs to see (G13, G15)."""
+        record_late_result(self.lease, _step_fields(event), result, error)
+
     def gate(self, calls, *, turn_sequence: int | None, turn_event: StepEvent | None) -> dict:
         """The calls of this turn an operator denied (position → what the
         model is told). If any call waits for approval, park the run instead
@@ -261,37 +292,10 @@ class LeasedExecution:
         ``AwaitingApproval``: no call of the turn runs (G14)."""
         denied, waiting = self.approvals.review(calls, turn_sequence)
         if waiting:
-            self._park(waiting, turn_sequence, turn_event)
+            turn = [_step_fields(turn_event)] if turn_event else []
+            requests = self.ledger.park(waiting, turn_sequence, turn)
+            raise AwaitingApproval(requests)
         return denied
-
-    def _park(self, waiting: list, turn_sequence: int | None, turn_event) -> None:
-        if self.ledger.in_doubt and not self.ledger.resolve_doubt():
-            raise StepsNotDurable(
-                "the run cannot wait for approval while it cannot tell whether its "
-                "earlier steps were recorded"
-            )
-        turn = [_step_fields(turn_event)] if turn_event else []
-        for _ in range(2):  # again after the database had lost steps that go again first
-            steps = [*self.ledger.unwritten, *turn]
-            outcome, requests = transitions.wait_for_approval(
-                self.lease,
-                steps,
-                waiting,
-                turn_sequence=turn_sequence,
-                timeout_seconds=settings.NRLLM_APPROVAL_TIMEOUT_SECONDS,
-                recorded=self.ledger.recorded,
-            )
-            if outcome is not ParkOutcome.STEPS_LOST:
-                break
-            self.ledger.restore_lost_steps()
-        if outcome is ParkOutcome.STEPS_LOST:
-            raise StepsNotDurable("the run's steps were lost again before it could wait")
-        if outcome is ParkOutcome.LEASE_LOST:
-            raise LeaseLost()
-        if outcome is ParkOutcome.CANCEL_REQUESTED:
-            raise RunCancelled()
-        self.ledger.landed(steps)
-        raise AwaitingApproval(requests)
 
     def record_request(self, request: dict) -> None:
         """The first step of an interactive run: what it was asked to do."""
@@ -299,10 +303,38 @@ class LeasedExecution:
 
     # --- helpers -----------------------------------------------------------
 
+    def between_operations(self) -> None:
+        """Nothing is in flight but the runtime's own statements."""
+        if self.heartbeat is not None:
+            self.heartbeat.between_operations()
+
+    def model_call_begins(self, call_seconds: float | None) -> None:
+        """A model call that may take ``call_seconds`` (its client's own
+        timeouts; None: unbounded) is about to be sent."""
+        if self.heartbeat is not None:
+            self.heartbeat.model_call(call_seconds)
+            if self.heartbeat.handed_back:
+                raise LeaseLost()
+
     def _lease_seconds_for(self, call: PlannedCall) -> float:
-        # Operation deadline: the lease must outlive the call, or a long write
-        # would be reaped mid-call.
-        return max(self.lease_seconds, (call.tool.time_limit() or 0) + self.operation_margin)
+        if self.heartbeat is not None:
+            # The heartbeat carries the lease through the call, up to its
+            # limit plus the margin: a worker that dies mid-call is noticed
+            # in a lease, not after the call's limit (G16).
+            return self.lease_seconds
+        # Without one, the lease must outlive the call, or a long write would
+        # be reaped mid-call.
+        return max(self.lease_seconds, time_limit_of(call.tool) + self.operation_margin)
+
+    def _stop_if_handed_back(self, call: PlannedCall, key: str) -> None:
+        if self.heartbeat is None or not self.heartbeat.handed_back:
+            return
+        # The record before the call may have stamped its fence: the call
+        # never starts, so no write is left in doubt that never ran. (If the
+        # database is away, the fence stands and the reaper decides on it.)
+        if call.tool.effect.is_write:
+            withdraw_unstarted_fence(self.lease, key)
+        raise LeaseLost()
 
     @staticmethod
     def _renewal_for(call: PlannedCall, key: str) -> NextCall:
@@ -312,11 +344,17 @@ class LeasedExecution:
         return NextCall(fence=call.tool.effect.value, call=stamp)
 
     def _context(self, call: PlannedCall, key: str) -> ToolContext:
+        limit = time_limit_of(call.tool)
+        if self.heartbeat is not None:
+            self.heartbeat.tool_call(limit)
+        # The call may take long, and a tool that reads the database does so
+        # over its own thread's connection: the run's goes back to a pool.
+        release_connection()
         return ToolContext(
             run_id=self.lease.run_id,
             idempotency_key=key,
             attempt=self.lease.token,
-            timeout_seconds=call.tool.time_limit(),
+            timeout_seconds=limit,
         )
 
     def _heartbeat_after_unrecorded_step(self) -> None:

@@ -62,9 +62,9 @@ def _interactive_reason(error: Exception) -> str:
 
 
 #: How long an attempt whose write audit failed keeps trying to say so on
-#: the fence while the database is away: well inside the lease it holds,
-#: which covered the write's time limit plus the operation margin, so the
-#: reaper cannot act on the run meanwhile.
+#: the fence while the database is away: well inside the lease it holds (a
+#: lease from the write's end, kept by the heartbeat while the database
+#: lets it, G16), so the reaper does not act on the run meanwhile.
 AUDIT_MARK_ATTEMPTS = (0.2, 0.5, 1, 2, 4)
 
 

@@ -29,7 +29,7 @@ from runs.runtime.errors import WriteOutcomeUnknown
 from runs.vocabulary import StepKind, TerminationReason
 from tools.canonical import NAME_LIMIT, as_journaled, storable_text
 from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
-from tools.deadline import ToolTimeout, time_limit
+from tools.deadline import ToolTimeout, call_within
 from tools.effects import ToolEffect
 from tools.validation import argument_errors
 
@@ -96,6 +96,10 @@ class LoopObserver(Protocol):
     def after_step(self, event: StepEvent, next_call: PlannedCall | None = None) -> None: ...
 
     def finish(self, event: StepEvent, output: str) -> None: ...
+
+    def write_returned_late(self, event: StepEvent, result: Any, error: str) -> None:
+        """A write the run stopped counting on at its limit finished after
+        all (G15): ``event`` is its call, ``result`` or ``error`` what came."""
 
     def gate(
         self,
@@ -285,9 +289,18 @@ def _execute_call(call: PlannedCall, observer: LoopObserver) -> StepEvent:
         idempotency_key=context.idempotency_key,
         executed=True,
     )
+
+    def late(late_result, late_error) -> None:
+        error = f"{type(late_error).__name__}: {late_error}" if late_error else ""
+        observer.write_returned_late(event, late_result, storable_text(error))
+
     try:
-        with time_limit(context.timeout_seconds, name):
-            result = tool.run(arguments, context)
+        result = call_within(
+            context.timeout_seconds,
+            name,
+            lambda: tool.run(arguments, context),
+            on_late=late if tool.effect.is_write else None,
+        )
     except ToolTimeout as error:
         if tool.effect.is_write:
             # Stopped mid-call: the write may have gone out.

@@ -16,17 +16,24 @@ record transitions, and keeps what a failure leaves behind:
 Each record carries the lease renewal and fence of the call after it
 (``NextCall``); a record in doubt that turns out to have landed while a
 cancel is pending withdraws the fence it stamped for a call that never
-started (``withdraw_unstarted_fence``). The agent loop's observer
-(``runs.runtime.execution``) decides what a failed record means for the run.
+started (``withdraw_unstarted_fence``). The run's park for approval writes
+the unwritten steps too (``park``, G14). A write that returned after its
+run stopped counting on it is recorded apart (``record_late_result``, G15).
+The agent loop's observer (``runs.runtime.execution``) decides what a failed
+record means for the run.
 """
 
+import json
 import logging
 
+from django.conf import settings
 from django.db import DatabaseError
 
 from runs import metrics, transitions
 from runs.runtime.errors import LeaseLost, RunCancelled, StepsNotDurable, WriteNotDurable
-from runs.transitions import Lease, NextCall, RecordOutcome
+from runs.transitions import Lease, NextCall, ParkOutcome, RecordOutcome
+from runs.vocabulary import StepKind
+from tools.canonical import as_journaled, storable_text
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +265,38 @@ class StepLedger:
         for step in steps:
             metrics.STEPS.labels(step["kind"], step["effect"] or "none").inc()
 
+    def park(self, waiting: list, turn_sequence: int | None, turn: list[dict]) -> list:
+        """Write the unwritten steps and ``turn`` (a live turn's step, or
+        none) with the run's park for approval of ``waiting`` (G14), in one
+        statement; returns the approval requests. Raises as a record would
+        when it cannot: ``StepsNotDurable``, ``LeaseLost``, ``RunCancelled``."""
+        if self.in_doubt and not self.resolve_doubt():
+            raise StepsNotDurable(
+                "the run cannot wait for approval while it cannot tell whether its "
+                "earlier steps were recorded"
+            )
+        for _ in range(2):  # again after the database had lost steps that go again first
+            steps = [*self.unwritten, *turn]
+            outcome, requests = transitions.wait_for_approval(
+                self.lease,
+                steps,
+                waiting,
+                turn_sequence=turn_sequence,
+                timeout_seconds=settings.NRLLM_APPROVAL_TIMEOUT_SECONDS,
+                recorded=self.recorded,
+            )
+            if outcome is not ParkOutcome.STEPS_LOST:
+                break
+            self.restore_lost_steps()
+        if outcome is ParkOutcome.STEPS_LOST:
+            raise StepsNotDurable("the run's steps were lost again before it could wait")
+        if outcome is ParkOutcome.LEASE_LOST:
+            raise LeaseLost()
+        if outcome is ParkOutcome.CANCEL_REQUESTED:
+            raise RunCancelled()
+        self.landed(steps)
+        return requests
+
 
 def withdraw_unstarted_fence(lease: Lease, key: str) -> bool:
     """``transitions.withdraw_fence`` for a call that did not start, never
@@ -270,3 +309,30 @@ def withdraw_unstarted_fence(lease: Lease, key: str) -> bool:
         logger.warning("run=%s fence of a call that did not start left up", lease.run_id)
         return False
     return True
+
+
+def record_late_result(lease: Lease, step: dict, result, error: str) -> None:
+    """Record what a write returned after its run stopped counting on it
+    (a ``late_result`` step, G15), never raising: the run has moved on, and
+    the step is an operator's evidence, not the journal's."""
+    logger.warning(
+        "run=%s %s (idempotency key %s) returned after its time limit",
+        lease.run_id,
+        step["tool_name"],
+        step["idempotency_key"],
+    )
+    try:
+        result = as_journaled(result)
+        json.dumps(result)
+    except (TypeError, ValueError):
+        result = storable_text(repr(result))
+    late = {
+        **step,
+        "kind": StepKind.LATE_RESULT,
+        "result": None if error else result,
+        "error": error,
+    }
+    try:
+        transitions.record_late_write(lease, late)
+    except DatabaseError:
+        logger.exception("run=%s late result of %s not recorded", lease.run_id, step["tool_name"])

@@ -37,7 +37,9 @@ from runs.transitions.lease import (
     cancel_requested,
     claim,
     create_queued_run,
+    hand_back,
     heartbeat,
+    keep_lease,
     mark_audit_failed,
     renew_lease,
     seconds_until_due,
@@ -45,7 +47,12 @@ from runs.transitions.lease import (
     steps_lost,
     withdraw_fence,
 )
-from runs.transitions.operators import append_operator_step, operator_requeue, operator_restart
+from runs.transitions.operators import (
+    append_operator_step,
+    operator_requeue,
+    operator_restart,
+    record_late_write,
+)
 from runs.transitions.reaping import (
     Reaping,
     StaleLease,
@@ -91,7 +98,9 @@ __all__ = [
     "expire_approvals",
     "fail_dispatch",
     "finish",
+    "hand_back",
     "heartbeat",
+    "keep_lease",
     "mark_audit_failed",
     "note_redispatch",
     "operator_requeue",
@@ -100,6 +109,7 @@ __all__ = [
     "reap_cancelled",
     "reap_dead_letter",
     "reap_requeue",
+    "record_late_write",
     "recover_connection",
     "record_step",
     "record_steps",

@@ -286,6 +286,30 @@ def heartbeat(lease: Lease, lease_seconds: float) -> bool:
     return bool(_owned(lease).update(lease_expires_at=_expiry(lease_seconds)))
 
 
+def keep_lease(lease: Lease, lease_seconds: float, *, when_left: float | None = None) -> bool:
+    """The background heartbeat's renewal (G16): the lease runs until
+    ``lease_seconds`` from now by the database's clock — if less than
+    ``when_left`` seconds of it are left (default: if that is later), so a
+    run whose records renew it often costs no renewal of its own. Never
+    shortened: a record that renewed further is not undone. False when it
+    changed nothing: the lease is lost, or has that long left (the
+    attempt's next record tells which)."""
+    left = lease_seconds if when_left is None else min(when_left, lease_seconds)
+    return bool(
+        _owned(lease)
+        .filter(lease_expires_at__lt=_expiry(left))
+        .update(lease_expires_at=_expiry(lease_seconds))
+    )
+
+
+def hand_back(lease: Lease) -> bool:
+    """A worker that stops before the attempt ended (a drain past its grace,
+    G15) lets its lease lapse now, settling nothing: the reaper decides the
+    run on its next pass as it decides a dead worker's. False if the run is
+    no longer this lease's."""
+    return bool(_owned(lease).update(lease_expires_at=_expiry(0)))
+
+
 def standing(lease: Lease) -> tuple[bool, bool]:
     """(whether the run is still this lease's, whether a cancel is pending):
     what a record in doubt that landed was committed under."""

@@ -1,9 +1,11 @@
-"""Operators' transitions (G10, G11)."""
+"""Operators' transitions (G10, G11), and a step recorded outside any
+attempt's records: what a write returned after its time limit (G15)."""
 
 from django.db.models import F
 
 from runs.models import AgentRun
 from runs.transitions._common import (
+    Lease,
     _append_step,
     _log_change,
     _update_returning,
@@ -88,4 +90,17 @@ def append_operator_step(run_id, step: dict) -> bool:
             return False
         sequence, _ = _append_step(run_id, None, step)
     _log_change("operator_step", run_id, sequence=sequence, kind=step.get("kind"))
+    return True
+
+
+def record_late_write(lease: Lease, step: dict) -> bool:
+    """Record what a write returned after its run had stopped counting on
+    it (a ``late_result`` step, G15), whatever the run's status now, under
+    the lease token of the attempt that ran it: the operator who reconciles
+    the write in doubt reads it there."""
+    with reaching_disk():
+        if not AgentRun.objects.filter(pk=lease.run_id).update(step_count=F("step_count") + 1):
+            return False
+        sequence, _ = _append_step(lease.run_id, lease.token, step)
+    _log_change("late_result", lease.run_id, sequence=sequence, lease_token=lease.token)
     return True

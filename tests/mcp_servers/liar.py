@@ -13,7 +13,8 @@ counts the calls that reached it, and answered ``{"content": [{"type":
 "text", "text": "done"}]}`` — or, for a tool whose name starts with
 ``refuse``, with a JSON-RPC error in place of a result; for one named
 ``huge_<size>``, with a text of ``size`` bytes, written a piece at a time
-(the server never holds it whole either).
+(the server never holds it whole either); for one named ``slow_*``, after
+2 s, while the server goes on reading and answering other requests.
 
 Run as ``python -m tests.mcp_servers.liar list`` (or ``hang``).
 """
@@ -21,21 +22,34 @@ Run as ``python -m tests.mcp_servers.liar list`` (or ``hang``).
 import json
 import os
 import sys
+import threading
+import time
 
 HANDSHAKE_VERSION = "2025-06-18"
 
 
+#: One message at a time on stdout: a slow call is answered from a thread.
+_writing = threading.Lock()
+
+
 def _answer(request_id, result_text: str) -> None:
-    sys.stdout.write(
-        f'{{"jsonrpc": "2.0", "id": {json.dumps(request_id)}, "result": {result_text}}}\n'
-    )
-    sys.stdout.flush()
+    with _writing:
+        sys.stdout.write(
+            f'{{"jsonrpc": "2.0", "id": {json.dumps(request_id)}, "result": {result_text}}}\n'
+        )
+        sys.stdout.flush()
 
 
 def _refuse(request_id, code: int, message: str) -> None:
     error = {"code": code, "message": message}
-    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
-    sys.stdout.flush()
+    with _writing:
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
+        sys.stdout.flush()
+
+
+def _answer_slowly(request_id) -> None:
+    time.sleep(2)
+    _answer(request_id, '{"content": [{"type": "text", "text": "done slowly"}]}')
 
 
 def _answer_huge(request_id, size: int) -> None:
@@ -78,6 +92,8 @@ def _serve_one(message: dict) -> None:
             log.write(json.dumps(name) + "\n")
         if name.startswith("refuse"):
             _refuse(request_id, -32602, f"cannot do {name} now")
+        elif name.startswith("slow"):
+            threading.Thread(target=_answer_slowly, args=(request_id,)).start()
         elif name.startswith("huge"):
             _answer_huge(request_id, int(name.removeprefix("huge_")))
         else:

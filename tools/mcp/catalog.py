@@ -55,7 +55,9 @@ _locks_lock = threading.Lock()
 
 
 def listing(toolset: type[McpToolset], *, refresh: bool = False) -> Listing:
-    """The toolset's listing, asked of its server when there is none fresh."""
+    """The toolset's listing, asked of its server when there is none fresh
+    (with ``refresh``: none made since this call asked)."""
+    asked_at = time.monotonic()
     cached = _listings.get(toolset)
     if cached is not None and cached.is_fresh() and not refresh:
         return cached
@@ -63,8 +65,12 @@ def listing(toolset: type[McpToolset], *, refresh: bool = False) -> Listing:
         lock = _locks.setdefault(toolset, threading.Lock())
     with lock:
         cached = _listings.get(toolset)
-        if cached is not None and cached.is_fresh() and not refresh:
-            return cached  # another thread listed it meanwhile
+        since = not refresh or (cached is not None and cached.listed_at >= asked_at)
+        if cached is not None and cached.is_fresh() and since:
+            # Another thread listed it meanwhile. Runs starting together in
+            # one process (G15) share one listing, reachable or not, instead
+            # of each waiting out the server's connect timeout in turn.
+            return cached
         _listings[toolset] = fresh = _listed(toolset)
         return fresh
 

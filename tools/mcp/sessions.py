@@ -113,6 +113,8 @@ class _Session:
         self.client = None
         self._holder: asyncio.Task | None = None
         self._release: asyncio.Event | None = None
+        #: Calls sent on it and not yet answered (the loop's thread alone counts).
+        self.calls_in_flight = 0
 
     @property
     def is_open(self) -> bool:
@@ -283,7 +285,7 @@ class Sessions:
                     if not cursor:
                         break
         except (Exception, TimeoutError) as error:
-            await self._forget(toolset, session)
+            await self._forget_unless_shared(toolset, session)
             if _past_the_cap(error) is not None:
                 from tools.mcp.limits import MESSAGE_BYTES
 
@@ -319,6 +321,7 @@ class Sessions:
     async def _call(self, toolset, name, arguments, meta, sent: threading.Event):
         session = await self._live_session(toolset)
         sent.set()
+        session.calls_in_flight += 1
         try:
             return await session.client.call_tool(name, arguments, meta=meta)
         except (Exception, asyncio.CancelledError) as error:
@@ -327,12 +330,31 @@ class Sessions:
                 return TruncatedAnswer(start)  # answered: the session is sound
             if not isinstance(error, asyncio.CancelledError):
                 # The session may be broken: the next call opens a fresh one.
-                await self._forget(toolset, session)
+                await self._forget_unless_shared(toolset, session, calls_of_its_own=1)
                 raise MaybeSent(_described(error)) from error
             raise
+        finally:
+            session.calls_in_flight -= 1
+
+    async def _forget_unless_shared(self, toolset, session: _Session, calls_of_its_own=0):
+        """After a failure on ``session``: forget it (the next call opens a
+        fresh one), unless other runs' calls are in flight on it and it is
+        still open — one run's error (a refusal, a reply the SDK rejects, a
+        listing stuck behind a long call) must not close the session under
+        their calls, which would leave a write in doubt though it was
+        answered (G15). If it is broken, their calls fail too, and the last
+        forgets it."""
+        if session.is_open and session.calls_in_flight > calls_of_its_own:
+            return
+        await self._forget(toolset, session)
 
     async def _live_session(self, toolset: type[McpToolset]) -> _Session:
         session = await self._session(toolset)
+        if session.calls_in_flight:
+            # Other runs' calls are in flight on it: it is open, and a probe
+            # could wait behind them (a stdio server answers one at a time)
+            # and close it under them. If it broke, this call finds out.
+            return session
         try:
             async with asyncio.timeout(settings.NRLLM_MCP_CONNECT_TIMEOUT_SECONDS):
                 await _probe(session.client)

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.embedded_worker import serve
+from runs.runtime.run_threads import RunThreads
 
 
 def _positive(kind):
@@ -23,8 +24,10 @@ def _positive(kind):
 class Command(BaseCommand):
     help = (
         "The embedded default's worker (no Redis): every --interval seconds one reaper "
-        "pass, then the queued runs that are due (delayed retries included), oldest first. "
-        "SIGINT or SIGTERM: finish the run in hand and exit; a second SIGINT: at once."
+        "pass, then the queued runs that are due (delayed retries included), oldest first, "
+        "up to NRLLM_WORKER_CONCURRENCY in flight at once. SIGINT or SIGTERM: claim no more, "
+        "give the runs in flight NRLLM_WORKER_DRAIN_SECONDS, hand the rest back to the "
+        "reaper, exit; a second SIGINT: hand them back at once."
     )
 
     def add_arguments(self, parser):
@@ -35,15 +38,8 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="seconds between passes when nothing is due (default 1)",
         )
-        parser.add_argument(
-            "--batch-size",
-            type=_positive(int),
-            default=10,
-            metavar="RUNS",
-            help="due runs executed per pass before the reaper's next pass (default 10)",
-        )
 
-    def handle(self, *args, interval, batch_size, **options):
+    def handle(self, *args, interval, **options):
         if settings.REDIS_URL:
             raise CommandError(
                 "REDIS_URL is set: runs are dispatched to Redis. Run `manage.py rqworker "
@@ -51,35 +47,42 @@ class Command(BaseCommand):
             )
         stop = threading.Event()
         self._stop_on_signals(stop)
+        runs = RunThreads(settings.NRLLM_WORKER_CONCURRENCY)
         self.stdout.write(
             f"embedded worker: reaper and due runs every {interval:g}s "
-            f"(up to {batch_size} runs a pass); SIGINT/SIGTERM to stop"
+            f"(up to {runs.limit} runs in flight); SIGINT/SIGTERM to stop"
         )
         self.stdout.flush()
-        serve(interval=interval, batch_size=batch_size, stop=stop)
+        try:
+            serve(interval=interval, runs=runs, stop=stop)
+        except KeyboardInterrupt:
+            runs.drain(0)  # a second Ctrl-C mid-pass: hand them back at once
+            raise
+        runs.drain(settings.NRLLM_WORKER_DRAIN_SECONDS)
         self.stdout.write("embedded worker: stopped")
 
     def _stop_on_signals(self, stop: threading.Event) -> None:
-        """SIGTERM or SIGINT lets the run in hand finish, then the worker
-        exits. A second SIGINT (Ctrl-C again) stops it at once: the run cut
-        short stays ``running`` until its lease expires and the reaper
-        requeues it. A second SIGTERM changes nothing: a group kill
-        (``timeout``, a supervisor) and ``make run``'s trap each send one.
-        A SIGINT ignored when the process started stays ignored: a shell
-        starts background jobs so, which leaves stopping this worker under
-        ``make run`` to the recipe's trap."""
+        """SIGTERM or SIGINT: no run is claimed after it, the runs in flight
+        get the drain's grace, the rest are handed back, and the worker
+        exits. A second SIGINT (Ctrl-C again) hands them back at once: each
+        stays ``running``, its lease lapsed, for the reaper to requeue. A
+        second SIGTERM changes nothing: a group kill (``timeout``, a
+        supervisor) and ``make run``'s trap each send one. A SIGINT ignored
+        when the process started stays ignored: a shell starts background
+        jobs so, which leaves stopping this worker under ``make run`` to the
+        recipe's trap."""
         catch_sigint = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
 
-        def stop_after_the_run_in_hand(signum, frame):
+        def stop_claiming(signum, frame):
             if not stop.is_set():
                 self.stderr.write(
                     f"embedded worker: {signal.Signals(signum).name}: "
-                    "stopping after the run in hand"
+                    "claiming no more runs; draining those in flight"
                 )
             stop.set()
             if catch_sigint:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-        signal.signal(signal.SIGTERM, stop_after_the_run_in_hand)
+        signal.signal(signal.SIGTERM, stop_claiming)
         if catch_sigint:
-            signal.signal(signal.SIGINT, stop_after_the_run_in_hand)
+            signal.signal(signal.SIGINT, stop_claiming)

@@ -5,7 +5,8 @@ approval policy (``NRLLM_APPROVAL_REQUIRED_FOR=non_idempotent_write``) each
 ``send_notification`` waits for an operator: the demo decides those calls
 through ``runs.approvals.actions``, as an operator does in the admin, under
 a user of its own (``DEMO_APPROVER``), and leaves one waiting for whoever
-opens the admin. Without Redis each decision executes the run on inline.
+opens the admin. Without Redis the demo executes its runs itself, inline
+(``executing_in_caller``): each decision executes the run on.
 """
 
 from django.contrib.auth import get_user_model
@@ -15,6 +16,7 @@ from django.db import transaction
 
 from runs import transitions
 from runs.approvals import actions as approval_actions
+from runs.dispatch import executing_in_caller
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, ApprovalRequest
 from runs.runtime import enqueue, run
@@ -206,6 +208,10 @@ class Command(BaseCommand):
         if AgentRun.objects.exists():
             self.stdout.write("runs exist; demo data not seeded again")
             return
+        with executing_in_caller():
+            self._seed()
+
+    def _seed(self):
         Note.objects.get_or_create(slug="release-notes", defaults={"body": "v1: first release."})
         Note.objects.get_or_create(slug="incident-42", defaults={"body": "Disk full on db-2."})
         approver = demo_approver()

@@ -1,0 +1,325 @@
+"""G15: many runs in flight in one worker process (``runs.worker.ConcurrentWorker``),
+each as safe as alone.
+
+Real ``rqworker`` processes with the concurrent worker class, Django's
+connection pool, the drifting model behind the fake chat-completions server,
+and the reaper run by the test. Faults are a SIGKILL, a SIGTERM, a tool that
+hangs past its limit, and a pool too small for the runs that want it.
+"""
+
+import random
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from runs import transitions
+from runs.models import AgentRun, DeadLetter
+from runs.reaper import reap_stale_runs
+from runs.runtime import enqueue
+from runs.vocabulary import RunStatus, StepKind, TerminationReason
+from tests.drifting_model import openai_request, scripted_request
+from tests.helpers import writes_per_call
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
+
+CONCURRENT = {
+    "NRLLM_WORKER_CLASS": "runs.worker.ConcurrentWorker",
+    "NRLLM_WORKER_CONCURRENCY": 50,
+    "DATABASE_POOL_MAX_SIZE": 8,
+    "NRLLM_LEASE_SECONDS": 2,
+    "NRLLM_OPERATION_MARGIN_SECONDS": 1,
+    "NRLLM_HTTP_TIMEOUT_SECONDS": 2,
+    "NRLLM_MAX_REQUEUES": 8,
+    # Fifty runs' INFO lines would fill the pipe the fixture reads at the end.
+    "LOG_LEVEL": "WARNING",
+}
+TOOLS = ["search_notes", "send_notification", "post_webhook"]
+
+
+def unfinished() -> int:
+    return AgentRun.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).count()
+
+
+def running(worker=None) -> int:
+    """Runs ``running`` now (held by ``worker``'s process, if given)."""
+    held = AgentRun.objects.filter(status=RunStatus.RUNNING)
+    if worker is not None:
+        held = held.filter(lease_owner__contains=f":{worker.pid}:")
+    return held.count()
+
+
+def wait_until(condition, seconds: float, *, reap: bool = False) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if reap:
+            reap_stale_runs()
+        time.sleep(0.1)
+    return condition()
+
+
+def writing_request(index: int, http_server) -> dict:
+    """A read, a non-idempotent write (a notification or a webhook POST), an
+    answer; the model thinks a while on each turn, so runs pile up in flight."""
+    write = (
+        {"name": "send_notification", "arguments": {"recipient": f"r-{index}", "message": "{take}"}}
+        if index % 2
+        else {
+            "name": "post_webhook",
+            "arguments": {"url": http_server.url(f"/c-{index}"), "payload": {"take": "{take}"}},
+        }
+    )
+    plan = [
+        {"calls": [{"name": "search_notes", "arguments": {"query": "c"}}], "delay_seconds": 0.6},
+        {"calls": [write], "delay_seconds": 0.4},
+        {"answer": f"run {index} (take {{take}})", "delay_seconds": 0.4},
+    ]
+    return openai_request(f"concurrent {index}", plan, TOOLS)
+
+
+def test_fifty_runs_in_flight_in_one_process_survive_sigkills_writing_each_write_once(
+    workers, http_server, drifting_model, settings, record_property
+):
+    """With the drifting model, one process holds about fifty runs at once;
+    SIGKILLed at random moments, every run still ends ``completed`` or
+    dead-lettered with its reason, and no non-idempotent write runs twice."""
+    settings.NRLLM_REDISPATCH_AFTER_SECONDS = 2
+    for index in range(60):
+        enqueue(writing_request(index, http_server))
+    worker = workers.start(**CONCURRENT)
+    peak = 0
+    rng = random.Random(28)
+    kills = 0
+    deadline = time.monotonic() + 120
+    while unfinished() and time.monotonic() < deadline:
+        peak = max(peak, running(worker))
+        if kills < 3 and peak >= 30 and rng.random() < 0.15:
+            workers.kill(worker)
+            kills += 1
+            worker = workers.start(**CONCURRENT)
+        reap_stale_runs()
+        time.sleep(0.1)
+
+    outcomes = Counter(AgentRun.objects.values_list("status", "termination_reason"))
+    sent = writes_per_call(http_server)
+    record_property(
+        "summary",
+        f"concurrent: 60 runs, peak {peak} in flight in one process, {kills} SIGKILLs; "
+        f"outcomes {dict(outcomes)}; writes {sent}",
+    )
+    assert unfinished() == 0, f"runs left unfinished: {dict(outcomes)}"
+    assert peak >= 40, f"only {peak} runs were in flight at once"
+    assert kills == 3
+    assert all(set(counts) <= {1} for counts in sent.values()), f"a write went out twice: {sent}"
+    for agent_run in AgentRun.objects.exclude(status=RunStatus.COMPLETED):
+        assert agent_run.status == RunStatus.FAILED
+        assert DeadLetter.objects.filter(run=agent_run).exists(), agent_run.termination_reason
+
+
+def test_sigterm_drains_the_runs_that_finish_and_hands_back_the_rest(
+    workers, drifting_model, settings
+):
+    """SIGTERM: nothing is dequeued after it; runs that end within the grace
+    end; the others are handed back unsettled, and the reaper requeues them."""
+    quick = [
+        enqueue(openai_request(f"quick {i}", [{"answer": "done", "delay_seconds": 1}], []))
+        for i in range(3)
+    ]
+    slow = [
+        enqueue(openai_request(f"slow {i}", [{"answer": "late", "delay_seconds": 30}], []))
+        for i in range(3)
+    ]
+    worker = workers.start(
+        **{**CONCURRENT, "NRLLM_WORKER_DRAIN_SECONDS": 3, "NRLLM_LEASE_SECONDS": 30}
+    )
+    assert wait_until(lambda: running() == 6, 20)
+    workers.signal(worker, signal.SIGTERM)
+    time.sleep(0.3)
+    late = enqueue(openai_request("after", [{"answer": "x"}], []))
+    output, _ = worker.communicate(timeout=15)
+    assert worker.returncode == 0, output.decode()
+
+    def status(run):
+        return AgentRun.objects.get(pk=run.pk)
+
+    assert {status(run).status for run in quick} == {RunStatus.COMPLETED}
+    for run in slow:
+        handed = status(run)
+        assert handed.status == RunStatus.RUNNING  # not settled as if it ended
+        assert not AgentRun.objects.filter(
+            pk=run.pk, lease_expires_at__gt=transitions.db_time()
+        ).exists()
+    assert status(late).status == RunStatus.QUEUED  # never dequeued after the SIGTERM
+    assert not DeadLetter.objects.exists()
+    assert b"3 run(s) handed back" in output
+    reap_stale_runs()
+    assert {(status(run).status, status(run).requeue_count) for run in slow} == {
+        (RunStatus.QUEUED, 1)
+    }
+
+
+def test_a_cancel_reaches_a_run_in_a_thread(workers, drifting_model, operator):
+    from runs.operators.actions import cancel
+
+    drifting_model.hold_turn(1)
+    agent_run = enqueue(
+        openai_request(
+            "cancel me",
+            [{"calls": [{"name": "search_notes", "arguments": {"query": "q"}}]}, {"answer": "no"}],
+            TOOLS,
+        )
+    )
+    workers.start(**CONCURRENT)
+    assert drifting_model.held.wait(20)
+    cancel(AgentRun.objects.get(pk=agent_run.pk), operator, "stop it")
+    drifting_model.release.set()
+    assert wait_until(lambda: AgentRun.objects.get(pk=agent_run.pk).status != "running", 20)
+    assert AgentRun.objects.get(pk=agent_run.pk).termination_reason == TerminationReason.CANCELLED
+
+
+def test_a_hung_tool_delays_no_other_run_a_read_is_a_tool_error_a_write_in_doubt(workers, settings):
+    """A tool past its limit cannot be interrupted in a thread: its run stops
+    counting on it — a read is a tool error, a write is in doubt — while the
+    process's other runs go on; the write's late result is recorded."""
+    settings.NRLLM_TOOLS = ["tests.tools_for_tests.SlowTool", "tests.tools_for_tests.SlowWrite"]
+    hung_read = enqueue(
+        scripted_request(
+            "hung read",
+            [{"calls": [{"name": "slow_tool", "arguments": {"seconds": 60}}]}, {"answer": "ok"}],
+            ["slow_tool"],
+        )
+    )
+    hung_write = enqueue(
+        scripted_request(
+            "hung write",
+            [{"calls": [{"name": "slow_write", "arguments": {"seconds": 4}}]}, {"answer": "ok"}],
+            ["slow_write"],
+        )
+    )
+    others = [
+        enqueue(scripted_request(f"other {i}", [{"answer": "fine", "delay_seconds": 0.5}], []))
+        for i in range(8)
+    ]
+    started = time.monotonic()
+    workers.start(
+        **CONCURRENT,
+        NRLLM_TOOLS="tests.tools_for_tests.SlowTool,tests.tools_for_tests.SlowWrite",
+    )
+
+    def ended(run):
+        return AgentRun.objects.get(pk=run.pk).status not in ("queued", "running")
+
+    assert wait_until(lambda: all(ended(run) for run in [*others, hung_read, hung_write]), 30)
+    assert time.monotonic() - started < 20  # the 60 s read held nothing up
+    assert {AgentRun.objects.get(pk=run.pk).status for run in others} == {"completed"}
+
+    read = AgentRun.objects.get(pk=hung_read.pk)
+    assert read.status == "completed"
+    assert "exceeded its time limit" in read.steps.get(kind=StepKind.TOOL).error
+
+    write = AgentRun.objects.get(pk=hung_write.pk)
+    assert (write.status, write.termination_reason) == ("failed", "write_interrupted")
+    assert DeadLetter.objects.filter(run=write).exists()
+    # The write's thread finishes after its run stopped counting on it.
+    assert wait_until(lambda: write.steps.filter(kind=StepKind.LATE_RESULT).exists(), 10)
+    late = write.steps.get(kind=StepKind.LATE_RESULT)
+    assert late.result == {"slept": True} and late.tool_name == "slow_write"
+
+
+def test_an_exhausted_connection_pool_is_a_retryable_failure_not_a_hang(workers, settings):
+    """One pooled connection, held by a tool for seconds: the runs that find
+    the pool empty past its timeout fail to claim as on a database outage,
+    their job says why, and each is dispatched again and ends."""
+    settings.NRLLM_REDISPATCH_AFTER_SECONDS = 1
+    settings.NRLLM_TOOLS = ["tests.tools_for_tests.SlowDatabaseRead"]
+    holder = enqueue(
+        scripted_request(
+            "holder",
+            [{"calls": [{"name": "slow_database_read", "arguments": {}}]}, {"answer": "ok"}],
+            ["slow_database_read"],
+        )
+    )
+    time.sleep(0.2)
+    waiting = [enqueue(scripted_request(f"w {i}", [{"answer": "ok"}], [])) for i in range(3)]
+    worker = workers.start(
+        # The shipped lease: the heartbeat, which borrows from the same pool,
+        # has nothing to renew within the holder's 3 s.
+        **{**CONCURRENT, "DATABASE_POOL_MAX_SIZE": 1, "NRLLM_LEASE_SECONDS": 30},
+        DATABASE_POOL_TIMEOUT_SECONDS=1,
+        NRLLM_TOOLS="tests.tools_for_tests.SlowDatabaseRead",
+    )
+    everyone = [holder, *waiting]
+    assert wait_until(
+        lambda: all(AgentRun.objects.get(pk=r.pk).status == "completed" for r in everyone),
+        40,
+        reap=True,
+    )
+    workers.signal(worker, signal.SIGTERM)
+    output, _ = worker.communicate(timeout=15)
+    assert b"couldn't get a connection" in output
+    assert b"job could not execute the run" in output
+
+
+def test_a_late_outcome_kept_from_an_abandoned_tool_thread_leaves_no_connection_behind():
+    """Off the main thread a tool past its limit is abandoned; what it
+    returns late is kept over the tool thread's own connection, which must go
+    (back to the pool, with one): a connection left per late write would
+    exhaust a worker's pool."""
+    from django.db import connection
+
+    from tools.deadline import ToolTimeout, call_within
+
+    def connections_open() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            )
+            return cursor.fetchone()[0]
+
+    kept = threading.Event()
+
+    def keep(result, error):
+        assert AgentRun.objects.count() == 0  # the database, from the tool's thread
+        kept.set()
+
+    def hung():
+        time.sleep(0.5)
+        return "late"
+
+    def run_in_a_thread():
+        with pytest.raises(ToolTimeout):
+            call_within(0.1, "hung", hung, on_late=keep)
+
+    before = connections_open()
+    caller = threading.Thread(target=run_in_a_thread)
+    caller.start()
+    caller.join()
+    assert kept.wait(5)
+    assert wait_until(lambda: connections_open() == before, 5)
+
+
+def test_a_redis_outage_lets_the_runs_in_flight_finish(workers, settings, tmp_path):
+    """The runs in flight need Redis for nothing (the run rows are their
+    state): Redis stopping under a busy worker neither ends them nor hands
+    them back; they complete, as a forking worker's horse completes its run."""
+    from tests.harness import _redis
+
+    redis = _redis(tmp_path)
+    redis.start()
+    try:
+        settings.REDIS_URL = f"redis://127.0.0.1:{redis.port}/0"
+        runs = [
+            enqueue(scripted_request(f"outage {i}", [{"answer": "ok", "delay_seconds": 4}], []))
+            for i in range(2)
+        ]
+        # Every slot taken: the worker waits for one, heartbeating meanwhile.
+        workers.start(**{**CONCURRENT, "NRLLM_WORKER_CONCURRENCY": 2}, REDIS_URL=settings.REDIS_URL)
+        assert wait_until(lambda: running() == 2, 20)
+    finally:
+        redis.stop()
+    assert wait_until(lambda: unfinished() == 0, 30)
+    assert {AgentRun.objects.get(pk=run.pk).status for run in runs} == {"completed"}

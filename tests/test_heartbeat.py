@@ -1,0 +1,129 @@
+"""G16: while a run is in flight its short lease is kept in the background,
+never past the deadline of what the attempt is doing now; a worker whose
+heartbeat is lost is fenced.
+
+Real PostgreSQL; the attempts run in this process (a thread where a test
+needs to watch them), the reaper is called as its cron job calls it.
+"""
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from runs import transitions
+from runs.models import AgentRun
+from runs.reaper import reap_stale_runs
+from runs.runtime import heartbeat, run
+from runs.transitions import RecordOutcome
+from runs.vocabulary import RunStatus
+from tests.helpers import answer, scripted, stored
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def lease_left(run_id) -> float:
+    """Seconds the run's lease has left, by the database's clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM lease_expires_at - now()) FROM runs_agentrun WHERE id = %s",
+            [run_id],
+        )
+        return float(cursor.fetchone()[0])
+
+
+def test_a_short_lease_is_kept_through_a_model_call_longer_than_it(settings):
+    """A lease of 1 s, a model that takes 3 s: the reaper, passing all the
+    while, never finds the run stale, and the run completes."""
+    settings.NRLLM_LEASE_SECONDS = 1
+    finished = threading.Event()
+
+    def execute():
+        try:
+            run(scripted({"content": "slow", "delay_seconds": 3}))
+        finally:
+            connection.close()
+            finished.set()
+
+    threading.Thread(target=execute).start()
+    reaped = []
+    while not finished.wait(0.2):
+        reaped.append(reap_stale_runs().decisions)
+    assert not any(reaped), reaped
+    assert AgentRun.objects.get().status == RunStatus.COMPLETED
+
+
+def test_the_record_before_a_tool_renews_a_lease_and_the_heartbeat_carries_it(settings):
+    """The step before a tool renews the lease for a lease, not for the
+    tool's 600 s limit: a worker that dies in the tool is noticed in a lease
+    (the heartbeat extends it while the worker lives)."""
+    settings.NRLLM_TOOLS = ["tests.tools_for_tests.LeaseProbe"]
+    settings.NRLLM_LEASE_SECONDS = 5
+    agent_run = run(
+        scripted({"tool_calls": [{"name": "lease_probe"}]}, answer(), tools=["lease_probe"])
+    )
+    remaining = agent_run.steps.get(kind="tool").result["lease_remaining_seconds"]
+    assert 4 < remaining <= 5
+    assert agent_run.status == RunStatus.COMPLETED
+
+
+def test_the_heartbeat_stops_at_the_operations_deadline_and_the_stuck_worker_is_fenced(
+    settings,
+):
+    """An attempt stuck past its operation's deadline: the keeper stops
+    renewing, the lease lapses, the reaper requeues the run, and the stuck
+    attempt's late record is refused."""
+    settings.NRLLM_MAX_REQUEUES = 3
+    settings.NRLLM_EXECUTE_IN_CALLER = False  # the requeued run stays queued
+    agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
+    lease = transitions.claim(agent_run.pk, "stuck-worker", 1).lease
+    with heartbeat.kept(lease, 1) as beat:
+        beat.until(2)  # the operation's deadline: 2 s from now
+        time.sleep(1.5)
+        assert lease_left(agent_run.pk) > 0.3  # kept so far
+        deadline = time.monotonic() + 5
+        while lease_left(agent_run.pk) > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stopped_after = 5 - (deadline - time.monotonic())
+        assert lease_left(agent_run.pk) <= 0, "the heartbeat kept the lease past the deadline"
+        assert stopped_after < 3.5
+        reap_stale_runs()
+    assert AgentRun.objects.get(pk=agent_run.pk).status == RunStatus.QUEUED
+    outcome = transitions.record_step(lease, 1, {"kind": "llm"}, clear_fence=False)
+    assert outcome is RecordOutcome.LEASE_LOST
+
+
+def test_a_handed_back_attempt_settles_nothing_and_lets_its_lease_lapse(settings):
+    """``hand_back_all``: the lease lapses at once for the reaper, and the
+    attempt stops at its next step boundary without settling."""
+    settings.NRLLM_LEASE_SECONDS = 30
+    done = threading.Event()
+
+    def execute():
+        try:
+            run(
+                scripted(
+                    {
+                        "tool_calls": [{"name": "search_notes", "arguments": {"query": "q"}}],
+                        "delay_seconds": 1.5,
+                    },
+                    answer(),
+                    tools=["search_notes"],
+                )
+            )
+        finally:
+            connection.close()
+            done.set()
+
+    threading.Thread(target=execute).start()
+    while heartbeat.in_flight() == 0:
+        time.sleep(0.05)
+    assert heartbeat.hand_back_all() == 1
+    agent_run = AgentRun.objects.get()
+    assert lease_left(agent_run.pk) <= 0
+    assert done.wait(10)
+    agent_run.refresh_from_db()
+    assert agent_run.status == RunStatus.RUNNING  # not settled as if it ended
+    assert lease_left(agent_run.pk) <= 0  # the model's turn recorded, the lease let go
+    assert list(agent_run.steps.values_list("kind", flat=True)) == ["request", "llm"]
