@@ -46,11 +46,14 @@ def _move(key: str, guard: Q, to_state: str, reason: str, **changes) -> bool:
     return True
 
 
-def before_call(key: str) -> None:
-    """Let the call through, or raise ``circuit_open`` without touching the provider."""
+def before_call(key: str) -> bool:
+    """Let the call through, or raise ``circuit_open`` without touching the
+    provider. Returns whether the call is the circuit's trial: only a trial's
+    success closes it (``record_success``), so a call let through closed
+    costs no statement after it."""
     circuit = _circuit(key)
     if circuit.state == CLOSED:
-        return
+        return False
     cooldown = settings.NRLLM_CIRCUIT_COOLDOWN_SECONDS
     cooled = db_time(-cooldown)
     # A trial that never reported (its worker died) is given up after the
@@ -64,7 +67,7 @@ def before_call(key: str) -> None:
         "cool-down over: one trial call",
         trial_started_at=Now(),
     ):
-        return
+        return True
     raise ProviderError(
         f"circuit open for {key}: failing fast without calling the provider",
         failure_class=FailureClass.CIRCUIT_OPEN,
@@ -73,6 +76,7 @@ def before_call(key: str) -> None:
 
 
 def record_success(key: str) -> None:
+    """The trial call succeeded: close the circuit (if it is not closed)."""
     if ProviderCircuit.objects.filter(key=key).exclude(state=CLOSED).exists():
         _move(
             key,

@@ -76,7 +76,7 @@ class OpenAIChatProvider:
 
         from runs.providers.openai_failures import to_provider_error
 
-        circuit.before_call(self.circuit_key)
+        trial = circuit.before_call(self.circuit_key)
         # The model takes seconds: its connection serves other runs meanwhile.
         release_connection()
         tools = [{"type": "function", "function": spec} for spec in tool_specs]
@@ -92,7 +92,8 @@ class OpenAIChatProvider:
             failure = to_provider_error(error)
             circuit.record_failure(self.circuit_key, failure.failure_class)
             raise failure from None
-        circuit.record_success(self.circuit_key)
+        if trial:
+            circuit.record_success(self.circuit_key)
         return _turn(completion, latency_ms=int((time.monotonic() - started) * 1000))
 
 
