@@ -243,8 +243,6 @@ def test_an_exhausted_connection_pool_is_a_retryable_failure_not_a_hang(workers,
             ["slow_database_read"],
         )
     )
-    time.sleep(0.2)
-    waiting = [enqueue(scripted_request(f"w {i}", [{"answer": "ok"}], [])) for i in range(3)]
     worker = workers.start(
         # The shipped lease: the heartbeat, which borrows from the same pool,
         # has nothing to renew within the holder's 3 s.
@@ -252,6 +250,11 @@ def test_an_exhausted_connection_pool_is_a_retryable_failure_not_a_hang(workers,
         DATABASE_POOL_TIMEOUT_SECONDS=1,
         NRLLM_TOOLS="tests.tools_for_tests.SlowDatabaseRead",
     )
+    # The others come once the holder's tool holds the pool's one connection
+    # (its model turn recorded, the tool's 3 s statement under way).
+    assert wait_until(lambda: holder.steps.filter(kind=StepKind.LLM).exists(), 20)
+    time.sleep(0.5)
+    waiting = [enqueue(scripted_request(f"w {i}", [{"answer": "ok"}], [])) for i in range(3)]
     everyone = [holder, *waiting]
     assert wait_until(
         lambda: all(AgentRun.objects.get(pk=r.pk).status == "completed" for r in everyone),
