@@ -24,7 +24,7 @@ import os
 import threading
 import time
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 
 from runs import transitions
 from runs.transitions import Lease
@@ -137,7 +137,7 @@ class _Keeper:
             if beats:
                 # Not held between ticks: a worker's connections serve runs
                 # (and a pool, DATABASE_POOL_MAX_SIZE, gets this one back).
-                _close_connection()
+                transitions.recover_connection(discard=True)
 
 
 def _renew(beat: Heartbeat, *, when_left: float) -> bool:
@@ -151,16 +151,9 @@ def _renew(beat: Heartbeat, *, when_left: float) -> bool:
         # Whatever it was (the database away, a connection refused), the
         # keeper lives on: its thread keeps every lease of the process.
         logger.warning("run=%s heartbeat failed; trying again next tick", beat.lease.run_id)
-        _close_connection()
+        transitions.recover_connection(discard=True)
         return False
     return True
-
-
-def _close_connection() -> None:
-    try:
-        connection.close()
-    except Exception:
-        pass  # closed all the same
 
 
 _keeper = _Keeper()
