@@ -26,6 +26,15 @@ process for a slot. RQ keeps one job's bookkeeping on the worker (its
 execution, its current job), so each thread performs its job on a shallow
 copy of the worker, which shares the Redis connection pool.
 
+The main thread only takes jobs, and it shares the GIL with every run's
+thread: each Redis round trip it makes waits for the GIL again when its
+answer comes, a few milliseconds when the runs keep it busy. So it makes
+few: the jobs for all the slots free are taken off the queue in one round
+trip and fetched in another (RQ's own blocking dequeue waits when the
+queue is empty), the worker's heartbeat and the suspension check go at most
+once a second, and its state only when it changes. RQ's one job at a time
+(eleven round trips) started about 30 runs a second per process.
+
 SIGTERM (or SIGINT) drains: no job is dequeued after it, the runs in flight
 get ``NRLLM_WORKER_DRAIN_SECONDS`` to finish, and those still in flight are
 handed back (``runs.runtime.heartbeat.hand_back_all``): each settles
@@ -35,12 +44,15 @@ them back at once. SIGKILL loses nothing either: every lease lapses.
 
 import copy
 import logging
+import threading
 import time
 
 from django.conf import settings
 from redis.exceptions import RedisError
-from rq.exceptions import StopRequested
+from rq.exceptions import NoSuchJobError, StopRequested
+from rq.intermediate_queue import IntermediateQueue
 from rq.timeouts import BaseDeathPenalty
+from rq.utils import as_text
 from rq.worker import SimpleWorker, WorkerStatus
 
 from runs.jobs import load_for_runs
@@ -65,14 +77,33 @@ class ConcurrentWorker(SimpleWorker):
     #: Seconds a blocking dequeue waits before the loop looks round again
     #: (RQ's own would block for minutes, leaving jobs' heartbeats unsent).
     dequeue_seconds = 5
+    #: Seconds between the worker's own heartbeats, and its suspension
+    #: checks, however many jobs it takes meanwhile.
+    heartbeat_seconds = 1
+    #: Whether a dequeue takes a job for every slot free (``work`` says).
+    _take_many = True
 
     def bootstrap(self, *args, **kwargs):
         load_for_runs()
         self.runs = RunThreads(settings.NRLLM_WORKER_CONCURRENCY)
         self._jobs_heartbeat_at = time.monotonic()
+        self._heartbeat_at = self._suspension_checked_at = float("-inf")
+        self._state_lock = threading.Lock()
         self._tearing_down = False
+        #: Whether the main thread waits (for a slot, or in RQ's blocking
+        #: dequeue until it has taken a job): only there may a stop request
+        #: interrupt it; elsewhere it only sets the flag, which is looked at
+        #: before each wait. (A stop in RQ's dequeue just as it takes a job
+        #: leaves that job unstarted: the reaper dispatches its run again.)
+        self._waiting = False
         super().bootstrap(*args, **kwargs)
         logger.info("concurrent worker: up to %d runs in flight", self.runs.limit)
+
+    def work(self, *args, max_jobs=None, **kwargs):
+        """RQ's loop; with ``max_jobs`` jobs are taken one at a time, so that
+        RQ counts every one."""
+        self._take_many = max_jobs is None
+        return super().work(*args, max_jobs=max_jobs, **kwargs)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -81,19 +112,102 @@ class ConcurrentWorker(SimpleWorker):
     # --- taking jobs ----------------------------------------------------
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
-        """A free slot first, then a job for it."""
-        while not self.runs.take_slot(timeout=1):
-            self.heartbeat()
-            if self._stop_requested:
-                return None
+        """A free slot first, then a job for it. Every other slot free gets
+        a job waiting in the queue too, taken in the same round trip and
+        started here; the first is returned to RQ's loop, which starts it.
+        With no job waiting, RQ's own dequeue waits for one."""
+        if not self._take_slot():
+            return None
+        taken = 1 + (self.runs.take_free_slots() if self._take_many else 0)
+        jobs = []
+        if taken > 1:
+            try:
+                jobs = self._take_waiting_jobs(taken)
+            except RedisError:
+                # RQ's own dequeue, below, waits for Redis to come back. A
+                # move that landed unanswered leaves its job taken and
+                # unstarted: the reaper dispatches its run again (G7).
+                logger.warning("concurrent worker: Redis away while taking jobs", exc_info=True)
+            except BaseException:
+                self.runs.give_back(taken)
+                raise
+        self.runs.give_back(taken - max(1, len(jobs)))
+        if jobs:
+            for job, queue in jobs[1:]:
+                self.execute_job(job, queue)
+            return jobs[0]
+        result = None
+        self._waiting = True
         try:
-            result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            # A stop requested while it was not waiting only set the flag.
+            if not self._stop_requested:
+                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
         except BaseException:
             self.runs.give_back()
             raise
+        finally:
+            self._waiting = False
         if result is None:
             self.runs.give_back()
         return result
+
+    def _take_slot(self) -> bool:
+        """Wait for a free slot; False if a stop is requested first."""
+        self._waiting = True
+        try:
+            # The flag is looked at once waiting: a stop requested before
+            # only set it.
+            while not self._stop_requested:
+                if self.runs.take_slot(timeout=1):
+                    return True
+                self.heartbeat()
+            return False
+        finally:
+            self._waiting = False
+
+    def reorder_queues(self, reference_queue):
+        """RQ calls this as soon as its blocking dequeue has taken a job:
+        from here until the job starts a stop request must not interrupt
+        the main thread (the job would be left taken and unstarted)."""
+        self._waiting = False
+        super().reorder_queues(reference_queue)
+
+    def _take_waiting_jobs(self, wanted: int) -> list:
+        """Up to ``wanted`` jobs waiting in the queue, without blocking: RQ's
+        own move of each to the queue's intermediate list (where RQ looks for
+        a job a worker took and never started), ``wanted`` of them in one
+        round trip, and their hashes in another. A worker listening on
+        several queues takes one job at a time, in RQ's order."""
+        if len(self._ordered_queues) != 1 or self.get_redis_server_version() < (6, 2, 0):
+            return []
+        queue = self._ordered_queues[0]
+        intermediate = IntermediateQueue(queue.key, self.connection)
+        with self.connection.pipeline(transaction=False) as pipeline:
+            for _ in range(wanted):
+                pipeline.lmove(queue.key, intermediate.key)
+            job_ids = [as_text(job_id) for job_id in pipeline.execute() if job_id is not None]
+        if not job_ids:
+            return []
+        with self.connection.pipeline(transaction=False) as pipeline:
+            for job_id in job_ids:
+                pipeline.hgetall(self.job_class.key_for(job_id))
+            stored = pipeline.execute()
+        taken = []
+        for job_id, fields in zip(job_ids, stored, strict=True):
+            job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+            try:
+                if not fields:
+                    raise NoSuchJobError(job_id)
+                job.restore(fields)
+            except Exception:
+                # Passed over alone, as RQ's dequeue passes over a job whose
+                # hash is gone; its run is dispatched again by the reaper (G7).
+                logger.warning("job %s: taken but cannot be read; left", job_id, exc_info=True)
+                continue
+            job.redis_server_version = self.get_redis_server_version()
+            self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
+            taken.append((job, queue))
+        return taken
 
     def execute_job(self, job, queue):
         """Start the job in a thread of its own, in the slot taken for it."""
@@ -127,11 +241,15 @@ class ConcurrentWorker(SimpleWorker):
         waits for Redis to come back."""
         if pipeline is not None:
             return super().heartbeat(timeout, pipeline)  # a job's own, pipelined
-        try:
-            super().heartbeat(timeout, pipeline)
-        except RedisError:
-            logger.warning("concurrent worker: heartbeat not sent to Redis")
-            return
+        if timeout is not None or time.monotonic() - self._heartbeat_at >= self.heartbeat_seconds:
+            try:
+                with self.connection.pipeline(transaction=False) as beat:
+                    super().heartbeat(timeout, beat)
+                    beat.execute()
+            except RedisError:
+                logger.warning("concurrent worker: heartbeat not sent to Redis")
+                return
+            self._heartbeat_at = time.monotonic()
         if self.is_horse or not hasattr(self, "runs"):
             return
         if time.monotonic() - self._jobs_heartbeat_at < self.job_monitoring_interval:
@@ -145,13 +263,25 @@ class ConcurrentWorker(SimpleWorker):
                     logger.warning("job %s: RQ heartbeat not sent", job.id)
 
     def set_state(self, state, pipeline=None):
-        """RQ's worker state, as ``heartbeat``: a Redis blip is logged."""
+        """RQ's worker state, sent only when it changes (each job would send
+        it twice); a Redis blip is logged, as in ``heartbeat``."""
         if pipeline is not None:
             return super().set_state(state, pipeline)
-        try:
-            super().set_state(state)
-        except RedisError:
-            logger.warning("concurrent worker: state %s not sent to Redis", state)
+        with self._state_lock:
+            if state == self._state:
+                return
+            try:
+                super().set_state(state)
+            except RedisError:
+                self._state = None  # unknown: sent again next time
+                logger.warning("concurrent worker: state %s not sent to Redis", state)
+
+    def check_for_suspension(self, burst):
+        """``rq suspend``, looked for at most once a second."""
+        if time.monotonic() - self._suspension_checked_at < self.heartbeat_seconds:
+            return
+        self._suspension_checked_at = time.monotonic()
+        super().check_for_suspension(burst)
 
     # --- stopping -------------------------------------------------------
 
@@ -166,7 +296,10 @@ class ConcurrentWorker(SimpleWorker):
         if self._tearing_down:
             self.runs.shorten(settings.NRLLM_WORKER_DRAIN_SECONDS)
             return
-        raise StopRequested()
+        if self._waiting:
+            raise StopRequested()
+        # Between taking jobs and starting them: RQ's loop stops at its next
+        # turn, a moment from now, and the jobs taken run in the drain.
 
     def teardown(self):
         """Drain: in burst mode, or after RQ's loop quit, until the runs in

@@ -305,10 +305,15 @@ def test_a_late_outcome_kept_from_an_abandoned_tool_thread_leaves_no_connection_
     assert wait_until(lambda: connections_open() == before, 5)
 
 
-def test_a_redis_outage_lets_the_runs_in_flight_finish(workers, settings, tmp_path):
+def test_a_redis_outage_lets_the_runs_in_flight_finish_and_the_worker_waits_for_redis(
+    workers, settings, tmp_path
+):
     """The runs in flight need Redis for nothing (the run rows are their
     state): Redis stopping under a busy worker neither ends them nor hands
-    them back; they complete, as a forking worker's horse completes its run."""
+    them back; they complete, as a forking worker's horse completes its run.
+    Their slots free together while Redis is away, so the worker's next turn
+    takes jobs for several slots at once, and fails: it waits for Redis,
+    and takes the next run once Redis is back."""
     from tests.harness import _redis
 
     redis = _redis(tmp_path)
@@ -316,13 +321,21 @@ def test_a_redis_outage_lets_the_runs_in_flight_finish(workers, settings, tmp_pa
     try:
         settings.REDIS_URL = f"redis://127.0.0.1:{redis.port}/0"
         runs = [
-            enqueue(scripted_request(f"outage {i}", [{"answer": "ok", "delay_seconds": 4}], []))
-            for i in range(2)
+            enqueue(scripted_request(f"outage {i}", [{"answer": "ok", "delay_seconds": 3}], []))
+            for i in range(4)
         ]
         # Every slot taken: the worker waits for one, heartbeating meanwhile.
-        workers.start(**{**CONCURRENT, "NRLLM_WORKER_CONCURRENCY": 2}, REDIS_URL=settings.REDIS_URL)
-        assert wait_until(lambda: running() == 2, 20)
+        worker = workers.start(
+            **{**CONCURRENT, "NRLLM_WORKER_CONCURRENCY": 4}, REDIS_URL=settings.REDIS_URL
+        )
+        assert wait_until(lambda: running() == 4, 20)
+        redis.stop()
+        assert wait_until(lambda: unfinished() == 0, 30)
+        assert {AgentRun.objects.get(pk=run.pk).status for run in runs} == {"completed"}
+        time.sleep(2)  # the worker's turns meanwhile find Redis away
+        redis.start()
+        after = enqueue(scripted_request("after the outage", [{"answer": "ok"}], []))
+        assert wait_until(lambda: AgentRun.objects.get(pk=after.pk).status == "completed", 30)
+        assert worker.poll() is None
     finally:
         redis.stop()
-    assert wait_until(lambda: unfinished() == 0, 30)
-    assert {AgentRun.objects.get(pk=run.pk).status for run in runs} == {"completed"}

@@ -2,9 +2,12 @@
 tool calling round trips, the failure table row by row, the circuit breaker."""
 
 import json
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from runs.models import AgentRun, CircuitTransition, ProviderCircuit
@@ -187,6 +190,40 @@ def test_a_failed_trial_reopens_the_circuit(fake_openai, settings):
     assert run(request()).failure_class == "server_error"  # the trial
     assert circuit().state == "open"
     assert transitions()[-2:] == [("open", "half_open"), ("half_open", "open")]
+
+
+def test_a_call_let_through_closed_does_not_close_the_circuit_that_opened_meanwhile(
+    fake_openai, settings
+):
+    """Only a trial's success closes a circuit: a call let through while it
+    was closed and answered after other calls opened it leaves it open, so
+    the cool-down holds."""
+    settings.NRLLM_CIRCUIT_FAILURES = 2
+
+    def brain(body):
+        if any(message.get("content") == "slow" for message in body["messages"]):
+            return Reply(body=completion("late, but fine"), delay_seconds=1.5)
+        return error(500)
+
+    fake_openai.brain = brain
+    finished = []
+
+    def run_slowly():
+        try:
+            finished.append(run({**request(), "prompt": "slow"}))
+        finally:
+            connection.close()  # this thread's own
+
+    slow = threading.Thread(target=run_slowly)
+    slow.start()
+    deadline = time.monotonic() + 10
+    while not fake_openai.requests and time.monotonic() < deadline:
+        time.sleep(0.01)  # the slow call is on its way before the circuit opens
+    assert [run(request()).failure_class for _ in range(2)] == ["server_error"] * 2
+    slow.join(timeout=30)
+    assert finished[0].status == "completed"
+    assert circuit().state == "open"
+    assert transitions() == [("closed", "open")]
 
 
 def test_client_errors_do_not_count_towards_the_breaker(fake_openai, settings):

@@ -1,14 +1,24 @@
 """Runs in flight in threads of one process, and how they stop (G15).
 
 ``RunThreads`` is what the concurrent workers share — ``ConcurrentWorker``
-(RQ) and the embedded default's worker: at most ``limit`` threads at once,
-each executing one run, and a drain that waits for them and hands back
-those still in flight when its grace is over (``heartbeat.hand_back_all``).
-Threads are daemons: a run still in flight never holds its process's exit.
+(RQ) and the embedded default's worker: at most ``limit`` runs at once, each
+in a thread, and a drain that waits for them and hands back those still in
+flight when its grace is over (``heartbeat.hand_back_all``).
+
+A thread stays once its run ends and serves the next one: starting a
+thread makes its starter wait for the new thread to take the GIL, a few
+milliseconds each when a hundred runs keep it busy, and the worker's one
+dequeuing thread would wait that long for every run it starts. Threads are
+made as runs need them (never more than ``limit``: a thread waits for work
+before its run's slot is given back) and are daemons: a run still in
+flight never holds its process's exit. Each run ends with its thread's
+database connections closed (back to the pool), so no run sees another's.
 """
 
 import contextvars
+import itertools
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -19,54 +29,102 @@ from runs.runtime.heartbeat import hand_back_all
 
 logger = logging.getLogger(__name__)
 
+#: The name of a thread waiting for its next run.
+IDLE_NAME = "run-thread-idle"
+
 
 class RunThreads:
     def __init__(self, limit: int):
         self.limit = limit
         self._slots = threading.BoundedSemaphore(limit)
         self._lock = threading.Lock()
-        self._threads: dict[threading.Thread, object] = {}
+        #: Notified whenever a run ends (``drain`` waits on it).
+        self._ended = threading.Condition(self._lock)
+        #: Runs in flight: their key → their tag.
+        self._in_flight: dict[int, object] = {}
+        self._keys = itertools.count()
+        #: Runs started and not yet taken by a thread.
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        #: Threads waiting for a run, less the runs already promised to them.
+        self._idle_threads = 0
+        self.threads_made = 0
         #: When a drain under way hands back what is still in flight (monotonic).
         self._drain_deadline: float | None = None
 
     def take_slot(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a free slot; True if taken.
-        A slot taken is given back by ``start``'s thread, or ``give_back``."""
+        A slot taken is given back when its run ends, or by ``give_back``."""
         return self._slots.acquire(timeout=timeout)
 
-    def give_back(self) -> None:
-        """Give back a slot taken for work that did not start."""
-        self._slots.release()
+    def take_free_slots(self) -> int:
+        """Take every slot free now, without waiting; returns how many."""
+        taken = 0
+        while self._slots.acquire(blocking=False):
+            taken += 1
+        return taken
+
+    def give_back(self, slots: int = 1) -> None:
+        """Give back slots taken for work that did not start."""
+        if slots:
+            self._slots.release(slots)
 
     def start(self, work: Callable[[], None], *, name: str, tag: object = None) -> None:
-        """Run ``work`` in a thread of its own, in the slot taken for it, in a
-        copy of the caller's context (context variables included). ``tag``
-        is kept with it (``tags``)."""
+        """Run ``work`` in a thread, in the slot taken for it, in a copy of
+        the caller's context (context variables included), under the thread
+        name ``name``. ``tag`` is kept with it while it runs (``tags``)."""
         context = contextvars.copy_context()
-        thread = threading.Thread(target=self._run, args=(context, work), name=name, daemon=True)
         with self._lock:
-            self._threads[thread] = tag
-        thread.start()
-
-    def _run(self, context: contextvars.Context, work: Callable[[], None]) -> None:
+            key = next(self._keys)
+            self._in_flight[key] = tag
+            idle = self._idle_threads > 0
+            if idle:
+                self._idle_threads -= 1
+            else:
+                self.threads_made += 1
+        self._work.put((key, name, context, work))
+        if idle:
+            return
         try:
-            context.run(work)
-        except Exception:
-            logger.exception("a run's thread failed outside its run")
-        finally:
-            # The thread's own connection goes with it (back to the pool).
-            connections.close_all()
+            threading.Thread(target=self._serve, name=name, daemon=True).start()
+        except RuntimeError:
+            # No thread to be had (the process is out of them): the run
+            # waits in the queue for the next thread that frees, which is
+            # owed to it rather than to a run started later.
             with self._lock:
-                self._threads.pop(threading.current_thread(), None)
-            self._slots.release()
+                self.threads_made -= 1
+                self._idle_threads -= 1
+            logger.error("no thread could be started: run %s waits for one to free", name)
+
+    def _serve(self) -> None:
+        """A thread's life: one run after another, as they come."""
+        me = threading.current_thread()
+        while True:
+            key, me.name, context, work = self._work.get()
+            try:
+                context.run(work)
+            except BaseException:
+                # Even SystemExit from a tool: the thread serves on, or the
+                # next run promised to it would wait for a thread gone.
+                logger.exception("a run's thread failed outside its run")
+            finally:
+                # The run's connections go with it (back to the pool).
+                connections.close_all()
+                me.name = IDLE_NAME
+                # Counted idle before its slot is free: the run started in
+                # that slot is this thread's, never a new thread's.
+                with self._lock:
+                    del self._in_flight[key]
+                    self._idle_threads += 1
+                    self._ended.notify_all()
+                self._slots.release()
 
     def count(self) -> int:
         with self._lock:
-            return len(self._threads)
+            return len(self._in_flight)
 
     def tags(self) -> list:
         with self._lock:
-            return list(self._threads.values())
+            return list(self._in_flight.values())
 
     def shorten(self, grace: float) -> None:
         """A stop asked for during an unbounded drain: it hands back what is
@@ -78,12 +136,12 @@ class RunThreads:
     def drain(
         self, grace: float | None, *, while_waiting: Callable[[], None] = lambda: None
     ) -> int:
-        """Wait for the threads in flight — until they end (``grace`` None)
-        or for ``grace`` seconds — calling ``while_waiting`` about every
-        second; then hand back the runs still in flight (they settle
-        nothing, the reaper decides them). Returns how many were handed back.
-        A signal that interrupts the wait (a second SIGTERM or SIGINT) hands
-        them back at once and is raised on."""
+        """Wait for the runs in flight — until they end (``grace`` None) or
+        for ``grace`` seconds — calling ``while_waiting`` about every second;
+        then hand back the runs still in flight (they settle nothing, the
+        reaper decides them). Returns how many were handed back. A signal
+        that interrupts the wait (a second SIGTERM or SIGINT) hands them
+        back at once and is raised on."""
         self._drain_deadline = None if grace is None else time.monotonic() + grace
         in_flight = self.count()
         if in_flight:
@@ -94,22 +152,14 @@ class RunThreads:
             )
         try:
             while True:
-                with self._lock:
-                    threads = list(self._threads)
-                if not threads:
-                    return 0
                 deadline = self._drain_deadline
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
-                wait = 1 if left is None else min(1, left)
-                # A signal may have come between a thread's registration and
-                # its start: an unstarted thread cannot be joined yet.
-                started = [thread for thread in threads if thread.ident is not None]
-                if started:
-                    started[0].join(timeout=wait)
-                else:
-                    time.sleep(min(wait, 0.05))
+                with self._ended:
+                    if not self._in_flight:
+                        return 0
+                    self._ended.wait(timeout=1 if left is None else min(1, left))
                 try:
                     while_waiting()
                 except Exception:
