@@ -20,7 +20,7 @@ import time
 from django.conf import settings
 
 from bench.measuring import ROOT
-from bench.model_latency import latency_server, wait_for_workers
+from bench.model_latency import ModelServer, wait_for_workers
 
 #: The issue's target (#28): a killed worker's runs claimed again within it.
 RECLAIMED_WITHIN_SECONDS = 60
@@ -35,12 +35,12 @@ def recovery_after_sigkill(
     from runs.models import AgentRun
     from runs.runtime import enqueue
 
-    fake = latency_server(model_seconds)
-    settings.NRLLM_OPENAI_BASE_URL, settings.NRLLM_OPENAI_API_KEY = fake.base_url, "sk-bench"
+    model = ModelServer(model_seconds)
+    settings.NRLLM_OPENAI_BASE_URL, settings.NRLLM_OPENAI_API_KEY = model.base_url, "sk-bench"
     env = {
         **worker_env,
         "NRLLM_WORKER_CLASS": "runs.worker.ConcurrentWorker",
-        "NRLLM_OPENAI_BASE_URL": fake.base_url,
+        "NRLLM_OPENAI_BASE_URL": model.base_url,
         "NRLLM_OPENAI_API_KEY": "sk-bench",
         "DATABASE_POOL_MAX_SIZE": "10",
         "DATABASE_CONN_MAX_AGE": "0",
@@ -97,8 +97,7 @@ def recovery_after_sigkill(
             if process is not None and process.poll() is None:
                 process.terminate()
                 process.wait(timeout=60)
-        fake.server.shutdown()
-        fake.server.server_close()
+        model.stop()
     if len(reclaimed) < runs:
         raise RuntimeError(f"{runs - len(reclaimed)} of {runs} runs not claimed again in 180 s")
     seconds = [reclaimed[run_id] for run_id in ids]
