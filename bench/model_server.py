@@ -13,35 +13,13 @@ import asyncio
 import json
 import sys
 
+from tests.fake_openai import completion
 
-def _completion(message: dict, finish_reason: str) -> bytes:
-    return json.dumps(
-        {
-            "id": "chatcmpl-bench",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "bench-model",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
-        }
-    ).encode()
-
-
-CALL = _completion(
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call-1",
-                "type": "function",
-                "function": {"name": "read_note", "arguments": '{"slug": "bench"}'},
-            }
-        ],
-    },
-    "tool_calls",
-)
-ANSWER = _completion({"role": "assistant", "content": "the note says hello"}, "stop")
+#: The two answers, encoded once (the shape is the tests' fake server's).
+CALL = json.dumps(
+    completion(tool_calls=[("call-1", "read_note", '{"slug": "bench"}')], model="bench-model")
+).encode()
+ANSWER = json.dumps(completion("the note says hello", model="bench-model")).encode()
 
 
 def _response(status: str, body: bytes, close: bool) -> bytes:
