@@ -29,6 +29,13 @@ class PayloadTooLarge(exceptions.APIException):
     default_code = "too_large"
 
 
+class BudgetSpent(exceptions.Throttled):
+    """The submitter's budget is spent (G17): 429, ``Retry-After`` the
+    period's end. Nothing was stored."""
+
+    default_code = "budget_exhausted"
+
+
 class Unprocessable(exceptions.APIException):
     status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
     default_code = "unprocessable"

@@ -16,6 +16,7 @@ from runs.vocabulary import (
     SubmittedVia,
     TerminationReason,
 )
+from spend.usage import money_text
 from tools.approval_policy import ApprovalPolicy, requires_approval
 from tools.approval_settings import MAX_NOTE_CHARS
 from tools.effects import ToolEffect
@@ -64,6 +65,15 @@ class RunSerializer(serializers.ModelSerializer):
         help_text="ids of the calls a waiting_for_approval run waits for "
         "(GET /api/approvals/{id}/); empty otherwise"
     )
+    tokens = serializers.IntegerField(
+        source="total_tokens",
+        read_only=True,
+        help_text="prompt + completion tokens of every recorded turn, over all attempts",
+    )
+    cost = serializers.SerializerMethodField(
+        help_text="what the recorded turns cost, a decimal string; null while any turn "
+        "had no price (unpriced_turns): unknown, never 0"
+    )
 
     class Meta:
         model = AgentRun
@@ -85,8 +95,12 @@ class RunSerializer(serializers.ModelSerializer):
             "pending_effect",
             "requeue_count",
             "step_count",
+            "tokens",
+            "cost",
             "prompt_tokens",
+            "cached_prompt_tokens",
             "completion_tokens",
+            "unpriced_turns",
             "llm_latency_ms",
             "tokens_saved_by_replay",
             "journal_begins_after",
@@ -97,6 +111,10 @@ class RunSerializer(serializers.ModelSerializer):
             "finished_at",
         ]
         read_only_fields = fields
+
+    def get_cost(self, run) -> str | None:
+        known = run.known_cost
+        return None if known is None else money_text(known)
 
     def get_write_in_doubt(self, run) -> bool:
         return is_write_in_doubt(run)

@@ -3,7 +3,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from api.views import approvals, audits, providers, runs, tools
+from api.views import approvals, audits, providers, runs, tools, usage
 
 urlpatterns = [
     path("runs/", runs.RunListCreate.as_view(), name="api-runs"),
@@ -29,6 +29,7 @@ urlpatterns = [
     ),
     path("providers/", providers.ProviderList.as_view(), name="api-providers"),
     path("tools/", tools.ToolList.as_view(), name="api-tools"),
+    path("usage/", usage.UsageList.as_view(), name="api-usage"),
     path("tools/<str:name>/", tools.ToolDetail.as_view(), name="api-tool"),
     path("schema/", SpectacularAPIView.as_view(permission_classes=[]), name="api-schema"),
     path(

@@ -2,6 +2,7 @@
 large database, generated with SQL (not the ORM), and the indexes behind them."""
 
 import time
+from datetime import date, timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
@@ -35,6 +36,16 @@ SELECT md5('run' || i)::uuid, s, CASE WHEN s %% 2 = 0 THEN 'tool' ELSE 'llm' END
   CASE WHEN s %% 2 = 0 THEN 'read_only' ELSE '' END, '', '', 1, now()
 FROM generate_series(1, %(runs)s) AS i, generate_series(1, %(steps)s) AS s
 ORDER BY 1, 2
+"""
+
+# A year of spend: a row per day, submitter and model (G17), as the records
+# of 1M runs' turns leave it for a hundred submitters and five models.
+GENERATE_SPEND = """
+INSERT INTO spend_dailyspend (day, submitter, provider, model, turns, input_tokens,
+  cached_input_tokens, output_tokens, cost, unpriced_turns)
+SELECT current_date - d, u, 'openai', 'model-' || m, 30, 30000, 5000, 3000, 0.12, 0
+FROM generate_series(0, 364) AS d, generate_series(1, %(submitters)s) AS u,
+  generate_series(1, 5) AS m
 """
 
 
@@ -92,9 +103,11 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
         cursor.execute("SET LOCAL session_replication_role = replica")
         cursor.execute(GENERATE_RUNS, {"runs": runs, "steps": steps_per_run})
         cursor.execute(GENERATE_STEPS, {"runs": runs, "steps": steps_per_run})
+        cursor.execute(GENERATE_SPEND, {"submitters": 100 if runs >= 100_000 else 5})
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE runs_agentrun")
         cursor.execute("ANALYZE runs_runstep")
+        cursor.execute("ANALYZE spend_dailyspend")
     generated = time.perf_counter() - started
 
     admin = get_user_model().objects.create_superuser("bench", "b@example.org", "bench")
@@ -126,6 +139,13 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
     pages["api runs list"] = _timed(lambda: api.get("/api/runs/"))
     pages["api runs list (status)"] = _timed(lambda: api.get("/api/runs/?status=failed"))
     pages["api steps page"] = _timed(lambda: api.get(f"/api/runs/{some_run}/steps/?after=3"))
+    pages["api usage by day (30 days)"] = _timed(lambda: api.get("/api/usage/?group_by=day"))
+    a_year_ago = (date.today() - timedelta(days=365)).isoformat()
+    for group in ("model", "user"):
+        pages[f"api usage by {group} (a year)"] = _timed(
+            lambda group=group: api.get(f"/api/usage/?group_by={group}&since={a_year_ago}")
+        )
+    pages["admin overview"] = _timed(lambda: client.get("/admin/runs/agentrun/overview/"))
     pages["reaper pass, nothing stale"] = _timed(reap_stale_runs)
 
     with connection.cursor() as cursor:

@@ -6,6 +6,8 @@ silently replaced by a default.
 """
 
 import os
+import re
+from decimal import Decimal, InvalidOperation
 
 import httpx
 from django.core.exceptions import ImproperlyConfigured
@@ -43,6 +45,25 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}")
     return value
+
+
+def env_decimal(name: str, *, maximum: int) -> Decimal | None:
+    """A decimal amount from 0 to ``maximum`` ("2.50"), or None when unset,
+    empty or 0."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    text = raw.strip()
+    try:
+        value = Decimal(text) if _DECIMAL.fullmatch(text) else None
+    except InvalidOperation:
+        value = None
+    if value is None or value > maximum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be a decimal amount from 0 to {maximum}")
+    return value or None
+
+
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:

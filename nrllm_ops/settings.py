@@ -12,7 +12,15 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
 from nrllm_ops.database import database_from_url
-from nrllm_ops.env import env_bool, env_choice, env_http_url, env_int, env_list, env_str
+from nrllm_ops.env import (
+    env_bool,
+    env_choice,
+    env_decimal,
+    env_http_url,
+    env_int,
+    env_list,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -47,6 +55,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "knox",
     "tools",
+    "spend",
     "api",
 ]
 
@@ -159,6 +168,20 @@ NRLLM_TOOLS = env_list("NRLLM_TOOLS")
 # How long opening a session with an MCP server (or listing its tools) may
 # take before the server counts as unreachable.
 NRLLM_MCP_CONNECT_TIMEOUT_SECONDS = env_int("NRLLM_MCP_CONNECT_TIMEOUT_SECONDS", 10, minimum=1)
+
+# --- Budgets (G17) -------------------------------------------------------------
+# A run's limits when its request names none (0 or empty: none). Stored with
+# the run when it is enqueued: a later change does not reach it.
+NRLLM_RUN_MAX_TOTAL_TOKENS = env_int("NRLLM_RUN_MAX_TOTAL_TOKENS", 0, minimum=0) or None
+NRLLM_RUN_MAX_COST = env_decimal("NRLLM_RUN_MAX_COST", maximum=10**9)
+# Every user's budget unless an operator gave them one of their own (admin:
+# Spend > Submitter budgets): per calendar day or month (UTC, the database's
+# clock), in tokens and/or cost (0 or empty: no limit).
+NRLLM_USER_BUDGET_PERIOD = env_choice("NRLLM_USER_BUDGET_PERIOD", "day", ("day", "month"))
+NRLLM_USER_MAX_TOKENS = env_int("NRLLM_USER_MAX_TOKENS", 0, minimum=0) or None
+NRLLM_USER_MAX_COST = env_decimal("NRLLM_USER_MAX_COST", maximum=10**9)
+# The currency prices and costs are in (shown beside them; never converted).
+NRLLM_CURRENCY = env_str("NRLLM_CURRENCY", "USD")
 
 # --- Approvals of writes (G14) -----------------------------------------------
 # Which calls wait for an operator by default: non_idempotent_write, write

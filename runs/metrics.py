@@ -54,6 +54,28 @@ APPROVAL_WEBHOOKS = Counter(
     "(refused by the guard, or no answer)",
     ["outcome"],
 )
+TOKENS = Counter(
+    "nrllm_tokens_total",
+    "Model tokens of recorded turns: input (cached_input: the part served from the "
+    "provider's cache) and output",
+    ["model", "kind"],
+)
+COST = Counter("nrllm_cost_total", "Cost of recorded turns of priced models", ["model"])
+BUDGET_REFUSALS = Counter(
+    "nrllm_budget_refusals_total",
+    "Budget refusals: at enqueue (429), or before a model call (budget_exhausted)",
+    ["where"],
+)
+
+
+def count_spend(model: str, spend) -> None:
+    """Add recorded turns' spend (a ``spend.recording.TurnsSpend``)."""
+    TOKENS.labels(model, "input").inc(spend.input_tokens)
+    TOKENS.labels(model, "cached_input").inc(spend.cached_input_tokens)
+    TOKENS.labels(model, "output").inc(spend.output_tokens)
+    COST.labels(model).inc(float(spend.cost))
+
+
 # Defining them created this process's files (multiprocess mode): it folds
 # them as it exits.
 metrics_files.fold_at_exit()

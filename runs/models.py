@@ -21,6 +21,7 @@ from runs.vocabulary import (
     SubmittedVia,
     TerminationReason,
 )
+from spend.models import MONEY
 from tools.effects import ToolEffect
 
 EFFECT_CHOICES = [(effect.value, effect.value) for effect in ToolEffect]
@@ -71,7 +72,14 @@ class AgentRun(models.Model):
     available_at = models.DateTimeField(null=True, blank=True)
     #: Totals over the run's llm steps (OpenAI-compatible providers report them).
     prompt_tokens = models.PositiveIntegerField(default=0)
+    #: Of ``prompt_tokens``, those the provider served from its cache.
+    cached_prompt_tokens = models.PositiveIntegerField(default=0, db_default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    #: What the priced turns cost (G17), each at the price its attempt read
+    #: with its claim; ``unpriced_turns`` had no price, and while there are
+    #: any the run's cost is unknown (shown so, never as this sum).
+    cost = models.DecimalField(**MONEY, default=0, db_default=0)
+    unpriced_turns = models.PositiveIntegerField(default=0, db_default=0)
     llm_latency_ms = models.PositiveIntegerField(default=0)
     #: Steps recorded so far; the guarded UPDATE that records a step takes the
     #: next sequence from here, so two writers cannot allocate the same one.
@@ -144,6 +152,15 @@ class AgentRun(models.Model):
             ):
                 return reconciliation
         return None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def known_cost(self):
+        """The run's cost, or None while any of its turns is unpriced."""
+        return None if self.unpriced_turns else self.cost
 
     @property
     def is_terminal(self) -> bool:

@@ -49,6 +49,9 @@ class TerminationReason(models.TextChoices):
     #: A call waited for an operator's decision longer than
     #: ``NRLLM_APPROVAL_TIMEOUT_SECONDS``; the reaper ends the run.
     APPROVAL_EXPIRED = "approval_expired"
+    #: Another model call would have passed the run's limit
+    #: (``max_total_tokens``, ``max_cost``) or its submitter's budget (G17).
+    BUDGET_EXHAUSTED = "budget_exhausted"
 
 
 class FailureClass(models.TextChoices):
@@ -104,6 +107,8 @@ class DeadLetterReason(models.TextChoices):
     #: would not cure (a configuration error, say); a connection failure
     #: leaves the run queued for the reaper to dispatch again instead.
     DISPATCH_FAILED = "dispatch_failed"
+    #: Stopped before a model call that would have gone over a limit (G17).
+    BUDGET_EXHAUSTED = "budget_exhausted"
 
 
 class Resolution(models.TextChoices):

@@ -109,11 +109,13 @@ def scripted_request(
     *,
     before: dict | None = None,
     delays: dict | None = None,
+    usage: dict | None = None,
 ) -> dict:
     """The same plan for the ``scripted`` provider, which words every answer
     the same way (``{take}`` is always "same"); ``before`` maps a turn index
     to a scripted turn played before it (a simulated failure), ``delays`` to
-    the seconds that turn takes."""
+    the seconds that turn takes; ``usage``: the tokens every answer reports
+    (as the fake server's do: ``FAKE_USAGE``)."""
     turns = []
     for index, entry in enumerate(plan):
         if before and index in before:
@@ -130,6 +132,8 @@ def scripted_request(
             turn["delay_seconds"] = entry["delay_seconds"]
         if delays and index in delays:
             turn["delay_seconds"] = delays[index]
+        if usage:
+            turn["usage"] = usage
         turns.append(turn)
     return {
         "prompt": text,
@@ -150,13 +154,32 @@ SEARCH = {"name": "search_notes", "arguments": {"query": "release (take {take})"
 MODELS = ["scripted", "drifting"]
 
 
-def request_for(model, plan, tools, *, scripted_before=None, scripted_delays=None, **extra):
+#: What every answer of the fake chat-completions server reports (``tests.fake_openai``).
+FAKE_USAGE = {"prompt_tokens": 11, "completion_tokens": 7}
+
+
+def request_for(
+    model,
+    plan,
+    tools,
+    *,
+    scripted_before=None,
+    scripted_delays=None,
+    scripted_usage=None,
+    **extra,
+):
     """The run request for ``plan`` on ``model`` ("scripted" or "drifting");
-    ``scripted_before``/``scripted_delays``: ``scripted_request``'s
-    ``before``/``delays``, for the scripted provider only."""
+    ``scripted_before``/``scripted_delays``/``scripted_usage``:
+    ``scripted_request``'s ``before``/``delays``/``usage``, for the scripted
+    provider only."""
     if model == "drifting":
         return openai_request("ship it", plan, tools, **extra)
     request = scripted_request(
-        "ship it", plan, tools, before=scripted_before, delays=scripted_delays
+        "ship it",
+        plan,
+        tools,
+        before=scripted_before,
+        delays=scripted_delays,
+        usage=scripted_usage,
     )
     return {**request, **extra}

@@ -19,7 +19,7 @@ from schemathesis.checks import (
 from nrllm_ops.wsgi import application
 from runs import transitions
 from runs.approvals import actions as approval_actions
-from runs.models import ApprovalRequest, DeadLetter
+from runs.models import AgentRun, ApprovalRequest, DeadLetter
 from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
@@ -174,4 +174,57 @@ def test_the_dead_letters_api_keeps_to_its_schema_with_a_letter_of_no_class(
     them, so many calls list both letters whatever filters hypothesis tries."""
     if len(case.query or {}) % 2:
         case.query = {}
+    case.call_and_validate(headers={"Authorization": authorization}, checks=CHECKS)
+
+
+#: What recorded turns spent, and a run that carries its cost and tokens.
+usage_schema = schema.include(path_regex=r"^/api/(usage/|runs/\{id\}/$)")
+
+
+@pytest.fixture
+def spend(operator):
+    """Spend today by the operator (priced) and from the command line (one
+    turn unpriced), and a run whose cost is unknown."""
+    from spend.budgets import database_now
+    from spend.models import DailySpend
+
+    today = database_now().date()
+    DailySpend.objects.create(
+        day=today,
+        submitter=operator.pk,
+        provider="openai",
+        model="gpt-x",
+        turns=2,
+        input_tokens=30,
+        output_tokens=12,
+        cost="0.0012",
+    )
+    DailySpend.objects.create(
+        day=today,
+        submitter=0,
+        provider="scripted",
+        model="scripted",
+        turns=1,
+        input_tokens=11,
+        output_tokens=7,
+        unpriced_turns=1,
+    )
+    unknown = transitions.create_queued_run(stored(scripted(answer())), "p")
+    AgentRun.objects.filter(pk=unknown.pk).update(prompt_tokens=11, unpriced_turns=1)
+    return unknown.pk
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+@usage_schema.parametrize()
+@FUZZED
+def test_the_usage_api_and_a_runs_cost_keep_to_the_schema_with_spend_recorded(
+    case, authorization, spend
+):
+    """Half the generated queries are sent without their parameters, so
+    many calls list today's spend whatever hypothesis tries."""
+    if case.operation.path == "/api/runs/{id}/":
+        case.path_parameters["id"] = str(spend)
+    elif len(case.query or {}) % 2:
+        case.query = {"group_by": "user"}
     case.call_and_validate(headers={"Authorization": authorization}, checks=CHECKS)

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("runs", "tools", "api", "nrllm_ops")
+PACKAGES = ("runs", "spend", "tools", "api", "nrllm_ops")
 
 #: Top to bottom, each layer a set of parts. A module may import its own
 #: part, or any part of a layer below; never a part beside it or above it.
@@ -34,6 +34,8 @@ LAYERS = (
             "runs.embedded_worker",
             "tools.admin",
             "tools.admin_display",
+            "spend.admin",
+            "spend.management",
             # The composition root: settings and the app config name the
             # worker class, the tools, the admin site and the schema's enums.
             "nrllm_ops.settings",
@@ -71,6 +73,7 @@ LAYERS = (
             "runs.migrations",
         ),
     },
+    {"spend": ("spend",)},
     {"tools": ("tools",)},
     {
         "ground": (

@@ -2,6 +2,8 @@
 the live test server. Saves screenshots of the main pages for the manual (docs/console.md)."""
 
 import re
+from datetime import UTC, timedelta
+from decimal import Decimal
 
 import pytest
 from playwright.sync_api import expect
@@ -9,6 +11,8 @@ from playwright.sync_api import expect
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun
 from runs.runtime import enqueue, run
+from spend.budgets import database_now
+from spend.models import DailySpend
 from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.helpers import answer, call, retried_when_due, scripted
 from tools.models import Note
@@ -59,6 +63,35 @@ def runs_to_operate_on():
     return {"completed": completed, "safe": safe, "unsafe": unsafe, "resumed": resumed}
 
 
+def spend_history(operator) -> None:
+    """Two weeks of daily spend for the overview's spend module: two models
+    and two submitters, one day with turns of a model that has no price."""
+    today = database_now().astimezone(UTC).date()
+    for days_ago in range(12):
+        for submitter, model, usual_turns in ((operator.pk, "gpt-4o", 6), (0, "gpt-4o-mini", 20)):
+            turns = usual_turns + days_ago % 5
+            DailySpend.objects.create(
+                day=today - timedelta(days=days_ago),
+                submitter=submitter,
+                provider="openai",
+                model=model,
+                turns=turns,
+                input_tokens=turns * 900,
+                output_tokens=turns * 150,
+                cost=Decimal("0.0042") * turns * (1 + days_ago % 3),
+            )
+    DailySpend.objects.create(
+        day=today - timedelta(days=2),
+        submitter=operator.pk,
+        provider="openai",
+        model="local-llama",
+        turns=4,
+        input_tokens=5000,
+        output_tokens=800,
+        unpriced_turns=4,
+    )
+
+
 def test_an_operator_filters_requeues_is_refused_and_reconciles(
     live_server, operator, runs_to_operate_on, monkeypatch, screenshots
 ):
@@ -67,6 +100,10 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     safe, unsafe = runs_to_operate_on["safe"], runs_to_operate_on["unsafe"]
     base = live_server.url
+    # Before the browser opens: an ORM call inside its block gets a connection
+    # of its own (Playwright's greenlet) that outlives the test and keeps the
+    # teardown from dropping the test database.
+    spend_history(operator)
     with admin_page(base, "olivia") as page:
         page.goto(f"{base}/admin/runs/agentrun/")
         page.click("#changelist-filter >> text=failed")
@@ -101,6 +138,12 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
 
         page.goto(f"{base}/admin/runs/agentrun/overview/")
         expect(page.locator("#writes-in-doubt")).to_have_text("0")
+        expect(page.locator("#spend-chart .bar")).to_have_count(14)
+        expect(page.locator("#spend-chart .mark")).to_have_count(1)
+        expect(page.locator("#spend-by-model")).to_contain_text("openai/local-llama")
+        # Issue #30's laptop screen: the chart must fit 1366 px as it stands.
+        chart = page.locator("#spend-chart").bounding_box()
+        assert chart["width"] > 500 and chart["x"] + chart["width"] <= 1366, chart
         page.screenshot(path=screenshots / "overview.png", full_page=True)
 
     assert AgentRun.objects.get(pk=safe.pk).steps.filter(kind="operator").count() == 1

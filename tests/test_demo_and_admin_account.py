@@ -1,6 +1,7 @@
 """`make run`'s set-up commands: the admin account and demo data from real executions."""
 
 import io
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.mark.parametrize("required_for", ["non_idempotent_write", "write", "none"])
-def test_seed_demo_executes_the_eight_scenarios_once(settings, required_for):
+def test_seed_demo_executes_the_nine_scenarios_once(settings, required_for):
     # `make run` ships non_idempotent_write; the stories end the same under
     # every policy (the approval stories ask for their approval themselves).
     settings.NRLLM_APPROVAL_REQUIRED_FOR = required_for
@@ -30,7 +31,7 @@ def test_seed_demo_executes_the_eight_scenarios_once(settings, required_for):
     with executing_in_embedded_worker():
         assert execute_due_runs(limit=10) == 1
     runs = {run.prompt: run for run in AgentRun.objects.all()}
-    assert len(runs) == 8
+    assert len(runs) == 9
     by_outcome = sorted(
         (run.status, run.termination_reason, run.error_type, run.requeue_count)
         for run in runs.values()
@@ -41,6 +42,7 @@ def test_seed_demo_executes_the_eight_scenarios_once(settings, required_for):
         ("completed", "completed", "", 0),
         ("completed", "completed", "", 0),
         ("completed", "completed", "", 1),
+        ("failed", "budget_exhausted", "BudgetExhausted", 0),
         ("failed", "not_retryable", "AuditPersistenceFailed", 0),
         ("failed", "not_retryable", "ProviderError", 0),
         ("waiting_for_approval", "", "", 0),
@@ -48,6 +50,7 @@ def test_seed_demo_executes_the_eight_scenarios_once(settings, required_for):
     # The write in doubt is dead-lettered with the run that was not retryable.
     assert sorted(DeadLetter.objects.values_list("run__error_type", "failure_class")) == [
         ("AuditPersistenceFailed", "unknown"),
+        ("BudgetExhausted", ""),
         ("ProviderError", "auth"),
     ]
     audit_failed = AgentRun.objects.get(error_type="AuditPersistenceFailed")
@@ -64,7 +67,12 @@ def test_seed_demo_executes_the_eight_scenarios_once(settings, required_for):
 
     out = io.StringIO()
     call_command("seed_demo", stdout=out)
-    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 8
+    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 9
+    # The demo's model is priced: its runs' spend is known, and each run's is
+    # the sum of its recorded turns.
+    over_budget = seeded(seed_demo.OVER_BUDGET)
+    assert (over_budget.total_tokens, over_budget.known_cost) == (1170, Decimal("0.004"))
+    assert over_budget.steps.filter(kind="llm").count() == 2
 
 
 def seeded(scenario: dict) -> AgentRun:

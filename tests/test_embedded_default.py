@@ -68,6 +68,7 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
         ("completed", "completed"),
         ("completed", "completed"),
         ("completed", "completed"),
+        ("failed", "budget_exhausted"),
         ("failed", "not_retryable"),
         ("failed", "not_retryable"),
         ("waiting_for_approval", ""),

@@ -18,7 +18,8 @@ def errors(*statuses: int) -> dict:
         409: "refused by the run's state: code and detail say why",
         413: "body larger than NRLLM_API_MAX_BODY_BYTES",
         422: "Idempotency-Key reused with another body",
-        429: "throttled",
+        429: "throttled, or (creating a run) its submitter's budget is spent: "
+        "Retry-After says until when",
     }
     return {
         code: OpenApiResponse(ErrorSerializer, description=descriptions[code])

@@ -16,7 +16,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
 from api import permissions
-from api.errors import Conflict, Unprocessable
+from api.errors import BudgetSpent, Conflict, Unprocessable
 from api.filters import RunFilter
 from api.models import RunCreationKey
 from api.pagination import TimeCursorPagination
@@ -35,6 +35,7 @@ from runs.models import AgentRun
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue
+from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
 from runs.vocabulary import SubmittedVia
 
@@ -149,6 +150,13 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         if not key:
             return Response(_as_it_is_now(self._enqueue(request)), status=201)
         digest = _body_digest(request.data)
+        # A retried request finds the run its key made before: answered as it
+        # is now, whatever would refuse a new run today (a budget spent, a
+        # price gone), so the client never takes a run it has for one it lacks.
+        earlier = RunCreationKey.objects.select_related("run").filter(user=request.user, key=key)
+        earlier = earlier.first()
+        if earlier is not None:
+            return self._repeated(earlier, digest)
         try:
             with transaction.atomic():
                 run = self._enqueue(request)
@@ -158,13 +166,16 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
                 )
         except IntegrityError:
             earlier = RunCreationKey.objects.select_related("run").get(user=request.user, key=key)
-            if earlier.body_sha256 != digest:
-                raise Unprocessable(
-                    "idempotency_key_reused",
-                    "this Idempotency-Key was used with a different body",
-                ) from None
-            return Response(_as_it_is_now(earlier.run), status=200)
+            return self._repeated(earlier, digest)
         return Response(_as_it_is_now(run), status=201)
+
+    @staticmethod
+    def _repeated(earlier: RunCreationKey, digest: str) -> Response:
+        if earlier.body_sha256 != digest:
+            raise Unprocessable(
+                "idempotency_key_reused", "this Idempotency-Key was used with a different body"
+            )
+        return Response(_as_it_is_now(earlier.run), status=200)
 
     @staticmethod
     def _enqueue(request) -> AgentRun:
@@ -173,6 +184,8 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         except InvalidRunRequest as error:
             # The message already names the field (e.g. "tools: unknown tool(s) ...").
             raise ValidationError(str(error)) from None
+        except BudgetRefused as refused:
+            raise BudgetSpent(wait=refused.retry_after_seconds, detail=str(refused)) from None
 
 
 class RunDetail(BaseAPIView):

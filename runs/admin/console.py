@@ -6,6 +6,7 @@ from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from runs.admin.display import shortened
+from runs.admin.run_spend import spend_by_attempt
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, ProviderCircuit
 from runs.operators.actions import write_in_question
 from runs.selectors import EXECUTED_WRITE, write_audit_runs, writes_in_doubt
@@ -62,8 +63,8 @@ def write_audits(limit: int = 200) -> list[dict]:
 
 def attempts(run: AgentRun) -> list[dict]:
     """Per attempt (lease token), oldest first: when it started, what it
-    replayed from the journal (its resume step) and what it did live. Two
-    queries, however many steps the run has."""
+    replayed from the journal (its resume step), what it did live and what
+    its model turns spent. Three queries, however many steps the run has."""
     rows = (
         run.steps.filter(kind__in=[StepKind.REQUEST, StepKind.RESUME, StepKind.LLM, StepKind.TOOL])
         .values("lease_token")
@@ -78,4 +79,8 @@ def attempts(run: AgentRun) -> list[dict]:
         .order_by("lease_token")
     )
     resumed = dict(run.steps.filter(kind=StepKind.RESUME).values_list("lease_token", "result"))
-    return [{**row, "resumed": resumed.get(row["lease_token"])} for row in rows]
+    spent = spend_by_attempt(run)
+    return [
+        {**row, "resumed": resumed.get(row["lease_token"]), "spend": spent.get(row["lease_token"])}
+        for row in rows
+    ]

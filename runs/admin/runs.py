@@ -27,6 +27,8 @@ from runs.admin.filters import (
     WriteInDoubtFilter,
 )
 from runs.admin.paginator import BoundedCountPaginator
+from runs.admin.run_spend import RunSpendFields, turn_spend_text
+from runs.admin.spend_overview import spend_overview
 from runs.models import AgentRun
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
@@ -73,12 +75,15 @@ class OperatorPermissions:
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(ReadOnly, OperatorPermissions, ApprovalsInbox, admin.ModelAdmin):
+class AgentRunAdmin(
+    ReadOnly, OperatorPermissions, ApprovalsInbox, RunSpendFields, admin.ModelAdmin
+):
     list_display = [
         "id",
         "status",
         "termination_reason",
         "failure_class",
+        "spend",
         "mode",
         "write_tools",
         "fence",
@@ -121,11 +126,23 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, ApprovalsInbox, admin.ModelAd
                     "error_type",
                     "error_message",
                     "output",
-                    "prompt_tokens",
-                    "completion_tokens",
                     "llm_latency_ms",
-                    "tokens_saved_by_replay",
                 ]
+            },
+        ),
+        (
+            "Spend",
+            {
+                "fields": [
+                    "prompt_tokens",
+                    "cached_prompt_tokens",
+                    "completion_tokens",
+                    "total_tokens_shown",
+                    "cost_shown",
+                    "tokens_saved_by_replay",
+                ],
+                "description": "Over all attempts; each turn priced when it was recorded, "
+                "at the price its attempt read as it began.",
             },
         ),
         (
@@ -191,6 +208,7 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, ApprovalsInbox, admin.ModelAd
                     "arguments": shortened(step.arguments),
                     "outcome": shortened(step.error or step.result),
                     "approval": approval_rows.approval_summary(step),
+                    "spend": turn_spend_text(step),
                 }
                 for step in steps
             ],
@@ -295,7 +313,12 @@ class AgentRunAdmin(ReadOnly, OperatorPermissions, ApprovalsInbox, admin.ModelAd
         return TemplateResponse(
             request,
             "admin/runs/overview.html",
-            {**self._context(request, "Runs overview"), **console.overview()},
+            {
+                **self._context(request, "Runs overview"),
+                **console.overview(),
+                "spend": spend_overview(),
+                "can_view_spend": request.user.has_perm("spend.view_dailyspend"),
+            },
         )
 
     def write_audits_view(self, request):

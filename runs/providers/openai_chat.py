@@ -193,14 +193,29 @@ def _turn(completion, *, latency_ms: int) -> Turn:
     meta = {
         "model": completion.model,
         "finish_reason": choice.finish_reason,
-        "usage": {
-            "prompt_tokens": usage.prompt_tokens if usage else 0,
-            "completion_tokens": usage.completion_tokens if usage else 0,
-        },
+        "usage": _usage(usage),
         "latency_ms": latency_ms,
     }
     calls = [_tool_call(call) for call in choice.message.tool_calls or []]
     return Turn(content=choice.message.content or "", tool_calls=calls, meta=meta)
+
+
+def _usage(usage) -> dict | None:
+    """The turn's tokens; ``cached_tokens`` (of the prompt's, served from the
+    provider's cache and priced apart, G17) only when the provider says.
+    None when it reports none (some servers and proxies omit it): the
+    turn's tokens and cost are unknown, never 0."""
+    if usage is None:
+        return None
+    recorded = {
+        "prompt_tokens": usage.prompt_tokens if usage else 0,
+        "completion_tokens": usage.completion_tokens if usage else 0,
+    }
+    details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    cached = getattr(details, "cached_tokens", None)
+    if cached:
+        recorded["cached_tokens"] = cached
+    return recorded
 
 
 def _tool_call(call) -> ToolCall:

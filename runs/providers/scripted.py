@@ -4,7 +4,9 @@ The embedded default and the test double: no network. A turn is a final
 answer ``{"content": ...}``, tool calls ``{"tool_calls": [...]}`` or a
 simulated failure ``{"error": "<failure class>"}``; with ``"attempts": N``
 the failure happens only on the run's first N attempts and is skipped after.
-Any turn may add ``"delay_seconds"``.
+Any turn may add ``"delay_seconds"``, and an answer ``"usage"`` (the
+tokens it reports, as a model's provider would: ``prompt_tokens``,
+``completion_tokens``, ``cached_tokens``); without it a turn reports none.
 
 Like a model, it answers the conversation it is given: the turn it plays is
 the one after the assistant turns already in it, so an attempt that resumed
@@ -17,11 +19,21 @@ from runs.providers.base import ProviderError, ToolCall, Turn
 from runs.vocabulary import FailureClass
 
 _DELAY = {"type": "number", "minimum": 0, "maximum": 3600}
+_COUNT = {"type": "integer", "minimum": 0, "maximum": 10**8}
+_USAGE = {
+    "type": "object",
+    "properties": {"prompt_tokens": _COUNT, "completion_tokens": _COUNT, "cached_tokens": _COUNT},
+    "additionalProperties": False,
+}
 _TURN_SCHEMA = {
     "oneOf": [
         {
             "type": "object",
-            "properties": {"content": {"type": "string"}, "delay_seconds": _DELAY},
+            "properties": {
+                "content": {"type": "string"},
+                "delay_seconds": _DELAY,
+                "usage": _USAGE,
+            },
             "required": ["content"],
             "additionalProperties": False,
         },
@@ -39,6 +51,7 @@ _TURN_SCHEMA = {
                     },
                 },
                 "delay_seconds": _DELAY,
+                "usage": _USAGE,
             },
             "required": ["tool_calls"],
             "additionalProperties": False,
@@ -102,11 +115,13 @@ class ScriptedProvider:
                 failure_class=turn["error"],
                 retry_after=turn.get("retry_after"),
             )
+        meta = {"usage": dict(turn["usage"])} if "usage" in turn else {}
         if "tool_calls" in turn:
             return Turn(
                 tool_calls=[
                     ToolCall(name=call["name"], arguments=call.get("arguments", {}))
                     for call in turn["tool_calls"]
-                ]
+                ],
+                meta=meta,
             )
-        return Turn(content=turn["content"])
+        return Turn(content=turn["content"], meta=meta)

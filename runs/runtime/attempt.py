@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
@@ -27,6 +28,8 @@ from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvi
 from runs.models import AgentRun
 from runs.providers import build_provider
 from runs.runtime import heartbeat
+from runs.runtime.budget_watch import BudgetWatch
+from runs.runtime.enqueue_spend import check_spend_at_enqueue
 from runs.runtime.errors import AwaitingApproval, LeaseLost, RunCancelled
 from runs.runtime.execution import LeasedExecution
 from runs.runtime.failed_attempts import (
@@ -44,6 +47,7 @@ from runs.runtime.run_request import (
 )
 from runs.transitions import Lease
 from runs.vocabulary import RunMode, RunStatus, StepKind, SubmittedVia, TerminationReason
+from spend.starting import StartingSpend, starting_spend_of
 from tools.approval_policy import tools_needing_approval
 from tools.enabled import approval_overrides
 from tools.registry import offered_tools, require_available
@@ -64,9 +68,11 @@ def enqueue(
     ``submitted_by`` (a user, or None from the command line) and
     ``submitted_via`` are recorded with it (four-eyes approval reads them).
 
-    Raises ``InvalidRunRequest`` and stores nothing when the request is bad.
+    Raises ``InvalidRunRequest`` and stores nothing when the request is bad,
+    and ``BudgetRefused`` when its submitter's budget is spent (G17).
     """
     run_request = parse_run_request(request_data)
+    check_spend_at_enqueue(run_request, submitted_by)
     # One INSERT, atomic on its own. Inside a caller's transaction the job
     # waits for the caller's commit; outside one, Django runs it at once.
     run = transitions.create_queued_run(
@@ -125,6 +131,7 @@ def execute_claimed(claimed: transitions.ClaimedRun) -> None:
         disabled_tools=claimed.disabled_tools,
         approval_overrides=claimed.approval_overrides,
         recorded_steps=1 if claimed.request_recorded else 0,
+        starting_spend=claimed.spend,
     )
 
 
@@ -135,6 +142,7 @@ def run(
     ended, or ``waiting_for_approval`` (a worker finishes it once its calls
     are decided, G14)."""
     run_request = parse_run_request(request_data)
+    check_spend_at_enqueue(run_request, submitted_by)
     lease = transitions.begin_interactive(
         run_request.as_json(),
         run_request.prompt,
@@ -153,6 +161,7 @@ def run(
             resumed=False,
             disabled_tools=frozenset(),
             approval_overrides=approval_overrides(run_request.tools),
+            starting_spend=starting_spend_of(AgentRun.objects.get(pk=lease.run_id)),
         )
     except KeyboardInterrupt as interrupt:
         # The caller stopped it (Ctrl-C; run_agent turns SIGTERM into this):
@@ -215,6 +224,8 @@ def _stored_request(stored: dict) -> RunRequest:
         provider=stored["provider"],
         max_iterations=stored["max_iterations"],
         require_approval=tuple(stored.get("require_approval", [])),
+        max_total_tokens=stored.get("max_total_tokens"),
+        max_cost=Decimal(stored["max_cost"]) if stored.get("max_cost") is not None else None,
     )
 
 
@@ -257,11 +268,13 @@ def _execute(
     disabled_tools: frozenset[str],
     approval_overrides: dict,
     recorded_steps: int = 0,
+    starting_spend: StartingSpend | None = None,
 ) -> None:
     """Drive the loop under ``lease``. A queued run's claim recorded its
     request step (``recorded_steps``); an interactive run records it here. A
     re-executed run resumes: it replays its journal and goes live after it
-    (G12). A call that needs approval parks the run (G14)."""
+    (G12). A call that needs approval parks the run (G14). Each model call
+    waits for the budget checks (G17), from what the claim read."""
     with heartbeat.kept(
         lease, settings.NRLLM_LEASE_SECONDS, settings.NRLLM_OPERATION_MARGIN_SECONDS
     ) as beat:
@@ -281,6 +294,16 @@ def _execute(
                 request, journal = _resumption(lease, stored_request, disabled_tools)
             else:
                 request, journal = _stored_request(stored_request), Journal()
+            if starting_spend is not None:
+                execution.budget_from(
+                    BudgetWatch(
+                        starting_spend,
+                        max_total_tokens=request.max_total_tokens,
+                        max_cost=request.max_cost,
+                    )
+                )
+                if journal:
+                    execution.budget.replayed(journal.last_turn_result)
             offered = offered_tools(request.tools, disabled_tools)
             execution.approvals = _approval_gate(
                 lease, request, offered, approval_overrides, journal

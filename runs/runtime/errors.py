@@ -86,3 +86,14 @@ class AwaitingApproval(Exception):
     def __init__(self, approvals: list):
         super().__init__(f"{len(approvals)} call(s) wait for approval")
         self.approvals = approvals
+
+
+class BudgetExhausted(Exception):
+    """Another model call would go over the run's limit or its submitter's
+    budget (G17). Checked before the call, never during a tool: the run
+    ends ``failed``/``budget_exhausted`` (a queued run with a dead letter),
+    not retryable. ``where``: ``run`` or ``submitter``."""
+
+    def __init__(self, message: str, *, where: str):
+        super().__init__(message)
+        self.where = where

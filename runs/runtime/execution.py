@@ -23,6 +23,7 @@ from django.db import DatabaseError
 from nrllm_ops.database import release_connection
 from runs import metrics, transitions
 from runs.approvals.gate import ApprovalGate
+from runs.runtime.budget_watch import BudgetWatch
 from runs.runtime.errors import (
     AuditPersistenceFailed,
     AwaitingApproval,
@@ -56,6 +57,7 @@ class LeasedExecution:
         recorded_steps: int = 0,
         approvals: ApprovalGate | None = None,
         heartbeat: Heartbeat | None = None,
+        budget: BudgetWatch | None = None,
     ):
         self.lease = lease
         #: The lease kept in the background between steps (G16); None: the
@@ -70,6 +72,16 @@ class LeasedExecution:
         self.ledger = StepLedger(lease, recorded_steps)
         #: The final answer's record settled the run (``finish``).
         self.settled = False
+        #: The budget checks before each model call (G17); None: none.
+        self.budget = None
+        if budget is not None:
+            self.budget_from(budget)
+
+    def budget_from(self, budget: BudgetWatch) -> None:
+        """Check ``budget`` before each model call, and refresh it from every record."""
+        self.budget = budget
+        self.ledger.tally = budget.tally
+        self.ledger.model = budget.model
 
     # --- hooks the agent loop calls ----------------------------------------
 
@@ -162,7 +174,7 @@ class LeasedExecution:
         write = _write_of(event) if event.is_executed_write else None
         try:
             outcome = self.ledger.record(
-                [_step_fields(event)], lease_seconds, renewal, clear_fence=write is not None
+                [self._fields(event)], lease_seconds, renewal, clear_fence=write is not None
             )
         except StepsNotDurable as error:
             if write is None:
@@ -213,7 +225,7 @@ class LeasedExecution:
         ``cancelled`` when a cancel won). If the database refused the step,
         nothing is settled: the run goes on to an ordinary settle without it.
         """
-        final = _step_fields(event)
+        final = self._fields(event)
         outcome, steps = FinishOutcome.FAILED, [*self.ledger.unwritten, final]
         # Twice at most: again after the database had lost steps that go
         # again first, or after a settle in doubt that had not landed.
@@ -292,7 +304,7 @@ class LeasedExecution:
         ``AwaitingApproval``: no call of the turn runs (G14)."""
         denied, waiting = self.approvals.review(calls, turn_sequence)
         if waiting:
-            turn = [_step_fields(turn_event)] if turn_event else []
+            turn = [self._fields(turn_event)] if turn_event else []
             requests = self.ledger.park(waiting, turn_sequence, turn)
             raise AwaitingApproval(requests)
         return denied
@@ -303,6 +315,13 @@ class LeasedExecution:
 
     # --- helpers -----------------------------------------------------------
 
+    def _fields(self, event: StepEvent) -> dict:
+        """The step to record: a model turn with its cost (G17)."""
+        fields = _step_fields(event)
+        if self.budget is not None and event.kind == StepKind.LLM:
+            fields["result"] = self.budget.priced(fields["result"])
+        return fields
+
     def between_operations(self) -> None:
         """Nothing is in flight but the runtime's own statements."""
         if self.heartbeat is not None:
@@ -310,7 +329,12 @@ class LeasedExecution:
 
     def model_call_begins(self, call_seconds: float | None) -> None:
         """A model call that may take ``call_seconds`` (its client's own
-        timeouts; None: unbounded) is about to be sent."""
+        timeouts; None: unbounded) is about to be sent: unless it would go
+        over a budget (``BudgetExhausted``, G17). No tool is running now,
+        and every call of the last turn has its outcome recorded or
+        unwritten (a write's is always recorded before the next call)."""
+        if self.budget is not None:
+            self.budget.check_before_call(self.ledger.unwritten)
         if self.heartbeat is not None:
             self.heartbeat.model_call(call_seconds)
             if self.heartbeat.handed_back:

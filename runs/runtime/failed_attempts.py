@@ -13,7 +13,12 @@ from runs.dispatch import dispatch_or_fail
 from runs.failures import classify, is_retryable
 from runs.models import AgentRun
 from runs.providers import ProviderError
-from runs.runtime.errors import AuditPersistenceFailed, WriteNotDurable, WriteOutcomeUnknown
+from runs.runtime.errors import (
+    AuditPersistenceFailed,
+    BudgetExhausted,
+    WriteNotDurable,
+    WriteOutcomeUnknown,
+)
 from runs.runtime.journal import JournalUnreplayable
 from runs.runtime.retry import decide_retry
 from runs.runtime.step_ledger import withdraw_unstarted_fence
@@ -87,6 +92,15 @@ def _mark_audit_failed(lease: Lease, call: dict) -> None:
 
 
 def settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count: int) -> None:
+    if isinstance(error, BudgetExhausted):
+        logger.warning("run=%s lease_token=%s %s", lease.run_id, lease.token, error)
+        try:
+            _end_budget_exhausted(lease, error, mode)
+        except DatabaseError:
+            # Left running; its lease lapses and the reaper requeues it, and
+            # the next attempt's check stops it again before any call.
+            logger.exception("run=%s could not be settled budget_exhausted", lease.run_id)
+        return
     failure_class = classify(error)
     details = {
         "failure_class": failure_class,
@@ -133,6 +147,18 @@ def settle_failure(lease: Lease, error: Exception, mode: str, *, requeue_count: 
         # The settle itself failed: the run stays running with its fence as it
         # stands, and its lease expires; recovery is the reaper's (G7).
         logger.exception("run=%s could not be settled after failure", lease.run_id)
+
+
+def _end_budget_exhausted(lease: Lease, error: BudgetExhausted, mode: str) -> None:
+    """Stopped before a model call (G17): nothing is in flight, no fence
+    stands for a call of this attempt. Not retryable (a retry would meet the
+    same spend): a queued run is dead-lettered ``budget_exhausted``."""
+    reason = TerminationReason.BUDGET_EXHAUSTED
+    details = {"failure_class": "", "error_type": "BudgetExhausted", "error_message": str(error)}
+    if mode == RunMode.INTERACTIVE:
+        transitions.settle(lease, RunStatus.FAILED, reason, **details)
+    else:
+        transitions.dead_letter(lease, reason, **details)
 
 
 def _end_write_in_doubt(lease: Lease, error: WriteNotDurable, mode: str, details: dict) -> None:

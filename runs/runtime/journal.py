@@ -16,6 +16,7 @@ decision; the requeue verdict reads the journal the same way.
 import json
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection
 
@@ -72,6 +73,8 @@ class Journal:
     writes: int = 0
     #: Prompt and completion tokens the recorded turns cost.
     tokens: int = 0
+    #: The last recorded turn's result (its usage and cost), or None.
+    last_turn_result: Any = None
 
     def __bool__(self) -> bool:
         return bool(self.turns)
@@ -150,6 +153,7 @@ def read_journal(
     keys_in_journal: set[str] = set()
     tool_results = writes = tokens = 0
     last_sequence = 0
+    last_turn_result = None
     for sequence, kind, tool_name, effect, result, error, key, journal_begins_after in rows:
         if isinstance(result, str):  # Django loads jsonb as text; the ORM would decode it
             result = json.loads(result)
@@ -161,6 +165,7 @@ def read_journal(
             _check_turn_complete(turns, sequence)
             turns.append((sequence, _recorded_turn(sequence, result), []))
             tokens += _tokens_of(result)
+            last_turn_result = result
             continue
         if not turns:
             raise JournalUnreplayable(f"step {sequence}: a tool result before any model turn")
@@ -210,6 +215,7 @@ def read_journal(
         tool_results=tool_results,
         writes=writes,
         tokens=tokens,
+        last_turn_result=last_turn_result,
     )
 
 

@@ -1,16 +1,20 @@
 """The request that starts a run: parsed and checked before anything is stored.
 
 A request names ``prompt``, ``tools`` (offered tool names), ``provider`` and
-optionally ``max_iterations`` and ``require_approval`` (tools among
+optionally ``max_iterations``, ``require_approval`` (tools among
 ``tools`` whose calls wait for an operator's approval although their policy
-does not ask for it: a request may ask for more approvals, never fewer).
+does not ask for it: a request may ask for more approvals, never fewer),
+``max_total_tokens`` and ``max_cost`` (the run's limits over all its
+attempts, G17; ``NRLLM_RUN_MAX_*`` fill them in, and they are stored with it).
 Anything else, or anything malformed, is refused with ``InvalidRunRequest``
 naming the problem.
 """
 
 import json
 import math
+import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 from django.conf import settings
 from jsonschema.exceptions import best_match
@@ -33,6 +37,9 @@ class RunRequest:
     provider: dict
     max_iterations: int
     require_approval: tuple[str, ...] = ()
+    #: The run's limits over all its attempts (G17); None: none.
+    max_total_tokens: int | None = None
+    max_cost: Decimal | None = None
 
     def as_json(self) -> dict:
         stored = {
@@ -43,6 +50,11 @@ class RunRequest:
         }
         if self.require_approval:
             stored["require_approval"] = list(self.require_approval)
+        if self.max_total_tokens is not None:
+            stored["max_total_tokens"] = self.max_total_tokens
+        if self.max_cost is not None:
+            # A decimal string: a JSON number would not keep it exact.
+            stored["max_cost"] = str(self.max_cost)
         return stored
 
 
@@ -58,6 +70,8 @@ _REQUEST_SCHEMA = {
         },
         "max_iterations": {"type": "integer", "minimum": 1},
         "require_approval": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "max_total_tokens": {"type": "integer", "minimum": 1},
+        "max_cost": {"type": ["number", "string"]},
     },
     "required": ["prompt", "provider"],
     "additionalProperties": False,
@@ -122,7 +136,44 @@ def parse_run_request(data) -> RunRequest:
         provider=data["provider"],
         max_iterations=max_iterations,
         require_approval=require_approval,
+        max_total_tokens=_max_total_tokens(data, settings.NRLLM_RUN_MAX_TOTAL_TOKENS),
+        max_cost=_max_cost(data, settings.NRLLM_RUN_MAX_COST),
     )
+
+
+def _max_total_tokens(data: dict, default: int | None) -> int | None:
+    value = data.get("max_total_tokens", default)
+    if value is not None and not isinstance(value, int):
+        raise InvalidRunRequest(f"max_total_tokens: {value!r} is not a whole number")
+    return value
+
+
+def _max_cost(data: dict, default: Decimal | None, *, stored: bool = False) -> Decimal | None:
+    """A cost limit above 0 and at most ``_MAX_COST``: a number, or a decimal
+    string of ASCII digits ("2.50"). A stored one is taken as it was stored."""
+    if "max_cost" not in data:
+        return default
+    raw = data["max_cost"]
+    value = None
+    if isinstance(raw, str) and _DECIMAL.fullmatch(raw):
+        value = Decimal(raw)
+    elif isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw):
+        value = Decimal(str(raw))
+    if stored and value is not None:
+        return value
+    if value is not None and value.as_tuple().exponent < -10:
+        value = value.quantize(_COST_STEP)  # what a cost can hold
+    if value is None or not 0 < value <= _MAX_COST:
+        raise InvalidRunRequest(
+            f"max_cost: {str(raw)[:40]!r} is not an amount above 0 and at most {_MAX_COST} "
+            '(a number, or a decimal string such as "2.50")'
+        )
+    return value
+
+
+_DECIMAL = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?")
+_MAX_COST = Decimal(10**9)
+_COST_STEP = Decimal(1).scaleb(-10)
 
 
 def _unstorable(value) -> str | None:
@@ -176,6 +227,8 @@ def parse_stored_request(data) -> RunRequest:
         provider=data["provider"],
         max_iterations=data["max_iterations"],
         require_approval=tuple(data.get("require_approval", [])),
+        max_total_tokens=_max_total_tokens(data, None),
+        max_cost=_max_cost(data, None, stored=True),
     )
 
 

@@ -33,6 +33,7 @@ from runs import metrics, transitions
 from runs.runtime.errors import LeaseLost, RunCancelled, StepsNotDurable, WriteNotDurable
 from runs.transitions import Lease, NextCall, ParkOutcome, RecordOutcome
 from runs.vocabulary import StepKind
+from spend.recording import turns_spend
 from tools.canonical import as_journaled, storable_text
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,12 @@ class StepLedger:
         #: holds fewer lost a write's record (G12's premise broken: a
         #: failover, a server not honouring the flush) — ``WriteNotDurable``.
         self.recorded_writes: list[tuple[int, dict]] = []
+        #: The attempt's spend as the database last said it (G17), refreshed
+        #: by every record; None: nobody checks a budget (``budget_watch``).
+        self.tally = None
+        #: The model the run's turns are priced as (``provider/model``), for
+        #: the token and cost metrics.
+        self.model = ""
 
     def hold_in_doubt(self, steps: list[dict]) -> None:
         """A record carrying ``steps`` (the unwritten ones first) may have
@@ -169,6 +176,7 @@ class StepLedger:
                 next_call=next_call,
                 recorded=self.recorded,
                 wait_for_flush=waits,
+                tally=self.tally,
             )
         return outcome, waits
 
@@ -241,6 +249,9 @@ class StepLedger:
                 self.unwritten[self.doubtful :],
             )
             self._count(landed)
+            if self.tally is not None:
+                # Their statement's answer, the run's totals with them, was lost.
+                self.tally.landed_unheard(turns_spend(landed))
             self.recorded += len(landed)
             self.most_recorded = max(self.most_recorded, self.recorded)
             # Whether their commit waited for the flush is not known here:
@@ -260,10 +271,12 @@ class StepLedger:
         self.most_recorded = max(self.most_recorded, self.recorded)
         self.unwritten = []
 
-    @staticmethod
-    def _count(steps: list[dict]) -> None:
+    def _count(self, steps: list[dict]) -> None:
         for step in steps:
             metrics.STEPS.labels(step["kind"], step["effect"] or "none").inc()
+        spend = turns_spend(steps)
+        if spend:
+            metrics.count_spend(self.model, spend)
 
     def park(self, waiting: list, turn_sequence: int | None, turn: list[dict]) -> list:
         """Write the unwritten steps and ``turn`` (a live turn's step, or

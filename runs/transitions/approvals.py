@@ -34,6 +34,7 @@ from runs.transitions._common import (
     db_time,
     reaching_disk,
 )
+from runs.transitions.steps import _usage_totals, add_spend_through_the_orm
 from runs.vocabulary import ApprovalStatus, RunMode, RunStatus, StepKind, TerminationReason
 
 
@@ -111,6 +112,8 @@ def wait_for_approval(
             pending_call=None,
             step_count=F("step_count") + len(steps) + 1,
             attempt_steps=F("attempt_steps") + len(steps),
+            # The turn that asked (and any unwritten before it) spent tokens.
+            **_usage_totals(steps),
         )
         if not rows:
             if _steps_lost(lease, recorded):
@@ -161,6 +164,7 @@ def wait_for_approval(
             },
         }
         _append_steps(lease.run_id, lease.token, [*steps, waiting_step])
+        add_spend_through_the_orm(lease.run_id, steps)
         ApprovalRequest.objects.bulk_create(requests)
     _log_change(
         "wait_for_approval",

@@ -25,7 +25,7 @@ from runs.transitions._common import (
 )
 from runs.transitions.approvals import withdraw_approvals
 from runs.transitions.step_journal import finish_in_one_statement
-from runs.transitions.steps import _usage_totals, _usage_values
+from runs.transitions.steps import _usage_totals, _usage_values, add_spend_through_the_orm
 from runs.vocabulary import DeadLetterReason, RunStatus, TerminationReason
 from tools.effects import ToolEffect
 
@@ -172,6 +172,7 @@ def finish(
                 if not matched:
                     return _unmatched(lease, recorded)
                 sequence, cancel_at = _append_steps(lease.run_id, lease.token, list(steps))
+                add_spend_through_the_orm(lease.run_id, steps)
     except DatabaseError as error:
         logger.error(
             "final step not persisted: run=%s lease_token=%s: %s", lease.run_id, lease.token, error

@@ -23,6 +23,7 @@ from runs.transitions._common import (
 from runs.transitions.run_insert import insert_queued_run
 from runs.transitions.step_journal import claim_in_one_statement
 from runs.vocabulary import RunMode, RunStatus, StepKind
+from spend.starting import StartingSpend, starting_spend_of
 from tools.enabled import approval_overrides, disabled_tool_names
 
 
@@ -90,6 +91,9 @@ class ClaimedRun:
     disabled_tools: frozenset[str] = frozenset()
     #: The approval settings of the request's tools that are not ``default``.
     approval_overrides: dict = field(default_factory=dict)
+    #: The run's totals, its model's price, its submitter's budget and
+    #: spend (G17); None only where a caller built the claim by hand.
+    spend: StartingSpend | None = None
 
 
 def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
@@ -112,13 +116,13 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
         claimed = _claim_through_the_orm(run_id, owner, lease_seconds)
     if claimed is None:
         return None
-    token, request, requeue_count, step_count, recorded, disabled, overrides = claimed
+    token, request, requeue_count, step_count, recorded, disabled, overrides, spend = claimed
     sequence = step_count if recorded else None
     _log_change("claim", run_id, lease_token=token, sequence=sequence)
     # Steps beyond the request step this claim numbered: an earlier attempt ran.
     resumed = step_count > 1
     lease = Lease(str(run_id), owner, token)
-    return ClaimedRun(lease, request, requeue_count, resumed, recorded, disabled, overrides)
+    return ClaimedRun(lease, request, requeue_count, resumed, recorded, disabled, overrides, spend)
 
 
 #: The one-statement claim failed: the ORM's claim is still to be tried.
@@ -142,14 +146,14 @@ def _claim_with_request_step(run_id, owner: str, lease_seconds: float):
         return _UNTRIED
     if claimed is None:
         return None
-    token, request, requeue_count, step_count, disabled, overrides = claimed
-    return token, request, requeue_count, step_count, True, disabled, overrides
+    token, request, requeue_count, step_count, disabled, overrides, spend = claimed
+    return token, request, requeue_count, step_count, True, disabled, overrides, spend
 
 
 def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
     """The same claim in ``UPDATE … RETURNING`` and a savepoint for the step:
     (token, request, requeue_count, step_count, recorded, disabled tools,
-    approval overrides) or None if not claimable."""
+    approval overrides, starting spend) or None if not claimable."""
     with transaction.atomic():
         rows = _update_returning(
             AgentRun.objects.filter(
@@ -175,7 +179,8 @@ def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
     requested = set(request.get("tools", []))
     disabled = frozenset(disabled_tool_names() & requested) if requested else frozenset()
     overrides = approval_overrides(requested) if requested else {}
-    return token, request, requeue_count, step_count, recorded, disabled, overrides
+    spend = starting_spend_of(AgentRun.objects.get(pk=run_id))
+    return token, request, requeue_count, step_count, recorded, disabled, overrides, spend
 
 
 def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bool:

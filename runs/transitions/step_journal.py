@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from django.db import connection, transaction
 
 from runs.models import AgentRun, RunStep
+from spend.recording import SPEND_CTE, USER_SPENT_COLUMN, spend_params, turns_spend
+from spend.starting import CLAIM_COLUMNS, starting_spend_from_claim
 from tools.models import ToolSetting
 
 _STEP_COLUMNS = (
@@ -58,9 +60,24 @@ _OWNED = """
 _RENEWED = "lease_expires_at = statement_timestamp() + make_interval(secs => %(lease_seconds)s)"
 _USAGE = [
     "prompt_tokens = prompt_tokens + %(prompt_tokens)s",
+    "cached_prompt_tokens = cached_prompt_tokens + %(cached_tokens)s",
     "completion_tokens = completion_tokens + %(completion_tokens)s",
+    "cost = cost + %(cost)s",
+    "unpriced_turns = unpriced_turns + %(unpriced_turns)s",
     "llm_latency_ms = llm_latency_ms + %(latency_ms)s",
 ]
+#: What a record returns of the run: its guard's answer, and its totals
+#: after the record (an attempt's budget checks read them, G17).
+_RETURNING = (
+    " RETURNING id, step_count, lease_token, cancel_requested_at,"
+    " prompt_tokens, completion_tokens, cost, unpriced_turns"
+)
+#: With model turns, also what the spend CTE keys the submitter's day on.
+_RETURNING_SPEND_KEY = (
+    ", COALESCE(submitted_by_id, 0) AS spend_submitter,"
+    " request #>> '{provider,kind}' AS spend_provider,"
+    " COALESCE(request #>> '{provider,model}', request #>> '{provider,kind}') AS spend_model"
+)
 _SAVED = ["tokens_saved_by_replay = tokens_saved_by_replay + %(tokens_saved)s"]
 
 
@@ -74,6 +91,7 @@ def record_steps_in_one_statement(
     usage: dict,
     wait_for_flush: bool = True,
     recorded: int | None = None,
+    tally=None,
 ) -> tuple[bool, object, int | None]:
     """Returns (matched, cancel_requested_at, the last step's sequence).
     Raises DatabaseError as the ORM would. ``steps`` may be empty: then it
@@ -86,6 +104,10 @@ def record_steps_in_one_statement(
     ``next_call`` (a ``transitions.NextCall``) stamps the next call's fence in
     the same UPDATE; a cancel already requested stamps nothing (the old row's
     ``cancel_requested_at`` is what SET sees), and the caller stops.
+
+    Model turns among ``steps`` add their spend to the submitter's day in
+    the same statement; ``tally`` (a ``spend.recording.Tally``), when given,
+    learns the run's totals (and the submitter's spend) as they stand after it.
     """
     sets = [*_counted(len(steps)), _RENEWED] if steps else [_RENEWED]
     fence = {}
@@ -104,6 +126,7 @@ def record_steps_in_one_statement(
         usage,
         {**_lease_params(lease, recorded), "lease_seconds": lease_seconds, **fence},
         wait_for_flush=wait_for_flush,
+        tally=tally,
     )
     if row is None:
         return False, None, None
@@ -133,15 +156,16 @@ def finish_in_one_statement(
         "lease_expires_at = NULL",
     ]
     params = {**_lease_params(lease, recorded), "output": output}
-    row = _owned_run_then_steps(sets, steps, usage, params)
+    row = _owned_run_then_steps(sets, steps, usage, params, tally=None)
     return None if row is None else (row[3], row[1])
 
 
 def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
     """The claim with its request step. Returns (token, request, requeue_count,
     step_count, the requested tools an operator has disabled, their approval
-    settings other than ``default`` by name) or None when the run was not
-    ``queued``.
+    settings other than ``default`` by name, the attempt's
+    ``spend.starting.StartingSpend``) or None when the run was not ``queued``.
+    Its budget checks need no statement of their own (G17).
 
     The claim commits without waiting for its WAL to reach disk
     (``synchronous_commit = off`` for this transaction only): one flush less
@@ -168,23 +192,26 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
             step_count = step_count + 1, attempt_steps = 1
         WHERE id = %(run_id)s AND status = 'queued'
             AND (available_at IS NULL OR available_at <= statement_timestamp())
-        RETURNING id, step_count, lease_token, request, requeue_count
+        RETURNING id, step_count, lease_token, request, requeue_count, submitted_by_id,
+            prompt_tokens, completion_tokens, cost, unpriced_turns
     """
     row = _run_then_steps(
         sql,
         [{"kind": "request"}],
         {"run_id": run_id, "owner": owner, "lease_seconds": lease_seconds},
         arguments_from_request=True,
-        also_select=f"{_DISABLED_REQUESTED_TOOLS}, {_APPROVAL_OVERRIDES}",
+        also_select=f"{_DISABLED_REQUESTED_TOOLS}, {_APPROVAL_OVERRIDES}, {CLAIM_COLUMNS}",
         wait_for_flush=False,
     )
     if row is None:
         return None
-    _, step_count, token, request, requeue_count, disabled, overrides = row
+    _, step_count, token, request, requeue_count, submitted_by = row[:6]
+    totals, (disabled, overrides, price, budget, spent, today) = row[6:10], row[10:]
     if isinstance(request, str):  # Django loads jsonb as text; the model decodes it
         request = json.loads(request)
     overrides = dict(entry.rsplit(" ", 1) for entry in overrides)
-    return token, request, requeue_count, step_count, frozenset(disabled), overrides
+    spend = starting_spend_from_claim(request, submitted_by, totals, price, budget, spent, today)
+    return token, request, requeue_count, step_count, frozenset(disabled), overrides, spend
 
 
 #: A FROM item that makes the statement's own transaction commit without
@@ -215,22 +242,46 @@ _APPROVAL_OVERRIDES = f"""
 
 
 def _owned_run_then_steps(
-    sets: list[str], steps: Sequence[dict], usage: dict, params: dict, *, wait_for_flush=True
+    sets: list[str],
+    steps: Sequence[dict],
+    usage: dict,
+    params: dict,
+    *,
+    wait_for_flush=True,
+    tally=None,
 ):
     """The lease-guarded UPDATE of ``sets`` (plus llm steps' usage totals and
-    a resume step's saved tokens) with ``steps``; the row (id, step_count,
-    lease_token, cancel_requested_at) or None when the lease no longer matches."""
+    a resume step's saved tokens) with ``steps``, and the model turns' spend
+    added to the submitter's day; the row (id, step_count, lease_token,
+    cancel_requested_at, the run's totals) or None when the lease no longer
+    matches. ``tally``: as ``record_steps_in_one_statement``'s."""
+    returning = _RETURNING
+    spend = turns_spend(steps)
+    extra_ctes, also_select, spend_values = [], "", {}
     if "prompt_tokens" in usage:
         sets = [*sets, *_USAGE]
     if "tokens_saved" in usage:
         sets = [*sets, *_SAVED]
-    return _run_then_steps(
-        f"UPDATE {AgentRun._meta.db_table} SET {', '.join(sets)} {_OWNED}"
-        " RETURNING id, step_count, lease_token, cancel_requested_at",
+    if spend:
+        returning += _RETURNING_SPEND_KEY
+        extra_ctes.append(SPEND_CTE)
+        spend_values = spend_params(spend, params["run_id"])
+    if tally is not None and tally.budget_since is not None:
+        also_select = USER_SPENT_COLUMN
+        spend_values = {**spend_values, **tally.user_params()}
+    row = _run_then_steps(
+        f"UPDATE {AgentRun._meta.db_table} SET {', '.join(sets)} {_OWNED}{returning}",
         steps,
-        {**params, **usage},
+        {**params, **usage, **spend_values},
         wait_for_flush=wait_for_flush,
+        extra_ctes=extra_ctes,
+        also_select=also_select,
     )
+    if row is not None and tally is not None:
+        tally.saw_run(*row[4:8])
+        if also_select:
+            tally.saw_user(*row[-1], spend)
+    return row
 
 
 def _lease_params(lease, recorded: int | None) -> dict:
@@ -258,6 +309,7 @@ def _run_then_steps(
     arguments_from_request=False,
     also_select="",
     wait_for_flush=True,
+    extra_ctes: Sequence[str] = (),
 ):
     values = {}
     for index, step in enumerate(steps):
@@ -267,6 +319,8 @@ def _run_then_steps(
     sql = f"WITH run AS ({update_sql})"
     if steps:
         sql += f", step AS ({_insert_steps(len(steps), arguments_from_request)} RETURNING 1)"
+    for cte in extra_ctes:
+        sql += f", {cte}"
     sql += f" SELECT {columns} FROM run"
     if wait_for_flush:
         # Alone or in a caller's transaction: waiting is never less safe.

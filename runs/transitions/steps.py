@@ -8,7 +8,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.models import F, JSONField, Value
 from django.db.models.expressions import Case, When
 
-from runs.models import RunStep
+from runs.models import AgentRun, RunStep
 from runs.transitions._common import (
     Lease,
     _append_steps,
@@ -21,6 +21,8 @@ from runs.transitions._common import (
 )
 from runs.transitions.step_journal import record_steps_in_one_statement
 from runs.vocabulary import StepKind
+from spend.prices import priced_model
+from spend.recording import TurnsSpend, add_daily_spend, turns_spend, user_spent_since
 from tools.canonical import token_count
 from tools.effects import ToolEffect
 
@@ -85,6 +87,7 @@ def record_steps(
     next_call: NextCall | None = None,
     recorded: int | None = None,
     wait_for_flush: bool | None = None,
+    tally=None,
 ) -> RecordOutcome:
     """Append ``steps`` in order under the lease, renewing it; never raises.
     All of them or none: the journal never has a gap (G12).
@@ -101,6 +104,10 @@ def record_steps(
     written unless the run holds exactly those: ``STEPS_LOST`` if it holds
     fewer (G12: the journal never has a gap). ``wait_for_flush``: whether the
     commit waits for the WAL flush; by default ``must_reach_disk`` decides.
+
+    Model turns add their spend to the run's totals and the submitter's day
+    in the same transaction (G17); ``tally`` (a ``spend.recording.Tally``)
+    learns the totals as they stand after the record.
     """
     last = steps[-1] if steps else {}
     try:
@@ -116,6 +123,7 @@ def record_steps(
                 if wait_for_flush is None
                 else wait_for_flush,
                 recorded=recorded,
+                tally=tally,
             )
             if not matched:
                 return _unmatched(lease, recorded)
@@ -125,6 +133,7 @@ def record_steps(
                 if not _owned_holding(lease, recorded).update(**changes):
                     return _unmatched(lease, recorded)
                 sequence, cancel_at = _append_steps(lease.run_id, lease.token, steps)
+                add_spend_through_the_orm(lease.run_id, steps, tally)
         _log_change(
             "record_step",
             lease.run_id,
@@ -182,6 +191,38 @@ def skips_the_flush(steps: Sequence[dict], *, clear_fence: bool, next_call) -> b
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return False  # the ORM's records, or a caller's transaction, commit as it does
     return not must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call)
+
+
+def add_spend_through_the_orm(run_id, steps: Sequence[dict], tally=None) -> None:
+    """What ``step_journal``'s statements do for spend, for the records that
+    go through the ORM: the model turns among ``steps`` are added to the
+    submitter's day, and ``tally`` learns the run's totals. Inside the
+    transaction of the guarded UPDATE that added them to the run."""
+    spend = turns_spend(steps)
+    if not spend and tally is None:
+        return
+    run = (
+        AgentRun.objects.filter(pk=run_id)
+        .values(
+            "submitted_by_id",
+            "request",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost",
+            "unpriced_turns",
+        )
+        .get()
+    )
+    if spend:
+        provider, model = priced_model((run["request"] or {}).get("provider") or {})
+        add_daily_spend(run_id, run["submitted_by_id"] or 0, provider, model, spend)
+    if tally is not None:
+        tally.saw_run(
+            run["prompt_tokens"], run["completion_tokens"], run["cost"], run["unpriced_turns"]
+        )
+        if tally.budget_since is not None:
+            spent = user_spent_since(tally)
+            tally.saw_user(spent.tokens, spent.cost, TurnsSpend())
 
 
 def _may_be_lost(step: dict) -> bool:
@@ -244,27 +285,36 @@ def _stamp_unless_cancelled(next_call: NextCall) -> dict:
 
 
 def _usage_values(steps: Sequence[dict]) -> dict:
-    """What ``steps`` add to the run's totals: the llm steps' tokens and
-    latency (``prompt_tokens``, ``completion_tokens``, ``latency_ms``), a
-    resume step's saved tokens (``tokens_saved``); {} if nothing."""
-    values: dict[str, int] = {}
-    for step in steps:
-        result = step.get("result")
-        if not isinstance(result, dict):
-            continue
-        if step.get("kind") == StepKind.LLM and "usage" in result:
-            usage = result.get("usage") or {}
-            if not isinstance(usage, dict):
-                usage = {}
-            for key, amount in (
-                ("prompt_tokens", usage.get("prompt_tokens")),
-                ("completion_tokens", usage.get("completion_tokens")),
-                ("latency_ms", result.get("latency_ms")),
-            ):
-                values[key] = values.get(key, 0) + token_count(amount)
-        elif step.get("kind") == StepKind.RESUME and result.get("tokens_saved"):
-            saved = token_count(result["tokens_saved"])
-            values["tokens_saved"] = values.get("tokens_saved", 0) + saved
+    """What ``steps`` add to the run's totals: the llm steps' tokens, cost
+    and latency (``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
+    ``cost``, ``unpriced_turns``, ``latency_ms``), a resume step's saved
+    tokens (``tokens_saved``); {} if nothing."""
+    values: dict = {}
+    spend = turns_spend(steps)
+    if spend:
+        values.update(
+            prompt_tokens=spend.input_tokens,
+            cached_tokens=spend.cached_input_tokens,
+            completion_tokens=spend.output_tokens,
+            cost=spend.cost,
+            unpriced_turns=spend.unpriced_turns,
+            latency_ms=sum(
+                token_count(step["result"].get("latency_ms"))
+                for step in steps
+                if step.get("kind") == StepKind.LLM
+                and isinstance(step.get("result"), dict)
+                and "usage" in step["result"]
+            ),
+        )
+    saved = sum(
+        token_count(step["result"]["tokens_saved"])
+        for step in steps
+        if step.get("kind") == StepKind.RESUME
+        and isinstance(step.get("result"), dict)
+        and step["result"].get("tokens_saved")
+    )
+    if saved:
+        values["tokens_saved"] = saved
     return values
 
 
@@ -274,9 +324,19 @@ def _usage_totals(steps: Sequence[dict]) -> dict:
     values = _usage_values(steps)
     totals = {}
     if "prompt_tokens" in values:
-        totals["prompt_tokens"] = F("prompt_tokens") + values["prompt_tokens"]
-        totals["completion_tokens"] = F("completion_tokens") + values["completion_tokens"]
-        totals["llm_latency_ms"] = F("llm_latency_ms") + values["latency_ms"]
+        for column, key in _TOTALS:
+            totals[column] = F(column) + values[key]
     if "tokens_saved" in values:
         totals["tokens_saved_by_replay"] = F("tokens_saved_by_replay") + values["tokens_saved"]
     return totals
+
+
+#: The run's total columns and what each adds (``_usage_values``' keys).
+_TOTALS = (
+    ("prompt_tokens", "prompt_tokens"),
+    ("cached_prompt_tokens", "cached_tokens"),
+    ("completion_tokens", "completion_tokens"),
+    ("cost", "cost"),
+    ("unpriced_turns", "unpriced_turns"),
+    ("llm_latency_ms", "latency_ms"),
+)

@@ -7,6 +7,11 @@ through ``runs.approvals.actions``, as an operator does in the admin, under
 a user of its own (``DEMO_APPROVER``), and leaves one waiting for whoever
 opens the admin. Without Redis the demo executes its runs itself, inline
 (``executing_in_caller``): each decision executes the run on.
+
+The scripted model of the demo reports tokens as a real one would, and the
+demo prices it (``DEMO_PRICE``), so the runs, the overview and
+``/api/usage/`` show spend; one run stops at its own token limit
+(``budget_exhausted``, G17).
 """
 
 from django.contrib.auth import get_user_model
@@ -21,6 +26,7 @@ from runs.faults import step_inserts_refused
 from runs.models import AgentRun, ApprovalRequest
 from runs.runtime import enqueue, run
 from runs.vocabulary import ApprovalStatus, StepKind
+from spend.models import ModelPrice
 from tools.models import Note
 
 #: Who the demo's decisions are recorded under. It may approve writes and
@@ -30,85 +36,127 @@ DEMO_APPROVER = "demo-approver"
 
 NOTIFY = {"recipient": "ops@example.org", "message": "Release notes updated."}
 
-COMPLETED = {
-    "prompt": "Update the release notes and tell the team.",
-    "tools": ["read_note", "upsert_note", "send_notification"],
-    "provider": {
-        "kind": "scripted",
-        "turns": [
-            {"tool_calls": [{"name": "read_note", "arguments": {"slug": "release-notes"}}]},
-            {
-                "tool_calls": [
-                    {
-                        "name": "upsert_note",
-                        "arguments": {"slug": "release-notes", "body": "v2: leases and fences."},
-                    }
-                ]
-            },
-            {"tool_calls": [{"name": "send_notification", "arguments": NOTIFY}]},
-            {"content": "Release notes updated and the team notified."},
-        ],
-    },
+#: What the demo's scripted model costs per million tokens (made up: the
+#: order of a mid-size hosted model's).
+DEMO_PRICE = {
+    "input_per_million": "2.50",
+    "cached_input_per_million": "1.25",
+    "output_per_million": "10.00",
 }
 
-AUDIT_FAILED = {
-    "prompt": "Notify on-call that the nightly job failed.",
-    "tools": ["send_notification"],
-    "provider": {
-        "kind": "scripted",
-        "turns": [
-            {
-                "tool_calls": [
-                    {
-                        "name": "send_notification",
-                        "arguments": {
-                            "recipient": "oncall@example.org",
-                            "message": "Nightly failed.",
-                        },
-                    }
-                ]
-            },
-            {"content": "On-call notified."},
-        ],
-    },
-}
 
-NOT_RETRYABLE = {
-    "prompt": "Summarise the incident notes.",
-    "tools": ["search_notes"],
-    "provider": {
-        "kind": "scripted",
-        "turns": [
-            {"tool_calls": [{"name": "search_notes", "arguments": {"query": "incident"}}]},
-            {"error": "auth"},
-        ],
-    },
-}
+def _with_usage(request: dict) -> dict:
+    """``request`` with the tokens each answer reports: a prompt that grows
+    with the conversation, its earlier part served from the cache."""
+    turns, prompt = [], 420
+    for turn in request["provider"]["turns"]:
+        if "error" not in turn:
+            cached = prompt - 420 if prompt > 420 else 0
+            turn = {
+                **turn,
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": 85,
+                    "cached_tokens": cached,
+                },
+            }
+            prompt += 160
+        turns.append(turn)
+    return {**request, "provider": {**request["provider"], "turns": turns}}
 
-RESUMED = {
-    "prompt": "Tell the team the deploy is done, then confirm.",
-    "tools": ["send_notification"],
-    # Whatever NRLLM_APPROVAL_REQUIRED_FOR says, so that its attempts are
-    # counted the same: the first parks for the notification's approval.
-    "require_approval": ["send_notification"],
-    "provider": {
-        "kind": "scripted",
-        "turns": [
-            {"tool_calls": [{"name": "send_notification", "arguments": NOTIFY}]},
-            # The second attempt (approved) sends it and the provider fails
-            # (on attempts up to the second): the retry, the third, resumes
-            # from the journal and does not send it again.
-            {"error": "server_error", "attempts": 2},
-            {"content": "The team knows."},
-        ],
-    },
-}
 
-CANCELLED = {
-    "prompt": "Post the weekly digest to the webhook.",
-    "tools": ["post_webhook"],
-    "provider": {"kind": "scripted", "turns": [{"content": "Never started."}]},
-}
+COMPLETED = _with_usage(
+    {
+        "prompt": "Update the release notes and tell the team.",
+        "tools": ["read_note", "upsert_note", "send_notification"],
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {"tool_calls": [{"name": "read_note", "arguments": {"slug": "release-notes"}}]},
+                {
+                    "tool_calls": [
+                        {
+                            "name": "upsert_note",
+                            "arguments": {
+                                "slug": "release-notes",
+                                "body": "v2: leases and fences.",
+                            },
+                        }
+                    ]
+                },
+                {"tool_calls": [{"name": "send_notification", "arguments": NOTIFY}]},
+                {"content": "Release notes updated and the team notified."},
+            ],
+        },
+    }
+)
+
+AUDIT_FAILED = _with_usage(
+    {
+        "prompt": "Notify on-call that the nightly job failed.",
+        "tools": ["send_notification"],
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "send_notification",
+                            "arguments": {
+                                "recipient": "oncall@example.org",
+                                "message": "Nightly failed.",
+                            },
+                        }
+                    ]
+                },
+                {"content": "On-call notified."},
+            ],
+        },
+    }
+)
+
+NOT_RETRYABLE = _with_usage(
+    {
+        "prompt": "Summarise the incident notes.",
+        "tools": ["search_notes"],
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {"tool_calls": [{"name": "search_notes", "arguments": {"query": "incident"}}]},
+                {"error": "auth"},
+            ],
+        },
+    }
+)
+
+RESUMED = _with_usage(
+    {
+        "prompt": "Tell the team the deploy is done, then confirm.",
+        "tools": ["send_notification"],
+        # Whatever NRLLM_APPROVAL_REQUIRED_FOR says, so that its attempts are
+        # counted the same: the first parks for the notification's approval.
+        "require_approval": ["send_notification"],
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {"tool_calls": [{"name": "send_notification", "arguments": NOTIFY}]},
+                # The second attempt (approved) sends it and the provider fails
+                # (on attempts up to the second): the retry, the third, resumes
+                # from the journal and does not send it again.
+                {"error": "server_error", "attempts": 2},
+                {"content": "The team knows."},
+            ],
+        },
+    }
+)
+
+CANCELLED = _with_usage(
+    {
+        "prompt": "Post the weekly digest to the webhook.",
+        "tools": ["post_webhook"],
+        "provider": {"kind": "scripted", "turns": [{"content": "Never started."}]},
+    }
+)
 
 
 def _notifying(prompt: str, notification: dict, answer: str, *, read: dict | None = None) -> dict:
@@ -122,12 +170,14 @@ def _notifying(prompt: str, notification: dict, answer: str, *, read: dict | Non
         # After a denial too: the model is told, and its next turn answers.
         {"content": answer},
     ]
-    return {
-        "prompt": prompt,
-        "tools": (["read_note"] if read else []) + ["send_notification"],
-        "require_approval": ["send_notification"],
-        "provider": {"kind": "scripted", "turns": turns},
-    }
+    return _with_usage(
+        {
+            "prompt": prompt,
+            "tools": (["read_note"] if read else []) + ["send_notification"],
+            "require_approval": ["send_notification"],
+            "provider": {"kind": "scripted", "turns": turns},
+        }
+    )
 
 
 WAITING = _notifying(
@@ -147,6 +197,25 @@ DENIED = _notifying(
     "Announce the v2 release to every customer.",
     {"recipient": "customers@example.org", "message": "v2 is out: leases and fences."},
     "I did not announce v2: an operator denied the notification.",
+)
+
+#: Stops before its third model call: two turns spent 1,170 tokens, and the
+#: next, which sends the whole conversation again, would pass 1,600.
+OVER_BUDGET = _with_usage(
+    {
+        "prompt": "Search every incident note and summarise them all.",
+        "tools": ["search_notes"],
+        "max_total_tokens": 1600,
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {"tool_calls": [{"name": "search_notes", "arguments": {"query": "incident"}}]},
+                {"tool_calls": [{"name": "search_notes", "arguments": {"query": "outage"}}]},
+                {"tool_calls": [{"name": "search_notes", "arguments": {"query": "postmortem"}}]},
+                {"content": "Every incident, summarised."},
+            ],
+        },
+    }
 )
 
 APPROVED_NOTE = "Checked the recipient and the text."
@@ -215,6 +284,7 @@ class Command(BaseCommand):
         Note.objects.get_or_create(slug="release-notes", defaults={"body": "v1: first release."})
         Note.objects.get_or_create(slug="incident-42", defaults={"body": "Disk full on db-2."})
         approver = demo_approver()
+        ModelPrice.objects.get_or_create(provider="scripted", model="scripted", defaults=DEMO_PRICE)
 
         completed = run(COMPLETED)
         _approve_every_write(completed, approver)
@@ -243,6 +313,7 @@ class Command(BaseCommand):
         # it expires (NRLLM_APPROVAL_TIMEOUT_SECONDS), when the reaper ends
         # the run failed, approval_expired.
         waiting = enqueue(WAITING)
+        over_budget = enqueue(OVER_BUDGET)
 
         for label, agent_run in [
             ("completed (reads and writes)", completed),
@@ -253,6 +324,7 @@ class Command(BaseCommand):
             ("approved: sent its notification once", approved),
             ("denied: never sent; the model was told why", denied),
             ("waits for approval: decide it in the admin's approvals inbox", waiting),
+            ("stopped before a model call that would pass its token limit", over_budget),
         ]:
             agent_run.refresh_from_db()
             self.stdout.write(f"{agent_run.pk}  {agent_run.status:<20} {label}")

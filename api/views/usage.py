@@ -1,0 +1,75 @@
+"""``/api/usage/``: what recorded model turns spent, by day, model or
+submitter (G17)."""
+
+from datetime import date, timedelta
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from api import permissions
+from api.views.base import BaseAPIView, errors
+from spend.budgets import database_now
+from spend.usage import GROUPS, usage
+
+#: Without ``since``: the last 30 days (the database's clock, UTC).
+DEFAULT_DAYS = 30
+
+
+class UsageSerializer(serializers.Serializer):
+    day = serializers.DateField(required=False, help_text="group_by=day")
+    provider = serializers.CharField(required=False, help_text="group_by=model")
+    model = serializers.CharField(required=False, help_text="group_by=model")
+    user_id = serializers.IntegerField(
+        required=False, allow_null=True, help_text="group_by=user; null: the command line"
+    )
+    user = serializers.CharField(required=False, allow_null=True, help_text="group_by=user")
+    turns = serializers.IntegerField()
+    input_tokens = serializers.IntegerField()
+    cached_input_tokens = serializers.IntegerField(help_text="of input_tokens, cached")
+    output_tokens = serializers.IntegerField()
+    tokens = serializers.IntegerField(help_text="input + output")
+    cost = serializers.CharField(
+        help_text="the priced turns' cost, a decimal string; a lower bound unless cost_known"
+    )
+    unpriced_turns = serializers.IntegerField(help_text="turns of a model with no price")
+    cost_known = serializers.BooleanField()
+
+
+class UsageList(BaseAPIView):
+    permission_classes = [permissions.VIEW_RUNS]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "group_by", OpenApiTypes.STR, enum=list(GROUPS), required=True, description="how"
+            ),
+            OpenApiParameter(
+                "since",
+                OpenApiTypes.DATE,
+                description=f"first day (UTC), default {DEFAULT_DAYS} days ago",
+            ),
+            OpenApiParameter("until", OpenApiTypes.DATE, description="last day (UTC), inclusive"),
+        ],
+        responses={200: UsageSerializer(many=True), **errors(400)},
+    )
+    def get(self, request):
+        group_by = request.query_params.get("group_by", "")
+        if group_by not in GROUPS:
+            raise ValidationError({"group_by": f"{group_by!r} is not one of {list(GROUPS)}"})
+        today = database_now().date()
+        since = _day(request, "since") or today - timedelta(days=DEFAULT_DAYS)
+        until = _day(request, "until")
+        return Response(UsageSerializer(usage(group_by, since, until), many=True).data)
+
+
+def _day(request, name: str) -> date | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    try:
+        return date.fromisoformat(raw)
+    except ValueError:
+        raise ValidationError({name: f"{raw[:40]!r} is not a date (YYYY-MM-DD)"}) from None

@@ -1,0 +1,125 @@
+"""The attempt's budget checks: before each model call, never during a tool
+(G17).
+
+A run's spend is the sum of its recorded turns over all its attempts (the
+run's totals). A resumed attempt starts from the totals its claim read and
+adds only the calls it makes itself: a replayed turn is not recorded again,
+so it is not counted again. The submitter's spend is what their recorded
+turns of the budget's period add up to, read by the claim and again by
+every record this attempt makes (no statement of its own), so a check
+lags the other runs' spend by at most the step the attempt just took.
+
+"Would go over": the next call's prompt repeats the whole conversation the
+last call sent and got back, so it costs at least the last turn's tokens.
+A call is made only while what is spent, plus that, stays within the limit.
+"""
+
+from decimal import Decimal
+
+from runs.metrics import BUDGET_REFUSALS
+from runs.runtime.errors import BudgetExhausted
+from spend.budgets import Budget, Spent, over_budget
+from spend.prices import Usage
+from spend.recording import turns_spend
+from spend.starting import StartingSpend
+
+
+class BudgetWatch:
+    def __init__(
+        self,
+        starting: StartingSpend,
+        *,
+        max_total_tokens: int | None,
+        max_cost: Decimal | None,
+    ):
+        self.price = starting.price
+        self.model = f"{starting.provider}/{starting.model}"
+        self.run_limit = Budget.of("run", max_total_tokens, max_cost)
+        self.submitter_budget = starting.budget
+        #: What the database said last (the claim, then every record).
+        self.tally = starting.tally()
+        #: The last turn's tokens and cost: the least the next call costs.
+        self._last_turn = (0, Decimal(0))
+        #: This attempt's turns whose provider reported no usage.
+        self.unreported_turns = 0
+
+    @property
+    def limits_cost(self) -> bool:
+        return any(
+            limit is not None and limit.max_cost is not None
+            for limit in (self.run_limit, self.submitter_budget)
+        )
+
+    def priced(self, result: dict) -> dict:
+        """An llm step's result with its cost at the attempt's price
+        (``cost``: a decimal string, or None when the model has no price)."""
+        usage = Usage.of_result(result)
+        if usage is None:
+            return result
+        if not usage.reported:
+            self.unreported_turns += 1
+        cost = None if self.price is None or not usage.reported else usage.cost(self.price)
+        self._last_turn = (usage.total, cost or Decimal(0))
+        return {**result, "cost": None if cost is None else str(cost)}
+
+    def replayed(self, result) -> None:
+        """A turn the attempt replayed from its journal: counted already,
+        it still tells what the next call costs at least."""
+        usage = Usage.of_result(result)
+        if usage is not None:
+            cost = result.get("cost")
+            self._last_turn = (usage.total, Decimal(cost) if cost is not None else Decimal(0))
+
+    def check_before_call(self, unwritten: list[dict]) -> None:
+        """Raise ``BudgetExhausted`` if the next model call would go over the
+        run's limit or its submitter's budget. ``unwritten``: the attempt's
+        steps the database has not recorded yet (their turns count too)."""
+        pending = turns_spend(unwritten)
+        tokens, cost = self._last_turn
+        if self.unreported_turns and (self.run_limit or self.submitter_budget):
+            self._refuse(
+                f"the model {self.model} answered without reporting its usage: what the "
+                "run spent is unknown, so its limits cannot be kept",
+                "run" if self.run_limit else "submitter",
+            )
+        if self.limits_cost and self.price is None:
+            self._refuse(
+                f"the model {self.model} has no price, so a cost limit cannot be kept "
+                "(an operator sets prices in the admin: Spend > Model prices)",
+                "run" if self.run_limit and self.run_limit.max_cost is not None else "submitter",
+            )
+        if self.run_limit is not None:
+            spent = self.tally.run
+            if self.run_limit.max_cost is not None and spent.unpriced_turns:
+                self._refuse(
+                    f"{spent.unpriced_turns} turn(s) of the run had no price: its cost is "
+                    "unknown, so its cost limit cannot be kept",
+                    "run",
+                )
+            why = over_budget(
+                self.run_limit,
+                _plus(spent, pending),
+                projected_tokens=tokens,
+                projected_cost=cost,
+            )
+            if why:
+                self._refuse(f"the run's limit: {why}", "run")
+        if self.submitter_budget is not None:
+            why = over_budget(
+                self.submitter_budget,
+                _plus(self.tally.user, pending),
+                projected_tokens=tokens,
+                projected_cost=cost,
+            )
+            if why:
+                period = "daily" if self.submitter_budget.period == "day" else "monthly"
+                self._refuse(f"the submitter's {period} budget: {why}", "submitter")
+
+    @staticmethod
+    def _refuse(message: str, where: str) -> None:
+        BUDGET_REFUSALS.labels("model_call").inc()
+        raise BudgetExhausted(f"stopped before a model call: {message}", where=where)
+
+
+def _plus(spent: Spent, pending) -> Spent:
+    return Spent(spent.tokens + pending.tokens, spent.cost + pending.cost, spent.unpriced_turns)

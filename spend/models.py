@@ -1,0 +1,133 @@
+"""Prices, budgets and the spend they are kept against (G17).
+
+A turn's cost is computed when the turn is recorded, at the price its
+attempt read with its claim, and stored with the turn (the llm step's
+``result["cost"]``) and in the totals below: a later price change rewrites
+no history. Nothing here imports the runtime; the runtime writes
+``DailySpend`` in the statement that records a turn.
+"""
+
+from django.conf import settings
+from django.db import models
+
+#: Money: a turn costs a few millionths of a unit at the cheapest, and up
+#: to 2e10 at the dearest price a row holds (2e8 tokens at 1e8 a million).
+MONEY = {"max_digits": 28, "decimal_places": 10}
+#: How many rows a day's spend of one submitter and model is spread over.
+SPEND_SHARDS = 16
+#: A price per million tokens.
+PRICE = {"max_digits": 14, "decimal_places": 6}
+
+
+class ModelPrice(models.Model):
+    """What one model of one provider kind costs, per million tokens.
+
+    Operators edit it in the admin (each change an admin log entry) or load
+    it from a file (``manage.py load_prices``). A model with no row is
+    unpriced: its turns' cost is unknown, never 0.
+    """
+
+    #: The provider kind of a run's request (``openai``, ``scripted``).
+    provider = models.CharField(max_length=32)
+    #: The request's ``provider.model`` (for ``scripted``, ``scripted``).
+    model = models.CharField(max_length=200)
+    input_per_million = models.DecimalField(**PRICE)
+    #: Prompt tokens the provider served from its cache; blank: as input.
+    cached_input_per_million = models.DecimalField(**PRICE, null=True, blank=True)
+    output_per_million = models.DecimalField(**PRICE)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["provider", "model"]
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "model"], name="price_one_per_model"),
+            models.CheckConstraint(
+                condition=models.Q(input_per_million__gte=0)
+                & models.Q(output_per_million__gte=0)
+                & (
+                    models.Q(cached_input_per_million__isnull=True)
+                    | models.Q(cached_input_per_million__gte=0)
+                ),
+                name="price_not_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider}/{self.model}"
+
+
+class BudgetPeriod(models.TextChoices):
+    DAY = "day"
+    MONTH = "month"
+
+
+class SubmitterBudget(models.Model):
+    """One user's budget, in place of the deployment's default
+    (``NRLLM_USER_BUDGET_*``). Both limits blank: this user has none."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="spend_budget"
+    )
+    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_cost = models.DecimalField(**PRICE, null=True, blank=True)
+    note = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["user__username"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(max_cost__isnull=True) | models.Q(max_cost__gte=0),
+                name="budget_cost_not_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"budget of {self.user}"
+
+
+class DailySpend(models.Model):
+    """What the recorded turns of one day (UTC, the database's clock) cost,
+    per submitter and model: one upsert in the statement that records each
+    turn, so it is exact whatever crashes (a turn recorded once, counted once).
+
+    Budgets sum it over their period; ``GET /api/usage/`` and the overview
+    read it, never the runs table.
+    """
+
+    day = models.DateField()
+    #: The submitting user's id; 0: none (the command line). Not a foreign
+    #: key: the upsert's conflict target must be NOT NULL on every database.
+    submitter = models.BigIntegerField()
+    provider = models.CharField(max_length=32)
+    model = models.CharField(max_length=200)
+    #: Which of ``SPEND_SHARDS`` rows of the key a run adds to (by its id):
+    #: every record of a turn updates its row, and the key's records would
+    #: otherwise queue on one row lock — through a flush, for a turn that
+    #: fences a write. Readers sum the shards.
+    shard = models.PositiveSmallIntegerField(default=0)
+    turns = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    #: Of ``input_tokens``, those the provider served from its cache.
+    cached_input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    #: The priced turns' cost; ``unpriced_turns`` had no price.
+    cost = models.DecimalField(**MONEY, default=0)
+    unpriced_turns = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-day"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "submitter", "provider", "model", "shard"],
+                name="spend_one_row_per_key",
+            ),
+        ]
+        indexes = [
+            # A budget's sum over its period.
+            models.Index(fields=["submitter", "day"], name="spend_submitter_day_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.submitter} {self.provider}/{self.model}"

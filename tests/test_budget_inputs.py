@@ -1,0 +1,171 @@
+"""G17's edges: a bad limit or price file is refused naming what is wrong and
+stores nothing; ``/api/usage/`` groups the day's spend; the metrics count
+what was recorded."""
+
+import io
+import json
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from runs.models import AgentRun
+from runs.runtime import run
+from runs.vocabulary import TerminationReason
+from spend.budgets import database_now
+from spend.models import DailySpend, ModelPrice
+from tests.drifting_model import FAKE_USAGE, SEARCH, openai_request, request_for
+from tests.fake_openai import Reply, completion
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def a_request(**extra) -> dict:
+    return request_for("scripted", [{"answer": "done"}], [], scripted_usage=FAKE_USAGE, **extra)
+
+
+@pytest.mark.parametrize(
+    ("limits", "named"),
+    [
+        ({"max_total_tokens": 0}, "max_total_tokens"),
+        ({"max_total_tokens": 2.5}, "max_total_tokens"),
+        ({"max_cost": "two"}, "max_cost"),
+        ({"max_cost": -1}, "max_cost"),
+        ({"max_cost": "NaN"}, "max_cost"),
+        ({"max_cost": True}, "max_cost"),
+        ({"max_cost": None}, "max_cost"),
+        ({"max_cost": "0"}, "max_cost"),
+        ({"max_cost": " 2.5 "}, "max_cost"),
+        ({"max_cost": "1_0"}, "max_cost"),
+        ({"max_cost": "\u0662"}, "max_cost"),
+        ({"max_cost": 1e-300}, "max_cost"),
+        ({"max_cost": "1e400"}, "max_cost"),
+        # A cost limit on a model with no price could not be kept.
+        ({"max_cost": "1.00"}, "has no price"),
+    ],
+)
+def test_a_bad_limit_is_a_400_naming_it_and_stores_nothing(api, limits, named):
+    response = api.post("/api/runs/", a_request(**limits), format="json")
+    assert response.status_code == 400, response.content
+    assert named in response.json()["detail"]
+    assert AgentRun.objects.count() == 0
+
+
+def test_a_price_file_is_loaded_whole_or_not_at_all_and_each_change_is_logged(tmp_path, operator):
+    good = [
+        {
+            "provider": "openai",
+            "model": "gpt-x",
+            "input_per_million": "2.5",
+            "output_per_million": 10,
+        },
+        {
+            "provider": "scripted",
+            "model": "scripted",
+            "input_per_million": 1,
+            "cached_input_per_million": 0.5,
+            "output_per_million": 4,
+        },
+    ]
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps(good))
+    call_command("load_prices", str(path), user=operator.username, stdout=io.StringIO())
+    assert ModelPrice.objects.get(model="gpt-x").input_per_million == Decimal("2.5")
+    assert LogEntry.objects.filter(user=operator).count() == 2
+
+    changed = [{**good[0], "output_per_million": "12"}, {**good[1], "input_per_million": -1}]
+    path.write_text(json.dumps(changed))
+    with pytest.raises(CommandError, match="entry 1: input_per_million"):
+        call_command("load_prices", str(path), user=operator.username)
+    assert ModelPrice.objects.get(model="gpt-x").output_per_million == Decimal("10")
+    for broken, why in [
+        ("{", "not JSON"),
+        ("{}", "a JSON list"),
+        (json.dumps([good[0], good[0]]), "listed twice"),
+        (json.dumps([{**good[0], "colour": "red"}]), "unknown field"),
+        (json.dumps([{"provider": "openai"}]), "missing"),
+        (json.dumps([{**good[0], "model": "a\u0000b"}]), "NUL"),
+        (json.dumps([{**good[0], "input_per_million": "99999999.9999999"}]), "not an amount"),
+    ]:
+        path.write_text(broken)
+        with pytest.raises(CommandError, match=why):
+            call_command("load_prices", str(path), user=operator.username)
+    with pytest.raises(CommandError, match="no user named"):
+        call_command("load_prices", str(path), user="nobody")
+    assert LogEntry.objects.filter(user=operator).count() == 2
+
+
+def test_usage_groups_the_recorded_spend_by_day_model_and_user(api, operator, settings):
+    settings.NRLLM_METRICS_TOKEN = "scrape-token"
+    before = scraped()
+    ModelPrice.objects.create(
+        provider="scripted", model="scripted", input_per_million=2, output_per_million=8
+    )
+    run(a_request(), submitted_by=operator)
+    run(a_request())  # the command line: no submitter
+    today = database_now().date()
+    DailySpend.objects.create(
+        day=today - timedelta(days=40), submitter=operator.pk, provider="x", model="old"
+    )
+
+    by_user = {row["user"]: row for row in api.get("/api/usage/?group_by=user").json()}
+    assert {user: (row["tokens"], row["turns"]) for user, row in by_user.items()} == {
+        operator.username: (18, 1),
+        None: (18, 1),
+    }
+    mine = by_user[operator.username]
+    assert mine["cost"] == "0.000078" and mine["cost_known"]
+    (by_model,) = api.get("/api/usage/?group_by=model").json()
+    assert (by_model["provider"], by_model["model"], by_model["tokens"]) == (
+        "scripted",
+        "scripted",
+        36,
+    )
+    since = (today - timedelta(days=60)).isoformat()
+    days = api.get(f"/api/usage/?group_by=day&since={since}").json()
+    assert [row["day"] for row in days] == [
+        today.isoformat(),
+        (today - timedelta(days=40)).isoformat(),
+    ]
+
+    for query, field in [
+        ("", "group_by"),
+        ("?group_by=week", "group_by"),
+        ("?group_by=day&since=x", "since"),
+    ]:
+        response = api.get(f"/api/usage/{query}")
+        assert response.status_code == 400 and field in response.json()["detail"]
+
+    after = scraped()
+    output = 'nrllm_tokens_total{kind="output",model="scripted/scripted"}'
+    assert after[output] - before.get(output, 0) == 14
+    cost = 'nrllm_cost_total{model="scripted/scripted"}'
+    assert after[cost] - before.get(cost, 0) == pytest.approx(2 * 0.000078)
+
+
+def scraped() -> dict[str, float]:
+    """Every sample /metrics shows now: {"name{labels}": value}."""
+    response = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token")
+    assert response.status_code == 200
+    lines = [line for line in response.content.decode().splitlines() if line[:1] != "#"]
+    return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in lines)}
+
+
+def test_a_turn_whose_provider_reports_no_usage_is_unknown_and_stops_a_limited_run(
+    drifting_model,
+):
+    """Some servers and proxies answer without ``usage``: the turn's tokens
+    and cost are unknown, never 0, and a run with a limit cannot go on."""
+    silent = completion("on it", tool_calls=[("call_1", "search_notes", '{"query": "x"}')])
+    del silent["usage"]
+    drifting_model.fail_turn(0, Reply(body=silent))
+    plan = [{"calls": [SEARCH]}, {"answer": "done"}]
+    limited = run(openai_request("ship it", plan, ["search_notes"], max_total_tokens=1000))
+
+    assert limited.termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert "without reporting its usage" in limited.error_message
+    assert (limited.total_tokens, limited.unpriced_turns, limited.known_cost) == (0, 1, None)
+    assert drifting_model.requests_by_turn == {0: 1}
