@@ -41,9 +41,9 @@ ORDER BY 1, 2
 # A year of spend: a row per day, submitter and model (G17), as the records
 # of 1M runs' turns leave it for a hundred submitters and five models.
 GENERATE_SPEND = """
-INSERT INTO spend_dailyspend (day, submitter, provider, model, turns, input_tokens,
+INSERT INTO spend_dailyspend (day, submitter, provider, model, shard, turns, input_tokens,
   cached_input_tokens, output_tokens, cost, unpriced_turns)
-SELECT current_date - d, u, 'openai', 'model-' || m, 30, 30000, 5000, 3000, 0.12, 0
+SELECT current_date - d, u, 'openai', 'model-' || m, 0, 30, 30000, 5000, 3000, 0.12, 0
 FROM generate_series(0, 364) AS d, generate_series(1, %(submitters)s) AS u,
   generate_series(1, 5) AS m
 """

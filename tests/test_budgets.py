@@ -13,12 +13,13 @@ from django.db import connection
 from runs.approvals import actions as approval_actions
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
 from runs.operators import actions as operator_actions
+from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from spend.models import DailySpend, ModelPrice, SubmitterBudget
 from tests.drifting_model import FAKE_USAGE, MODELS, NOTIFY, SEARCH, request_for
 from tests.fake_openai import error
-from tests.helpers import fresh, wait_until
+from tests.helpers import fresh, later, wait_until
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,27 +63,46 @@ def spend_of(submitter: int) -> tuple[int, Decimal, int]:
 
 
 @pytest.mark.worker
+@pytest.mark.parametrize("cut", ["retried", "killed"])
 @pytest.mark.parametrize("model", MODELS, indirect=True)
 def test_a_run_stops_before_the_call_that_would_cross_its_limit_and_a_resume_counts_no_replay(
-    model, workers
+    model, cut, workers
 ):
+    """The first attempt makes turn 1 and is cut in the call for turn 2: a
+    500 (retried) or a SIGKILL (reaped). The resumed attempt goes on."""
     priced()
     plan = [{"calls": [SEARCH]}, {"calls": [SEARCH]}, {"calls": [SEARCH]}, {"answer": "done"}]
-    server_error = {"error": "server_error", "attempts": 1}
-    if model is not None:
-        model.fail_turn(1, error(500))
-    agent_run = enqueue(
-        a_request(
-            model, plan, ["search_notes"], scripted_before={1: server_error}, max_total_tokens=40
+    tools, limit = ["search_notes"], {"max_total_tokens": 40}
+    if cut == "retried":
+        if model is not None:
+            model.fail_turn(1, error(500))
+        server_error = {"error": "server_error", "attempts": 1}
+        agent_run = enqueue(
+            a_request(model, plan, tools, scripted_before={1: server_error}, **limit)
         )
-    )
-    workers.start(with_scheduler=True, NRLLM_RETRY_BACKOFF_SECONDS=1)
+        workers.start(with_scheduler=True, NRLLM_RETRY_BACKOFF_SECONDS=1)
+    else:
+        if model is not None:
+            model.hold_turn(1)
+        agent_run = enqueue(a_request(model, plan, tools, scripted_delays={1: 3}, **limit))
+        worker = workers.start(NRLLM_LEASE_SECONDS=2)
+        wait_until(
+            lambda: fresh(agent_run).steps.filter(kind=StepKind.TOOL).exists(),
+            what="turn 1 and its call recorded",
+        )
+        if model is not None:
+            assert model.held.wait(timeout=30), "the call for turn 2 never came"
+        workers.kill(worker)
+        assert reap_stale_runs(as_of=later()).decisions[str(agent_run.pk)].startswith("requeued")
+        if model is not None:
+            model.release.set()
+        workers.run_burst()
     wait_until(lambda: fresh(agent_run).status == RunStatus.FAILED, timeout=40, what="the stop")
 
     agent_run = fresh(agent_run)
-    # The first attempt made turn 1; its retry resumed (turn 1 replayed, not
-    # counted again), made turn 2 and stopped before a third call: 36 spent,
-    # and a call of at least 18 more would pass 40.
+    # The resumed attempt replayed turn 1 (not counted again), made turn 2
+    # and stopped before a third call: 36 spent, and a call of at least 18
+    # more would pass 40.
     assert agent_run.termination_reason == TerminationReason.BUDGET_EXHAUSTED
     assert agent_run.requeue_count == 1
     assert "36 of 40 tokens spent" in agent_run.error_message, agent_run.error_message
