@@ -12,7 +12,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from runs.dispatch import run_queue
-from tests.helpers import ROOT
+from tests.helpers import ROOT, WorkerProcess
 from tests.http_fixture import TestResolver, start_http_server
 from tests.mcp_fixtures import http_tracker, tracker  # noqa: F401 (fixtures)
 
@@ -105,15 +105,15 @@ class Workers:
 
     def __init__(self, env):
         self.env = env
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[WorkerProcess] = []
 
-    def start(self, *, burst=False, with_scheduler=False, **env_overrides) -> subprocess.Popen:
+    def start(self, *, burst=False, with_scheduler=False, **env_overrides) -> WorkerProcess:
         command = [sys.executable, "manage.py", "rqworker", django_settings.NRLLM_QUEUE_NAME]
         if burst:
             command.append("--burst")
         if with_scheduler:
             command.append("--with-scheduler")
-        process = subprocess.Popen(
+        process = WorkerProcess(
             command,
             cwd=ROOT,
             env={
@@ -127,8 +127,6 @@ class Workers:
                 "NRLLM_APPROVAL_SECOND_PERSON": str(django_settings.NRLLM_APPROVAL_SECOND_PERSON),
                 **{key: str(value) for key, value in env_overrides.items()},
             },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self.processes.append(process)

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -116,6 +117,26 @@ def collected(path) -> dict:
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
+
+
+class WorkerProcess(subprocess.Popen):
+    """A worker whose output goes to a file, never to a pipe. Nobody reads a
+    long-lived worker's pipe while it runs, and a pipe holds 64 KiB, about 40
+    runs of INFO lines: the worker's next log line would then block it for
+    good, with its runs still queued (the soak's survivors did, on a slow
+    host). ``communicate`` waits and returns what it wrote, as with a pipe."""
+
+    def __init__(self, command, **options):
+        self.output_file = tempfile.TemporaryFile()
+        super().__init__(command, stdout=self.output_file, stderr=subprocess.STDOUT, **options)
+
+    def communicate(self, input=None, timeout=None):
+        self.wait(timeout=timeout)
+        if not self.output_file.closed:
+            self.output_file.seek(0)
+            self.output = self.output_file.read()
+            self.output_file.close()
+        return (self.output.decode() if self.text_mode else self.output), None
 
 
 def sqlite_env(database: Path, **variables: str) -> dict:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from runs.management.commands import seed_demo
 from tests.drifting_model import openai_request
 from tests.fake_openai import error
-from tests.helpers import ROOT, manage, sqlite_env, wait_until
+from tests.helpers import ROOT, WorkerProcess, manage, sqlite_env, wait_until
 
 
 def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
@@ -201,12 +201,10 @@ def _moment(value: str) -> datetime:
 def embedded_worker(env):
     """A real ``manage.py embedded_worker``; stopped with SIGTERM as `make
     run` stops it, which must end it cleanly."""
-    process = subprocess.Popen(
+    process = WorkerProcess(
         [sys.executable, "manage.py", "embedded_worker", "--interval", "0.2"],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
         text=True,
     )
     try:
