@@ -16,7 +16,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Sum
+from django.db.models import F, Q, Sum
 
 from spend.models import BudgetPeriod, DailySpend, SubmitterBudget
 
@@ -94,15 +94,41 @@ class Spent:
     #: Turns whose model had no price: their cost is unknown.
     unpriced_turns: int = 0
 
+    def plus(self, more) -> "Spent":
+        """This and ``more`` (a ``Spent`` or the ``TurnsSpend`` of turns)."""
+        return Spent(
+            self.tokens + more.tokens,
+            self.cost + more.cost,
+            self.unpriced_turns + more.unpriced_turns,
+        )
+
 
 def spent_since(user_id, start: date) -> Spent:
     """What the user's recorded turns have spent from ``start`` on."""
+    return spent_since_and_since(user_id, start, start)[0]
+
+
+def spent_since_and_since(user_id, start: date, later: date) -> tuple[Spent, Spent]:
+    """What the user's recorded turns have spent from ``start`` on, and the
+    part of it from ``later`` on, in one query."""
+    tokens = F("input_tokens") + F("output_tokens")
+    since_later = Q(day__gte=later)
     totals = DailySpend.objects.filter(submitter=user_id, day__gte=start).aggregate(
-        tokens=Sum(F("input_tokens") + F("output_tokens")),
+        tokens=Sum(tokens),
         cost=Sum("cost"),
         unpriced=Sum("unpriced_turns"),
+        later_tokens=Sum(tokens, filter=since_later),
+        later_cost=Sum("cost", filter=since_later),
+        later_unpriced=Sum("unpriced_turns", filter=since_later),
     )
-    return Spent(totals["tokens"] or 0, Decimal(totals["cost"] or 0), totals["unpriced"] or 0)
+    return (
+        Spent(totals["tokens"] or 0, Decimal(totals["cost"] or 0), totals["unpriced"] or 0),
+        Spent(
+            totals["later_tokens"] or 0,
+            Decimal(totals["later_cost"] or 0),
+            totals["later_unpriced"] or 0,
+        ),
+    )
 
 
 def over_budget(budget: Budget, spent: Spent, *, projected_tokens=0, projected_cost=0) -> str:

@@ -92,13 +92,8 @@ class Tally:
         """Turns whose record committed while its answer was lost: counted
         here as the answer would have (the submitter's others come with the
         next record that is heard)."""
-        run, user = self.run, self.user
-        self.run = Spent(
-            run.tokens + spend.tokens,
-            run.cost + spend.cost,
-            run.unpriced_turns + spend.unpriced_turns,
-        )
-        self.user = Spent(user.tokens + spend.tokens, user.cost + spend.cost, 0)
+        self.run = self.run.plus(spend)
+        self.user = self.user.plus(spend)
 
     def user_params(self) -> dict:
         return {"spend_user": self.submitter, "spend_since": self.budget_since}

@@ -16,7 +16,7 @@ from spend.budgets import (
     database_now,
     deployment_budget,
     period_bounds,
-    spent_since,
+    spent_since_and_since,
 )
 from spend.models import BudgetPeriod, DailySpend, ModelPrice, SubmitterBudget
 from spend.prices import Price, price_of, priced_model
@@ -113,8 +113,7 @@ def starting_spend_of(run) -> StartingSpend:
         now = database_now()
         start, _ = period_bounds(budget.period, now)
         today = now.astimezone(UTC).date()
-        user = spent_since(run.submitted_by_id, start)
-        since_today = spent_since(run.submitted_by_id, today)
+        user, since_today = spent_since_and_since(run.submitted_by_id, start, today)
         before_today = Spent(user.tokens - since_today.tokens, user.cost - since_today.cost)
     return StartingSpend(
         submitter=run.submitted_by_id or 0,

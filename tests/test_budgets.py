@@ -13,6 +13,7 @@ from django.db import connection
 from runs.approvals import actions as approval_actions
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
 from runs.operators import actions as operator_actions
+from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
@@ -119,6 +120,12 @@ def test_a_run_stops_before_the_call_that_would_cross_its_limit_and_a_resume_cou
     assert agent_run.steps.filter(kind=StepKind.TOOL).count() == 2
     if model is not None:
         assert model.requests_by_turn == {0: 1, 1: 2}, model.requests_by_turn
+    # A requeue would resume and stop at once: its verdict says so. A restart
+    # replays nothing and projects no turn: it would make one call.
+    verdict = requeue_safety(agent_run)
+    assert (verdict.allowed, verdict.code) == (False, "run_limit_spent"), verdict
+    assert "36 of 40 tokens spent (the next call: at least 18)" in verdict.reason
+    assert restart_safety(agent_run).allowed
 
 
 @pytest.mark.worker

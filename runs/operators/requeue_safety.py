@@ -15,6 +15,7 @@ The admin and the API both call them and show their reasons.
 from dataclasses import dataclass, field
 
 from runs.models import AgentRun
+from runs.runtime.budget_watch import run_limit_stops_resume
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_stored_request
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
@@ -37,7 +38,7 @@ class RequeueVerdict:
     allowed: bool
     #: Stable, machine-readable: ``safe``, ``status``, ``request_invalid``,
     #: ``write_in_doubt``, ``write_applied``, ``journal_unreplayable``,
-    #: ``max_iterations_reached``, ``non_idempotent_executed``.
+    #: ``max_iterations_reached``, ``run_limit_spent``, ``non_idempotent_executed``.
     code: str
     #: Why not, or what it will do.
     reason: str
@@ -70,6 +71,17 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
             "(max_iterations), each call with its outcome: a resumed attempt would end "
             "max_iterations again; restart it from the beginning instead",
         )
+    if not journal.ends_with_final_answer:
+        spent = run_limit_stops_resume(request, run, journal.last_turn_result)
+        if spent:
+            return RequeueVerdict(
+                False,
+                "run_limit_spent",
+                f"a resumed attempt would stop before its next model call at the run's own "
+                f"limit ({spent}); a run's limits are fixed with its request and count every "
+                "attempt, so a requeue cannot lift them: submit the request again with a "
+                "higher limit",
+            )
     if run.pending_effect == ToolEffect.IDEMPOTENT_WRITE and not _fenced_call_reruns(run, journal):
         refused = _unreconciled(run)
         if refused is not None:
@@ -80,9 +92,18 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
 
 def restart_safety(run: AgentRun) -> RequeueVerdict:
     """May ``run`` be restarted from the beginning, replaying nothing."""
-    refused, _ = _refused_for_status_or_doubt(run)
+    refused, request = _refused_for_status_or_doubt(run)
     if refused is not None:
         return refused
+    spent = run_limit_stops_resume(request, run, None)
+    if spent:
+        return RequeueVerdict(
+            False,
+            "run_limit_spent",
+            f"its first model call would stop at the run's own limit ({spent}): a run's "
+            "limits are fixed with its request and count every attempt; submit the request "
+            "again with a higher limit",
+        )
     executed = (
         run.steps.filter(kind=StepKind.TOOL, effect=ToolEffect.NON_IDEMPOTENT_WRITE)
         .exclude(idempotency_key="")

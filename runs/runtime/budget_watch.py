@@ -98,7 +98,7 @@ class BudgetWatch:
                 )
             why = over_budget(
                 self.run_limit,
-                _plus(spent, pending),
+                spent.plus(pending),
                 projected_tokens=tokens,
                 projected_cost=cost,
             )
@@ -107,7 +107,7 @@ class BudgetWatch:
         if self.submitter_budget is not None:
             why = over_budget(
                 self.submitter_budget,
-                _plus(self.tally.user, pending),
+                self.tally.user.plus(pending),
                 projected_tokens=tokens,
                 projected_cost=cost,
             )
@@ -121,5 +121,21 @@ class BudgetWatch:
         raise BudgetExhausted(f"stopped before a model call: {message}", where=where)
 
 
-def _plus(spent: Spent, pending) -> Spent:
-    return Spent(spent.tokens + pending.tokens, spent.cost + pending.cost, spent.unpriced_turns)
+def run_limit_stops_resume(request, run, last_turn_result) -> str:
+    """Why an attempt resumed from ``run``'s journal (whose last turn's
+    result is ``last_turn_result``; None: restarted, nothing replayed) would
+    stop before its next model call at the run's own limit, or "". The
+    limits are fixed with the request and count every attempt (G17), so
+    neither waiting nor a requeue lifts them."""
+    limit = Budget.of("run", request.max_total_tokens, request.max_cost)
+    if limit is None:
+        return ""
+    if limit.max_cost is not None and run.unpriced_turns:
+        return f"{run.unpriced_turns} turn(s) of the run had no price: its cost is unknown"
+    tokens, cost = 0, Decimal(0)
+    usage = Usage.of_result(last_turn_result) if last_turn_result else None
+    if usage is not None:
+        tokens = usage.total
+        cost = Decimal(last_turn_result.get("cost") or 0)
+    spent = Spent(run.prompt_tokens + run.completion_tokens, run.cost, run.unpriced_turns)
+    return over_budget(limit, spent, projected_tokens=tokens, projected_cost=cost)
