@@ -113,21 +113,23 @@ def spent_since_and_since(user_id, start: date, later: date) -> tuple[Spent, Spe
     part of it from ``later`` on, in one query."""
     tokens = F("input_tokens") + F("output_tokens")
     since_later = Q(day__gte=later)
+    # The aliases must not be the columns' names: a later Sum("cost") would
+    # read the alias, an aggregate, and Django refuses that.
     totals = DailySpend.objects.filter(submitter=user_id, day__gte=start).aggregate(
-        tokens=Sum(tokens),
-        cost=Sum("cost"),
-        unpriced=Sum("unpriced_turns"),
+        all_tokens=Sum(tokens),
+        all_cost=Sum("cost"),
+        all_unpriced=Sum("unpriced_turns"),
         later_tokens=Sum(tokens, filter=since_later),
         later_cost=Sum("cost", filter=since_later),
         later_unpriced=Sum("unpriced_turns", filter=since_later),
     )
-    return (
-        Spent(totals["tokens"] or 0, Decimal(totals["cost"] or 0), totals["unpriced"] or 0),
+    return tuple(
         Spent(
-            totals["later_tokens"] or 0,
-            Decimal(totals["later_cost"] or 0),
-            totals["later_unpriced"] or 0,
-        ),
+            totals[f"{which}_tokens"] or 0,
+            Decimal(totals[f"{which}_cost"] or 0),
+            totals[f"{which}_unpriced"] or 0,
+        )
+        for which in ("all", "later")
     )
 
 

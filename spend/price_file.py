@@ -29,7 +29,7 @@ class PriceFileError(ValueError):
 def parse_price_file(text: str) -> list[dict]:
     try:
         entries = json.loads(text)
-    except json.JSONDecodeError as error:
+    except ValueError as error:  # JSONDecodeError, or a number past Python's digit limit
         raise PriceFileError(f"not JSON: {error}") from None
     if not isinstance(entries, list):
         raise PriceFileError("the file must hold a JSON list of prices")

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from spend.models import MONEY, ModelPrice
-from tools.canonical import token_count
 
 _PER_MILLION = Decimal(1_000_000)
 _MONEY_STEP = Decimal(1).scaleb(-MONEY["decimal_places"])
@@ -45,15 +44,16 @@ class Price:
 
 @dataclass(frozen=True)
 class Usage:
-    """One turn's tokens as its provider reported them (a count that is not
-    a sane whole number counts 0, as the run's totals take it)."""
+    """One turn's tokens as its provider reported them."""
 
     prompt: int = 0
     #: Of ``prompt``, served from the provider's cache.
     cached: int = 0
     completion: int = 0
-    #: False: the provider answered without saying what the turn cost (its
-    #: tokens count 0, and its cost is unknown).
+    #: False: the provider did not say what the turn cost — no usage, or a
+    #: prompt or completion count missing, null or not a sane whole number
+    #: (some proxies send ``"usage": {}``). Its tokens count 0 and its cost
+    #: is unknown: never taken for a turn that cost nothing (G17).
     reported: bool = True
 
     @classmethod
@@ -65,9 +65,12 @@ class Usage:
         usage = result.get("usage")
         if not isinstance(usage, dict):
             return cls(reported=False)
-        prompt = token_count(usage.get("prompt_tokens"))
-        cached = min(token_count(usage.get("cached_tokens")), prompt)
-        return cls(prompt, cached, token_count(usage.get("completion_tokens")))
+        prompt = reported_count(usage.get("prompt_tokens"))
+        completion = reported_count(usage.get("completion_tokens"))
+        if prompt is None or completion is None:
+            return cls(reported=False)
+        cached = min(reported_count(usage.get("cached_tokens")) or 0, prompt)
+        return cls(prompt, cached, completion)
 
     @property
     def total(self) -> int:
@@ -81,6 +84,16 @@ class Usage:
             + self.completion * price.output
         ) / _PER_MILLION
         return amount.quantize(_MONEY_STEP)
+
+
+def reported_count(value) -> int | None:
+    """A provider's token count if it is a sane whole number (0 to 10**8, as
+    the run's totals are database integers), else None: not reported."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10**8:
+        return value
+    return None
 
 
 def priced_model(provider_spec: dict) -> tuple[str, str]:

@@ -115,7 +115,8 @@ def scripted_request(
     the same way (``{take}`` is always "same"); ``before`` maps a turn index
     to a scripted turn played before it (a simulated failure), ``delays`` to
     the seconds that turn takes; ``usage``: the tokens every answer reports
-    (as the fake server's do: ``FAKE_USAGE``)."""
+    (as the fake server's do: ``FAKE_USAGE``), unless a plan entry names its
+    own."""
     turns = []
     for index, entry in enumerate(plan):
         if before and index in before:
@@ -134,6 +135,8 @@ def scripted_request(
             turn["delay_seconds"] = delays[index]
         if usage:
             turn["usage"] = usage
+        if "usage" in entry:  # this turn's own (``{}``: none reported)
+            turn["usage"] = entry["usage"]
         turns.append(turn)
     return {
         "prompt": text,

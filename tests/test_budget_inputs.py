@@ -14,6 +14,7 @@ from django.test import Client
 
 from runs.models import AgentRun
 from runs.runtime import run
+from runs.runtime.run_request import parse_stored_request
 from runs.vocabulary import TerminationReason
 from spend.budgets import database_now
 from spend.models import DailySpend, ModelPrice
@@ -54,6 +55,21 @@ def test_a_bad_limit_is_a_400_naming_it_and_stores_nothing(api, limits, named):
     assert AgentRun.objects.count() == 0
 
 
+def test_a_tiny_cost_limit_is_stored_as_a_resumed_attempt_reads_it(api):
+    """``str(Decimal)`` writes 5e-7 as "5E-7", which the stored form's check
+    once refused: every resume of such a run was dead-lettered."""
+    ModelPrice.objects.create(
+        provider="scripted", model="scripted", input_per_million=1, output_per_million=1
+    )
+    response = api.post("/api/runs/", a_request(max_cost=5e-7), format="json")
+    assert response.status_code == 201, response.content
+    stored = AgentRun.objects.get().request
+    assert stored["max_cost"] == "0.0000005"
+    assert parse_stored_request(stored).max_cost == Decimal("5E-7")
+    # A run stored before, in exponent form, still resumes.
+    assert parse_stored_request({**stored, "max_cost": "5E-7"}).max_cost == Decimal("5E-7")
+
+
 def test_a_price_file_is_loaded_whole_or_not_at_all_and_each_change_is_logged(tmp_path, operator):
     good = [
         {
@@ -89,6 +105,8 @@ def test_a_price_file_is_loaded_whole_or_not_at_all_and_each_change_is_logged(tm
         (json.dumps([{"provider": "openai"}]), "missing"),
         (json.dumps([{**good[0], "model": "a\u0000b"}]), "NUL"),
         (json.dumps([{**good[0], "input_per_million": "99999999.9999999"}]), "not an amount"),
+        # Past Python's digit limit json.loads raises a plain ValueError.
+        ('[{"input_per_million": 1' + "0" * 5000 + "}]", "not JSON"),
     ]:
         path.write_text(broken)
         with pytest.raises(CommandError, match=why):
@@ -135,6 +153,9 @@ def test_usage_groups_the_recorded_spend_by_day_model_and_user(api, operator, se
         ("", "group_by"),
         ("?group_by=week", "group_by"),
         ("?group_by=day&since=x", "since"),
+        ("?group_by=day&since=20260101", "since"),
+        ("?group_by=day&since=2026-W01-1", "since"),
+        ("?group_by=day&since=2026-05-01&until=2026-04-01", "until"),
     ]:
         response = api.get(f"/api/usage/{query}")
         assert response.status_code == 400 and field in response.json()["detail"]
@@ -154,13 +175,22 @@ def scraped() -> dict[str, float]:
     return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in lines)}
 
 
+@pytest.mark.parametrize(
+    "usage",
+    [None, {}, {"prompt_tokens": None, "completion_tokens": None}, {"prompt_tokens": -5}],
+    ids=["absent", "empty", "null", "negative"],
+)
 def test_a_turn_whose_provider_reports_no_usage_is_unknown_and_stops_a_limited_run(
-    drifting_model,
+    drifting_model, usage
 ):
-    """Some servers and proxies answer without ``usage``: the turn's tokens
-    and cost are unknown, never 0, and a run with a limit cannot go on."""
+    """Some servers and proxies answer without ``usage``, or with counts
+    missing: the turn's tokens and cost are unknown, never 0, and a run with
+    a limit cannot go on."""
     silent = completion("on it", tool_calls=[("call_1", "search_notes", '{"query": "x"}')])
-    del silent["usage"]
+    if usage is None:
+        del silent["usage"]
+    else:
+        silent["usage"] = usage
     drifting_model.fail_turn(0, Reply(body=silent))
     plan = [{"calls": [SEARCH]}, {"answer": "done"}]
     limited = run(openai_request("ship it", plan, ["search_notes"], max_total_tokens=1000))

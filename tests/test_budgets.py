@@ -2,6 +2,7 @@
 Redis and rqworkers; the scripted provider reports the fake server's usage
 (``FAKE_USAGE``), so both models spend 18 tokens a turn."""
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -19,7 +20,7 @@ from runs.runtime import enqueue, run
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from spend.models import DailySpend, ModelPrice, SubmitterBudget
 from tests.drifting_model import FAKE_USAGE, MODELS, NOTIFY, SEARCH, request_for
-from tests.fake_openai import error
+from tests.fake_openai import Reply, completion, error
 from tests.helpers import fresh, later, wait_until
 from tools.models import OutboxNotification
 
@@ -258,3 +259,41 @@ def test_a_budget_spent_while_a_write_waits_for_approval_never_repeats_the_write
     assert agent_run.total_tokens == recorded_tokens(agent_run) == 2 * TURN_TOKENS
     if model is not None:
         assert model.requests_by_turn == {0: 1, 1: 1}, model.requests_by_turn
+
+
+@pytest.mark.worker
+@pytest.mark.usefixtures("approvals")
+@pytest.mark.parametrize("model", MODELS, indirect=True)
+def test_a_turn_without_its_usage_stops_a_limited_run_in_every_later_attempt(
+    model, workers, operator
+):
+    """Turn 1 comes with ``"usage": {}`` and asks for a write that waits for
+    approval, so no check runs before the attempt parks. Approved, the
+    resumed attempt runs the write once and stops before the next call: the
+    turn it replays leaves what the run spent unknown."""
+    priced()
+    plan = [{"calls": [NOTIFY], "usage": {}}, {"answer": "sent"}]
+    if model is not None:
+        arguments = {"recipient": "team", "message": "v2 is out"}
+        body = completion("on it", tool_calls=[("call_1", NOTIFY["name"], json.dumps(arguments))])
+        body["usage"] = {}
+        model.fail_turn(0, Reply(body=body))
+    limit = {"max_total_tokens": 1000}
+    agent_run = enqueue(a_request(model, plan, ["send_notification"], **limit))
+    workers.run_burst()
+    agent_run = fresh(agent_run)
+    assert agent_run.status == RunStatus.WAITING_FOR_APPROVAL
+    assert (agent_run.total_tokens, agent_run.unpriced_turns) == (0, 1)
+    (request,) = ApprovalRequest.objects.filter(run=agent_run)
+    assert approval_actions.approve(request, operator, digest=request.digest).ok
+    workers.run_burst()
+
+    agent_run = fresh(agent_run)
+    assert agent_run.termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert "without reporting its usage" in agent_run.error_message
+    assert OutboxNotification.objects.count() == 1
+    if model is not None:
+        assert model.requests_by_turn == {0: 1}, model.requests_by_turn
+    # Going on again would stop again: neither is offered.
+    for verdict in (requeue_safety(agent_run), restart_safety(agent_run)):
+        assert (verdict.allowed, verdict.code) == (False, "spend_unknown"), verdict

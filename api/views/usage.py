@@ -1,6 +1,7 @@
 """``/api/usage/``: what recorded model turns spent, by day, model or
 submitter (G17)."""
 
+import re
 from datetime import date, timedelta
 
 from drf_spectacular.types import OpenApiTypes
@@ -58,10 +59,12 @@ class UsageList(BaseAPIView):
     def get(self, request):
         group_by = request.query_params.get("group_by", "")
         if group_by not in GROUPS:
-            raise ValidationError({"group_by": f"{group_by!r} is not one of {list(GROUPS)}"})
+            raise ValidationError({"group_by": f"{group_by[:40]!r} is not one of {list(GROUPS)}"})
         today = database_now().date()
         since = _day(request, "since") or today - timedelta(days=DEFAULT_DAYS)
         until = _day(request, "until")
+        if until is not None and until < since:
+            raise ValidationError({"until": f"{until} is before since ({since})"})
         return Response(UsageSerializer(usage(group_by, since, until), many=True).data)
 
 
@@ -70,6 +73,12 @@ def _day(request, name: str) -> date | None:
     if raw is None:
         return None
     try:
+        # fromisoformat alone also takes 20260101 and week dates (2026-W01-1).
+        if not _DAY.fullmatch(raw):
+            raise ValueError(raw)
         return date.fromisoformat(raw)
     except ValueError:
         raise ValidationError({name: f"{raw[:40]!r} is not a date (YYYY-MM-DD)"}) from None
+
+
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")

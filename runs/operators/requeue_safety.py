@@ -15,10 +15,11 @@ The admin and the API both call them and show their reasons.
 from dataclasses import dataclass, field
 
 from runs.models import AgentRun
-from runs.runtime.budget_watch import run_limit_stops_resume
+from runs.runtime.budget_watch import why_a_resume_stops
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_stored_request
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
+from spend.prices import Usage
 from tools.approval_policy import tools_needing_approval
 from tools.effects import ToolEffect
 from tools.enabled import approval_overrides, disabled_tool_names
@@ -38,7 +39,8 @@ class RequeueVerdict:
     allowed: bool
     #: Stable, machine-readable: ``safe``, ``status``, ``request_invalid``,
     #: ``write_in_doubt``, ``write_applied``, ``journal_unreplayable``,
-    #: ``max_iterations_reached``, ``run_limit_spent``, ``non_idempotent_executed``.
+    #: ``max_iterations_reached``, ``run_limit_spent``, ``spend_unknown``,
+    #: ``non_idempotent_executed``.
     code: str
     #: Why not, or what it will do.
     reason: str
@@ -72,15 +74,18 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
             "max_iterations again; restart it from the beginning instead",
         )
     if not journal.ends_with_final_answer:
-        spent = run_limit_stops_resume(request, run, journal.last_turn_result)
-        if spent:
+        code, why = why_a_resume_stops(
+            request,
+            run,
+            last_turn_result=journal.last_turn_result,
+            unreported_turns=journal.unreported_turns,
+        )
+        if code:
             return RequeueVerdict(
                 False,
-                "run_limit_spent",
-                f"a resumed attempt would stop before its next model call at the run's own "
-                f"limit ({spent}); a run's limits are fixed with its request and count every "
-                "attempt, so a requeue cannot lift them: submit the request again with a "
-                "higher limit",
+                code,
+                f"a resumed attempt would stop before its next model call: {why}; submit "
+                "the request again instead",
             )
     if run.pending_effect == ToolEffect.IDEMPOTENT_WRITE and not _fenced_call_reruns(run, journal):
         refused = _unreconciled(run)
@@ -95,14 +100,14 @@ def restart_safety(run: AgentRun) -> RequeueVerdict:
     refused, request = _refused_for_status_or_doubt(run)
     if refused is not None:
         return refused
-    spent = run_limit_stops_resume(request, run, None)
-    if spent:
+    code, why = why_a_resume_stops(
+        request, run, last_turn_result=None, unreported_turns=_unreported_turns(run)
+    )
+    if code:
         return RequeueVerdict(
             False,
-            "run_limit_spent",
-            f"its first model call would stop at the run's own limit ({spent}): a run's "
-            "limits are fixed with its request and count every attempt; submit the request "
-            "again with a higher limit",
+            code,
+            f"its first model call would stop: {why}; submit the request again instead",
         )
     executed = (
         run.steps.filter(kind=StepKind.TOOL, effect=ToolEffect.NON_IDEMPOTENT_WRITE)
@@ -127,6 +132,14 @@ def restart_safety(run: AgentRun) -> RequeueVerdict:
         "safe to restart: it runs again from the beginning, replaying nothing",
         _tools(run),
     )
+
+
+def _unreported_turns(run: AgentRun) -> int:
+    """The run's model turns, over every attempt, whose usage is unknown:
+    its totals count them as 0 tokens (a restart replays none of them)."""
+    results = run.steps.filter(kind=StepKind.LLM).values_list("result", flat=True)
+    usages = (Usage.of_result(result) for result in results.iterator())
+    return sum(1 for usage in usages if usage is not None and not usage.reported)
 
 
 def _tools(run: AgentRun) -> list[ToolPreview]:

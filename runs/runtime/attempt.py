@@ -303,7 +303,7 @@ def _execute(
                     )
                 )
                 if journal:
-                    execution.budget.replayed(journal.last_turn_result)
+                    execution.budget.replayed(journal)
             offered = offered_tools(request.tools, disabled_tools)
             execution.approvals = _approval_gate(
                 lease, request, offered, approval_overrides, journal

@@ -18,8 +18,8 @@ from decimal import Decimal
 
 from runs.metrics import BUDGET_REFUSALS
 from runs.runtime.errors import BudgetExhausted
-from spend.budgets import Budget, Spent, over_budget
-from spend.prices import Usage
+from spend.budgets import Budget, Spent, budget_of, over_budget
+from spend.prices import Usage, price_of, priced_model
 from spend.recording import turns_spend
 from spend.starting import StartingSpend
 
@@ -62,9 +62,13 @@ class BudgetWatch:
         self._last_turn = (usage.total, cost or Decimal(0))
         return {**result, "cost": None if cost is None else str(cost)}
 
-    def replayed(self, result) -> None:
-        """A turn the attempt replayed from its journal: counted already,
-        it still tells what the next call costs at least."""
+    def replayed(self, journal) -> None:
+        """The turns the attempt replays from its ``journal``: counted
+        already. The last one still tells what the next call costs at least;
+        one whose usage was not reported leaves what the run spent unknown,
+        in this attempt as in the one that made it."""
+        self.unreported_turns += journal.unreported_turns
+        result = journal.last_turn_result
         usage = Usage.of_result(result)
         if usage is not None:
             cost = result.get("cost")
@@ -121,21 +125,37 @@ class BudgetWatch:
         raise BudgetExhausted(f"stopped before a model call: {message}", where=where)
 
 
-def run_limit_stops_resume(request, run, last_turn_result) -> str:
-    """Why an attempt resumed from ``run``'s journal (whose last turn's
-    result is ``last_turn_result``; None: restarted, nothing replayed) would
-    stop before its next model call at the run's own limit, or "". The
-    limits are fixed with the request and count every attempt (G17), so
-    neither waiting nor a requeue lifts them."""
+def why_a_resume_stops(request, run, *, last_turn_result, unreported_turns) -> tuple[str, str]:
+    """(code, why) an attempt of ``run`` would stop before its next model
+    call, as ``BudgetWatch`` would stop it, or ("", ""). ``last_turn_result``
+    is the last turn the attempt replays (None: restarted, nothing
+    replayed); ``unreported_turns`` the run's turns whose usage is unknown.
+    A run's limits are fixed with its request and count every attempt
+    (G17): neither waiting nor a requeue lifts them."""
     limit = Budget.of("run", request.max_total_tokens, request.max_cost)
+    if unreported_turns and (limit is not None or budget_of(run.submitted_by_id) is not None):
+        return "spend_unknown", (
+            f"{unreported_turns} model turn(s) came without their usage: what the run spent "
+            "is unknown, so its limits cannot be kept"
+        )
     if limit is None:
-        return ""
-    if limit.max_cost is not None and run.unpriced_turns:
-        return f"{run.unpriced_turns} turn(s) of the run had no price: its cost is unknown"
+        return "", ""
+    if limit.max_cost is not None:
+        provider, model = priced_model(request.provider)
+        if price_of(provider, model) is None:
+            return "run_limit_spent", (
+                f"the model {provider}/{model} has no price, so the run's cost limit cannot "
+                "be kept (an operator sets prices in Spend > Model prices)"
+            )
+        if run.unpriced_turns:
+            return "run_limit_spent", (
+                f"{run.unpriced_turns} turn(s) of the run had no price: its cost is unknown"
+            )
     tokens, cost = 0, Decimal(0)
     usage = Usage.of_result(last_turn_result) if last_turn_result else None
     if usage is not None:
         tokens = usage.total
         cost = Decimal(last_turn_result.get("cost") or 0)
     spent = Spent(run.prompt_tokens + run.completion_tokens, run.cost, run.unpriced_turns)
-    return over_budget(limit, spent, projected_tokens=tokens, projected_cost=cost)
+    why = over_budget(limit, spent, projected_tokens=tokens, projected_cost=cost)
+    return ("run_limit_spent", f"the run's limit: {why}") if why else ("", "")

@@ -25,7 +25,7 @@ from runs.providers.base import ToolCall, Turn
 from runs.runtime.loop import RecordedOutcome, RecordedTurn, StepEvent
 from runs.runtime.run_request import RunRequest
 from runs.vocabulary import ApprovalStatus, StepKind
-from tools.canonical import token_count
+from spend.prices import Usage
 from tools.contract import idempotency_key_for
 from tools.effects import ToolEffect
 from tools.registry import effect_for, get_registry
@@ -73,6 +73,9 @@ class Journal:
     writes: int = 0
     #: Prompt and completion tokens the recorded turns cost.
     tokens: int = 0
+    #: Recorded turns whose provider did not report their usage: what the
+    #: run spent is unknown (G17).
+    unreported_turns: int = 0
     #: The last recorded turn's result (its usage and cost), or None.
     last_turn_result: Any = None
 
@@ -151,7 +154,7 @@ def read_journal(
     turns: list[tuple[int, Turn, list[RecordedOutcome]]] = []
     outside: dict[str, tuple[int, str]] = {}
     keys_in_journal: set[str] = set()
-    tool_results = writes = tokens = 0
+    tool_results = writes = tokens = unreported_turns = 0
     last_sequence = 0
     last_turn_result = None
     for sequence, kind, tool_name, effect, result, error, key, journal_begins_after in rows:
@@ -164,7 +167,10 @@ def read_journal(
         if kind == StepKind.LLM:
             _check_turn_complete(turns, sequence)
             turns.append((sequence, _recorded_turn(sequence, result), []))
-            tokens += _tokens_of(result)
+            usage = Usage.of_result(result)
+            if usage is not None:
+                tokens += usage.total
+                unreported_turns += not usage.reported
             last_turn_result = result
             continue
         if not turns:
@@ -215,6 +221,7 @@ def read_journal(
         tool_results=tool_results,
         writes=writes,
         tokens=tokens,
+        unreported_turns=unreported_turns,
         last_turn_result=last_turn_result,
     )
 
@@ -233,13 +240,6 @@ def read_journal_of(run_id, request: RunRequest, *, disabled: Collection[str]) -
         max_iterations=request.max_iterations,
         requested=request.tools,
     )
-
-
-def _tokens_of(result) -> int:
-    usage = result.get("usage") if isinstance(result, dict) else None
-    if not isinstance(usage, dict):
-        return 0
-    return token_count(usage.get("prompt_tokens")) + token_count(usage.get("completion_tokens"))
 
 
 def _check_turn_complete(turns: list, sequence: int) -> None:

@@ -53,8 +53,9 @@ class RunRequest:
         if self.max_total_tokens is not None:
             stored["max_total_tokens"] = self.max_total_tokens
         if self.max_cost is not None:
-            # A decimal string: a JSON number would not keep it exact.
-            stored["max_cost"] = str(self.max_cost)
+            # A decimal string: a JSON number would not keep it exact. Fixed
+            # point ("0.0000005", never "5E-7"), as the stored form is read.
+            stored["max_cost"] = format(self.max_cost, "f")
         return stored
 
 
@@ -157,6 +158,8 @@ def _max_cost(data: dict, default: Decimal | None, *, stored: bool = False) -> D
     value = None
     if isinstance(raw, str) and _DECIMAL.fullmatch(raw):
         value = Decimal(raw)
+    elif stored and isinstance(raw, str) and _STORED_EXPONENT.fullmatch(raw):
+        value = Decimal(raw)  # stored as str(Decimal) before fixed point, e.g. "5E-7"
     elif isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw):
         value = Decimal(str(raw))
     if stored and value is not None:
@@ -172,6 +175,7 @@ def _max_cost(data: dict, default: Decimal | None, *, stored: bool = False) -> D
 
 
 _DECIMAL = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?")
+_STORED_EXPONENT = re.compile(r"[0-9](\.[0-9]{1,12})?E-[0-9]{1,2}")
 _MAX_COST = Decimal(10**9)
 _COST_STEP = Decimal(1).scaleb(-10)
 

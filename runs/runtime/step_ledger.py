@@ -72,6 +72,9 @@ class StepLedger:
         #: holds fewer lost a write's record (G12's premise broken: a
         #: failover, a server not honouring the flush) — ``WriteNotDurable``.
         self.recorded_writes: list[tuple[int, dict]] = []
+        #: How many steps at the head of ``unwritten`` the metrics counted
+        #: already: recorded once, lost by the database, written again.
+        self.counted_ahead = 0
         #: The attempt's spend as the database last said it (G17), refreshed
         #: by every record; None: nobody checks a budget (``budget_watch``).
         self.tally = None
@@ -216,6 +219,7 @@ class StepLedger:
         )
         kept = len(self.unflushed) - lost
         self.unwritten = [*self.unflushed[kept:], *self.unwritten]
+        self.counted_ahead += lost
         del self.unflushed[kept:]
         self.recorded = count
 
@@ -272,6 +276,11 @@ class StepLedger:
         self.unwritten = []
 
     def _count(self, steps: list[dict]) -> None:
+        """Count ``steps`` (the unwritten ones first) in the metrics, except
+        those at their head that were counted when first recorded."""
+        again = min(self.counted_ahead, len(steps))
+        self.counted_ahead -= again
+        steps = steps[again:]
         for step in steps:
             metrics.STEPS.labels(step["kind"], step["effect"] or "none").inc()
         spend = turns_spend(steps)
