@@ -138,4 +138,5 @@ class SubmittedVia(models.TextChoices):
     """How a run was submitted (``AgentRun.submitted_via``)."""
 
     API = "api"  # POST /api/runs/: the token's (or the session's) user
+    CONSOLE = "console"  # the admin's "Start a run" form: the operator
     COMMAND_LINE = "command_line"  # manage.py enqueue_run / run_agent / seed_demo

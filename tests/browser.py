@@ -21,13 +21,14 @@ CHROMIUM_ARGS = [
 
 
 @contextlib.contextmanager
-def admin_page(base_url: str, username: str, password: str = "pw"):
-    """A chromium page logged into the admin at ``base_url`` as ``username``;
-    the browser is closed as the block ends."""
+def admin_page(base_url: str, username: str, password: str = "pw", *, viewport=(1440, 900)):
+    """A chromium page (``viewport``: width, height) logged into the admin
+    at ``base_url`` as ``username``; the browser is closed as the block ends."""
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            width, height = viewport
+            page = browser.new_page(viewport={"width": width, "height": height})
             page.goto(f"{base_url}/admin/login/")
             page.fill("#id_username", username)
             page.fill("#id_password", password)

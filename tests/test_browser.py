@@ -1,11 +1,13 @@
 """The console in a real browser: Playwright driving Debian's chromium against
 the live test server. Saves screenshots of the main pages for the manual (docs/console.md)."""
 
+import json
 import re
 from datetime import UTC, timedelta
 from decimal import Decimal
 
 import pytest
+from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
 from runs.faults import step_inserts_refused
@@ -148,6 +150,35 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
 
     assert AgentRun.objects.get(pk=safe.pk).steps.filter(kind="operator").count() == 1
     assert AgentRun.objects.get(pk=unsafe.pk).reconciliation.outcome == "not_applied"
+
+
+def test_an_operator_starts_a_run_from_the_form_at_laptop_width_and_lands_on_its_page(
+    live_server, operator, monkeypatch, screenshots
+):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+    base = live_server.url
+    turns = [{"tool_calls": [{"name": "search_notes", "arguments": {"query": "disk"}}]}]
+    turns.append({"content": "No incidents about the disk."})
+    with admin_page(base, "olivia", viewport=(1366, 900)) as page:
+        page.goto(f"{base}/admin/runs/agentrun/")
+        page.click("#start-run")
+        # Nothing that matters is off a laptop's screen, or cut.
+        for selector in ("#id_prompt", "#id_tools", "#id_provider", "#id_turns"):
+            box = page.locator(selector).bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 1366, (selector, box)
+        tool = page.locator("#id_tools label", has_text="search_notes")
+        expect(tool).to_contain_text("read_only")
+        page.fill("#id_prompt", "Summarise the incidents about the disk")
+        page.check("input[name=tools][value=search_notes]")
+        page.select_option("#id_provider", "scripted")
+        page.fill("#id_turns", json.dumps(turns))
+        page.screenshot(path=screenshots / "start-run.png", full_page=True)
+        page.click("#start-run-form input[type=submit]")
+        expect(page).to_have_url(re.compile(r"/admin/runs/agentrun/[0-9a-f-]{36}/change/$"))
+        expect(page.locator(".messagelist")).to_contain_text("Run started")
+    started = AgentRun.objects.get()
+    assert (started.submitted_by, started.submitted_via) == (operator, "console")
 
 
 def test_screenshots_of_the_main_pages_are_in_the_docs():

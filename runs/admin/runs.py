@@ -29,6 +29,7 @@ from runs.admin.filters import (
 from runs.admin.paginator import BoundedCountPaginator
 from runs.admin.run_spend import RunSpendFields, turn_spend_text
 from runs.admin.spend_overview import spend_overview
+from runs.admin.start_run import start_run_page
 from runs.models import AgentRun
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
@@ -62,6 +63,10 @@ class OperatorPermissions:
         if action and action not in self.get_actions(request):
             raise PermissionDenied
         # A malformed selected id: the site's 400 (nrllm_ops.admin_site).
+        extra_context = {
+            **(extra_context or {}),
+            "can_start_runs": request.user.has_perm("runs.add_agentrun"),
+        }
         return super().changelist_view(request, extra_context)
 
     def has_requeue_permission(self, request, obj=None):
@@ -284,6 +289,7 @@ class AgentRunAdmin(
     def get_urls(self):
         view = self.admin_site.admin_view
         return [
+            path("start/", view(self.start_run_view), name="runs_start"),
             path("overview/", view(self.overview_view), name="runs_overview"),
             path("write-audits/", view(self.write_audits_view), name="runs_write_audits"),
             *self.approval_urls(),
@@ -306,6 +312,9 @@ class AgentRunAdmin(
             "opts": self.model._meta,
             "queues_url": "/admin/django-rq/" if settings.REDIS_URL else "",
         }
+
+    def start_run_view(self, request):
+        return start_run_page(self, request)
 
     def overview_view(self, request):
         if not self.has_view_permission(request):

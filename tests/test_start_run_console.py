@@ -1,0 +1,70 @@
+"""Starting a run from the console (#30): the same request and checks as
+``POST /api/runs/``, the operator as its submitter, nothing stored when it
+is refused. The browser's view of it is in test_browser.py."""
+
+import json
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from runs.models import AgentRun
+from runs.vocabulary import SubmittedVia
+from spend.models import SubmitterBudget
+
+pytestmark = pytest.mark.django_db
+
+START = "/admin/runs/agentrun/start/"
+TURNS = json.dumps(
+    [{"tool_calls": [{"name": "search_notes", "arguments": {"query": "x"}}]}, {"content": "done"}]
+)
+
+
+def a_form(**fields) -> dict:
+    return {
+        "prompt": "Summarise the incidents",
+        "provider": "scripted",
+        "turns": TURNS,
+        "tools": ["search_notes"],
+        **fields,
+    }
+
+
+@pytest.mark.usefixtures("approvals")
+def test_an_operator_starts_a_run_from_the_console_and_bad_input_stores_nothing(
+    operator, operator_client
+):
+    assert operator_client.get(START).status_code == 403
+    assert "start-run" not in operator_client.get("/admin/runs/agentrun/").content.decode()
+    operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+
+    page = operator_client.get(START).content.decode()
+    assert 'id="start-run-form"' in page
+    # Each tool with its effect, and whether its calls wait for approval.
+    assert "send_notification — non_idempotent_write, waits for approval" in page
+    assert "search_notes — read_only<" in page
+    assert 'id="start-run"' in operator_client.get("/admin/runs/agentrun/").content.decode()
+
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=0)
+    for fields, named in [
+        ({"prompt": ""}, "This field is required"),
+        ({"turns": "[{"}, "not JSON"),
+        ({"max_iterations": "100000"}, "max_iterations: 100000 is above the limit"),
+        ({"max_cost": "two"}, "max_cost: &#x27;two&#x27; is not an amount"),
+        ({"tools": ["no_such_tool"]}, "Select a valid choice"),
+        ({"provider": "openai"}, "Select a valid choice"),  # not configured here
+        ({}, "budget"),  # the operator's budget of 0 tokens: spent
+    ]:
+        response = operator_client.post(START, a_form(**fields))
+        assert response.status_code == 200, (fields, response.status_code)
+        assert named in response.content.decode(), fields
+    assert AgentRun.objects.count() == 0
+
+    SubmitterBudget.objects.filter(user=operator).delete()
+    response = operator_client.post(START, a_form(max_total_tokens="5000"))
+    started = AgentRun.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/admin/runs/agentrun/{started.pk}/change/"
+    assert (started.submitted_by, started.submitted_via) == (operator, SubmittedVia.CONSOLE)
+    assert started.request["tools"] == ["search_notes"]
+    assert started.request["max_total_tokens"] == 5000
+    assert started.request["provider"]["turns"] == json.loads(TURNS)
