@@ -51,6 +51,12 @@ class AdminSite(admin.AdminSite):
     registered on it refuses a malformed selection: it is given
     ``RefusesMalformedSelection``, so one a library registers does too."""
 
+    site_header = "nrllm-ops"
+    site_title = "nrllm-ops console"
+    index_title = "Agent runs, their writes and their spend"
+    # The app has no public site: Django's "View site" link led to a 404.
+    site_url = None
+
     def register(self, model_or_iterable, admin_class=None, **options):
         admin_class = admin_class or admin.ModelAdmin
         if not issubclass(admin_class, RefusesMalformedSelection):

@@ -54,8 +54,15 @@ def test_pages_need_staff_and_render_for_a_viewer(viewer_client, outsider_client
         "/admin/runs/deadletter/",
         "/admin/tools/toolsetting/",
     ]:
-        assert viewer_client.get(url).status_code == 200, url
+        page = viewer_client.get(url)
+        assert page.status_code == 200, url
         assert outsider_client.get(url).status_code == 302, url  # to the login page
+        # Branded; no "View site" (the app has none: it was a 404); the
+        # breadcrumbs in the markup Django 6 styles.
+        content = page.content.decode()
+        assert "<title>" in content and "nrllm-ops console" in content, url
+        assert "View site" not in content, url
+        assert '<ol class="breadcrumbs">' in content, url
 
 
 def test_model_and_tool_text_is_escaped_everywhere(operator_client):
