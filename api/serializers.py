@@ -72,7 +72,7 @@ class RunSerializer(serializers.ModelSerializer):
     )
     cost = serializers.SerializerMethodField(
         help_text="what the recorded turns cost, a decimal string; null while any turn "
-        "had no price (unpriced_turns): unknown, never 0"
+        "is of unknown cost (unpriced_turns: no price, or no usage reported): unknown, never 0"
     )
 
     class Meta:

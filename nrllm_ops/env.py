@@ -48,8 +48,8 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
 
 
 def env_decimal(name: str, *, maximum: int) -> Decimal | None:
-    """A decimal amount from 0 to ``maximum`` ("2.50"), or None when unset,
-    empty or 0."""
+    """A decimal amount from 0 to ``maximum`` with at most 10 decimal places
+    (what a cost holds: "2.50"), or None when unset, empty or 0."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return None
@@ -60,6 +60,8 @@ def env_decimal(name: str, *, maximum: int) -> Decimal | None:
         value = None
     if value is None or value > maximum:
         raise ImproperlyConfigured(f"{name}={raw!r} must be a decimal amount from 0 to {maximum}")
+    if value.as_tuple().exponent < -10:
+        raise ImproperlyConfigured(f"{name}={raw!r} has more than 10 decimal places")
     return value or None
 
 

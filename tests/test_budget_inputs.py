@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from runs.models import AgentRun
+from runs.operators.requeue_safety import requeue_safety
 from runs.runtime import run
 from runs.runtime.run_request import parse_stored_request
 from runs.vocabulary import TerminationReason
@@ -199,3 +200,32 @@ def test_a_turn_whose_provider_reports_no_usage_is_unknown_and_stops_a_limited_r
     assert "without reporting its usage" in limited.error_message
     assert (limited.total_tokens, limited.unpriced_turns, limited.known_cost) == (0, 1, None)
     assert drifting_model.requests_by_turn == {0: 1}
+
+
+def test_a_cost_limited_run_whose_model_lost_its_price_is_requeued_once_priced_again(
+    operator,
+):
+    """The verdict reads the price as the resumed attempt will: missing,
+    the requeue would stop at once, and it says what to do."""
+    price = ModelPrice.objects.create(
+        provider="scripted", model="scripted", input_per_million=1, output_per_million=1
+    )
+    failed = run(
+        request_for(
+            "scripted",
+            [{"calls": [SEARCH]}],
+            ["search_notes"],
+            max_cost="1.00",
+            scripted_usage=FAKE_USAGE,
+        )
+        | {"provider": {"kind": "scripted", "turns": [{"error": "auth"}]}}
+    )
+    assert failed.status == "failed"
+    price.delete()
+    verdict = requeue_safety(failed)
+    assert (verdict.allowed, verdict.code) == (False, "price_missing"), verdict
+    assert "set its price in Spend › Model prices, then requeue" in verdict.reason
+    ModelPrice.objects.create(
+        provider="scripted", model="scripted", input_per_million=1, output_per_million=1
+    )
+    assert requeue_safety(failed).allowed

@@ -20,6 +20,12 @@ from tests.conftest import ROOT
         ("DATABASE_URL", "nosuchdb://x", "DATABASE_URL is not a usable database URL"),
         ("NRLLM_TOOLS", "no.such.Tool", "NRLLM_TOOLS: cannot import 'no.such.Tool'"),
         ("LOG_FORMAT", "xml", "LOG_FORMAT='xml' must be plain or json"),
+        # Stored with each run's request, where a resume reads it back.
+        (
+            "NRLLM_RUN_MAX_COST",
+            "2.5000000000000",
+            "NRLLM_RUN_MAX_COST='2.5000000000000' has more than 10 decimal places",
+        ),
         (
             "NRLLM_OPENAI_BASE_URL",
             "http://[::1",

@@ -20,6 +20,7 @@ from spend.models import DailySpend
 RUNS = "/admin/runs/agentrun/"
 OVERVIEW = f"{RUNS}overview/"
 XSS = "<script>alert('x')</script>"
+FAKE = {"prompt_tokens": 11, "completion_tokens": 7, "cached_tokens": 0}
 
 
 def spent_run(prompt_tokens, completion_tokens, cost, unpriced_turns=0, cached=0) -> AgentRun:
@@ -37,10 +38,10 @@ def spent_run(prompt_tokens, completion_tokens, cost, unpriced_turns=0, cached=0
     )
 
 
-def turn(agent_run, sequence, lease_token, **cost) -> RunStep:
-    """An llm step of 11 prompt and 7 completion tokens; ``cost=None``:
-    unpriced; no ``cost``: recorded before turns were priced."""
-    usage = {"prompt_tokens": 11, "completion_tokens": 7, "cached_tokens": 0}
+def turn(agent_run, sequence, lease_token, usage=FAKE, **cost) -> RunStep:
+    """An llm step of 11 prompt and 7 completion tokens (``usage=None``: the
+    provider reported none); ``cost=None``: unpriced; no ``cost``: recorded
+    before turns were priced."""
     return RunStep.objects.create(
         run=agent_run,
         sequence=sequence,
@@ -94,6 +95,7 @@ def test_the_runs_list_and_a_run_page_show_tokens_and_cost_or_that_it_is_unknown
     turn(unpriced, 1, 1, cost="0.0000975")
     turn(unpriced, 2, 2, cost=None)
     turn(unpriced, 3, 2)
+    turn(unpriced, 4, 2, usage=None, cost=None)
 
     listing = operator_client.get(RUNS).content.decode()
     assert "36 tok · 0.000195 USD" in list_row(listing, priced)
@@ -112,15 +114,22 @@ def test_the_runs_list_and_a_run_page_show_tokens_and_cost_or_that_it_is_unknown
 
     page = operator_client.get(f"{RUNS}{unpriced.pk}/change/").content.decode()
     assert field(page, "cost_shown") == (
-        "unknown (1 turn had no price; the priced turns: 0.0000975 USD)"
+        "unknown (1 turn of unknown cost: no price, or no usage reported; "
+        "the others: 0.0000975 USD)"
     )
     page = html.unescape(page)
     # Each turn in the timeline, each attempt's turns in the attempts table.
-    for shown in ["18 tok · 0.0000975 USD", "18 tok · no price", "18 tok · cost not recorded"]:
+    for shown in [
+        "18 tok · 0.0000975 USD",
+        "18 tok · no price",
+        "18 tok · cost not recorded",
+        "0 tok · no usage reported",
+    ]:
         assert shown in page
     attempts = re.search(r'<table class="timeline" id="attempts".*?</table>', page, re.S)[0]
     assert "spent: 1 turn, 18 tok · 0.0000975 USD" in attempts
-    assert "spent: 2 turns, 36 tok · unknown (2 unpriced)" in attempts
+    # The turn without usage counts, its cost unknown, as in the totals.
+    assert "spent: 3 turns, 36 tok · unknown (3 unpriced)" in attempts
 
 
 def test_the_overview_charts_and_tables_the_daily_spend_escaped(operator, operator_client):

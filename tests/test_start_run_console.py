@@ -48,6 +48,7 @@ def test_an_operator_starts_a_run_from_the_console_and_bad_input_stores_nothing(
     for fields, named in [
         ({"prompt": ""}, "This field is required"),
         ({"turns": "[{"}, "not JSON"),
+        ({"turns": "[" * 100_000 + "]" * 100_000}, "nested too deeply"),
         ({"max_iterations": "100000"}, "max_iterations: 100000 is above the limit"),
         ({"max_cost": "two"}, "max_cost: &#x27;two&#x27; is not an amount"),
         ({"tools": ["no_such_tool"]}, "Select a valid choice"),
@@ -68,3 +69,14 @@ def test_an_operator_starts_a_run_from_the_console_and_bad_input_stores_nothing(
     assert started.request["tools"] == ["search_notes"]
     assert started.request["max_total_tokens"] == 5000
     assert started.request["provider"]["turns"] == json.loads(TURNS)
+
+
+def test_a_body_nested_past_what_json_can_read_is_a_400_naming_it(api):
+    """``json.loads`` raises RecursionError, not ValueError, past Python's
+    recursion limit: DRF let it through as a 500."""
+    response = api.generic(
+        "POST", "/api/runs/", "[" * 100_000 + "]" * 100_000, content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert "nested too deeply" in response.json()["detail"]
+    assert AgentRun.objects.count() == 0

@@ -35,7 +35,9 @@ class UsageSerializer(serializers.Serializer):
     cost = serializers.CharField(
         help_text="the priced turns' cost, a decimal string; a lower bound unless cost_known"
     )
-    unpriced_turns = serializers.IntegerField(help_text="turns of a model with no price")
+    unpriced_turns = serializers.IntegerField(
+        help_text="turns of unknown cost: their model had no price, or no usage was reported"
+    )
     cost_known = serializers.BooleanField()
 
 
@@ -50,7 +52,7 @@ class UsageList(BaseAPIView):
             OpenApiParameter(
                 "since",
                 OpenApiTypes.DATE,
-                description=f"first day (UTC), default {DEFAULT_DAYS} days ago",
+                description=f"first day (UTC), default {DEFAULT_DAYS} days before until (or today)",
             ),
             OpenApiParameter("until", OpenApiTypes.DATE, description="last day (UTC), inclusive"),
         ],
@@ -60,9 +62,10 @@ class UsageList(BaseAPIView):
         group_by = request.query_params.get("group_by", "")
         if group_by not in GROUPS:
             raise ValidationError({"group_by": f"{group_by[:40]!r} is not one of {list(GROUPS)}"})
-        today = database_now().date()
-        since = _day(request, "since") or today - timedelta(days=DEFAULT_DAYS)
         until = _day(request, "until")
+        since = _day(request, "since") or (until or database_now().date()) - timedelta(
+            days=DEFAULT_DAYS
+        )
         if until is not None and until < since:
             raise ValidationError({"until": f"{until} is before since ({since})"})
         return Response(UsageSerializer(usage(group_by, since, until), many=True).data)

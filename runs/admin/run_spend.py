@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib import admin
-from django.db.models import F
+from django.db.models import BooleanField, ExpressionWrapper, F, Q
 from django.db.models.fields.json import KeyTransform
 from django.utils.html import format_html
 
@@ -76,9 +76,12 @@ def run_cost_text(run: AgentRun) -> str:
     """The run's cost, or why it is unknown (and what its priced turns cost)."""
     if run.known_cost is not None:
         return amount(run.known_cost)
-    had = "turn had" if run.unpriced_turns == 1 else "turns had"
-    priced = f"; the priced turns: {amount(run.cost)}" if run.cost else ""
-    return f"unknown ({run.unpriced_turns} {had} no price{priced})"
+    turns = "turn" if run.unpriced_turns == 1 else "turns"
+    priced = f"; the others: {amount(run.cost)}" if run.cost else ""
+    return (
+        f"unknown ({run.unpriced_turns} {turns} of unknown cost: no price, or no usage "
+        f"reported{priced})"
+    )
 
 
 def turn_spend_text(step: RunStep) -> str:
@@ -95,7 +98,7 @@ def turn_spend_text(step: RunStep) -> str:
     if "cost" not in step.result:
         cost = "cost not recorded"
     elif step.result["cost"] is None:
-        cost = "no price"
+        cost = "no price" if usage.reported else "no usage reported"
     else:
         cost = amount(step.result["cost"])
     return f"{token_text(usage.total)} tok · {cost}"
@@ -113,12 +116,18 @@ def spend_text(spend: TurnsSpend) -> str:
 def spend_by_attempt(run: AgentRun) -> dict[int, str]:
     """lease token → what that attempt's model turns spent (``spend_text``).
     One query: only each llm step's ``usage`` and ``cost``, not its result."""
+    # A null ``usage`` (the provider reported none: an unreported turn the
+    # totals count, cost unknown) reads as None, as a missing one does (no
+    # turn at all): ``has_usage`` tells them apart.
     turns = run.steps.filter(kind=StepKind.LLM).values_list(
-        "lease_token", KeyTransform("usage", "result"), KeyTransform("cost", "result")
+        "lease_token",
+        KeyTransform("usage", "result"),
+        KeyTransform("cost", "result"),
+        ExpressionWrapper(Q(result__has_key="usage"), output_field=BooleanField()),
     )
     steps_by_attempt: dict[int, list[dict]] = defaultdict(list)
-    for lease_token, usage, cost in turns:
-        if usage is None:
+    for lease_token, usage, cost, has_usage in turns:
+        if not has_usage:
             continue  # reports no usage: not a turn the totals count
         # A missing ``cost`` (a turn recorded before G17) reads as None too:
         # unknown, counted as unpriced, never as 0.

@@ -67,6 +67,8 @@ class StartRunForm(forms.Form):
             return json.loads(text)
         except ValueError as error:
             raise forms.ValidationError(f"not JSON: {error}") from None
+        except RecursionError:
+            raise forms.ValidationError("not JSON that can be read: nested too deeply") from None
 
     def run_request(self) -> dict:
         """The request ``POST /api/runs/`` would take; ``enqueue`` checks it."""

@@ -40,7 +40,7 @@ class RequeueVerdict:
     #: Stable, machine-readable: ``safe``, ``status``, ``request_invalid``,
     #: ``write_in_doubt``, ``write_applied``, ``journal_unreplayable``,
     #: ``max_iterations_reached``, ``run_limit_spent``, ``spend_unknown``,
-    #: ``non_idempotent_executed``.
+    #: ``price_missing``, ``non_idempotent_executed``.
     code: str
     #: Why not, or what it will do.
     reason: str
@@ -82,10 +82,7 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
         )
         if code:
             return RequeueVerdict(
-                False,
-                code,
-                f"a resumed attempt would stop before its next model call: {why}; submit "
-                "the request again instead",
+                False, code, f"a resumed attempt would stop before its next model call: {why}"
             )
     if run.pending_effect == ToolEffect.IDEMPOTENT_WRITE and not _fenced_call_reruns(run, journal):
         refused = _unreconciled(run)
@@ -101,14 +98,10 @@ def restart_safety(run: AgentRun) -> RequeueVerdict:
     if refused is not None:
         return refused
     code, why = why_a_resume_stops(
-        request, run, last_turn_result=None, unreported_turns=_unreported_turns(run)
+        request, run, last_turn_result=None, unreported_turns=lambda: _unreported_turns(run)
     )
     if code:
-        return RequeueVerdict(
-            False,
-            code,
-            f"its first model call would stop: {why}; submit the request again instead",
-        )
+        return RequeueVerdict(False, code, f"its first model call would stop: {why}")
     executed = (
         run.steps.filter(kind=StepKind.TOOL, effect=ToolEffect.NON_IDEMPOTENT_WRITE)
         .exclude(idempotency_key="")

@@ -96,8 +96,8 @@ class BudgetWatch:
             spent = self.tally.run
             if self.run_limit.max_cost is not None and spent.unpriced_turns:
                 self._refuse(
-                    f"{spent.unpriced_turns} turn(s) of the run had no price: its cost is "
-                    "unknown, so its cost limit cannot be kept",
+                    f"{spent.unpriced_turns} turn(s) of the run are of unknown cost (no "
+                    "price, or no usage reported), so its cost limit cannot be kept",
                     "run",
                 )
             why = over_budget(
@@ -126,31 +126,40 @@ class BudgetWatch:
 
 
 def why_a_resume_stops(request, run, *, last_turn_result, unreported_turns) -> tuple[str, str]:
-    """(code, why) an attempt of ``run`` would stop before its next model
-    call, as ``BudgetWatch`` would stop it, or ("", ""). ``last_turn_result``
-    is the last turn the attempt replays (None: restarted, nothing
-    replayed); ``unreported_turns`` the run's turns whose usage is unknown.
-    A run's limits are fixed with its request and count every attempt
-    (G17): neither waiting nor a requeue lifts them."""
+    """(code, why, with what to do) an attempt of ``run`` would stop before
+    its next model call, as ``BudgetWatch`` would stop it, or ("", "").
+    ``last_turn_result``: the last turn the attempt replays (None: a
+    restart, nothing replayed). ``unreported_turns``: the run's turns whose
+    usage is unknown, or a callable counting them (asked only when a limit
+    applies) — for a restart, those of every attempt: stricter than the
+    restarted attempt, which replays none of them (G17: unknown is never 0).
+    A run's own limits are fixed with its request and count every attempt:
+    neither waiting nor a requeue lifts them."""
     limit = Budget.of("run", request.max_total_tokens, request.max_cost)
-    if unreported_turns and (limit is not None or budget_of(run.submitted_by_id) is not None):
+    budget = budget_of(run.submitted_by_id)
+    if limit is None and budget is None:
+        return "", ""
+    unknown = unreported_turns() if callable(unreported_turns) else unreported_turns
+    if unknown:
         return "spend_unknown", (
-            f"{unreported_turns} model turn(s) came without their usage: what the run spent "
-            "is unknown, so its limits cannot be kept"
+            f"{unknown} model turn(s) came without their usage: what the run spent is "
+            "unknown, so its limits cannot be kept; submit the request again instead"
+        )
+    provider, model = priced_model(request.provider)
+    limits_cost = any(each is not None and each.max_cost is not None for each in (limit, budget))
+    if limits_cost and price_of(provider, model) is None:
+        return "price_missing", (
+            f"the model {provider}/{model} has no price, so a cost limit cannot be kept; "
+            "set its price in Spend › Model prices, then requeue"
         )
     if limit is None:
         return "", ""
-    if limit.max_cost is not None:
-        provider, model = priced_model(request.provider)
-        if price_of(provider, model) is None:
-            return "run_limit_spent", (
-                f"the model {provider}/{model} has no price, so the run's cost limit cannot "
-                "be kept (an operator sets prices in Spend > Model prices)"
-            )
-        if run.unpriced_turns:
-            return "run_limit_spent", (
-                f"{run.unpriced_turns} turn(s) of the run had no price: its cost is unknown"
-            )
+    fixed = "; a run's limits are fixed with its request: submit the request again instead"
+    if limit.max_cost is not None and run.unpriced_turns:
+        return "run_limit_spent", (
+            f"{run.unpriced_turns} turn(s) of the run are of unknown cost, so its cost "
+            f"limit cannot be kept{fixed}"
+        )
     tokens, cost = 0, Decimal(0)
     usage = Usage.of_result(last_turn_result) if last_turn_result else None
     if usage is not None:
@@ -158,4 +167,4 @@ def why_a_resume_stops(request, run, *, last_turn_result, unreported_turns) -> t
         cost = Decimal(last_turn_result.get("cost") or 0)
     spent = Spent(run.prompt_tokens + run.completion_tokens, run.cost, run.unpriced_turns)
     why = over_budget(limit, spent, projected_tokens=tokens, projected_cost=cost)
-    return ("run_limit_spent", f"the run's limit: {why}") if why else ("", "")
+    return ("run_limit_spent", f"the run's limit: {why}{fixed}") if why else ("", "")
