@@ -288,3 +288,26 @@ def test_the_admin_prompt_search_uses_its_indexes(operator_client):
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "runs_agentrun_ended_prompt_trgm" in plan and "runs_agentrun_lease_owner" in plan, plan
     assert "run_status_created_idx" in plan, plan  # live runs, through their status
+
+
+def test_the_outbox_lists_each_notification_with_its_run_and_key_and_cannot_be_edited(
+    admin_client,
+):
+    agent_run = run(
+        scripted(
+            call("send_notification", recipient="oncall", message=XSS + " disk full " * 20),
+            answer(),
+            tools=["send_notification"],
+        )
+    )
+    (notification,) = OutboxNotification.objects.all()
+    page = admin_client.get("/admin/tools/outboxnotification/").content.decode()
+    assert f'href="/admin/runs/agentrun/{agent_run.pk}/change/"' in page
+    assert notification.idempotency_key in page and "oncall" in page
+    assert "&lt;script&gt;" in page and XSS not in page
+    assert "/admin/tools/outboxnotification/add/" not in page and "delete_selected" not in page
+    detail = f"/admin/tools/outboxnotification/{notification.pk}/change/"
+    assert admin_client.get(detail).status_code == 200
+    admin_client.post(detail, {"recipient": "someone else"})
+    assert admin_client.post("/admin/tools/outboxnotification/add/", {}).status_code == 403
+    assert OutboxNotification.objects.get().recipient == "oncall"

@@ -12,6 +12,8 @@ tersely, so there it is shown, not edited.
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.translation import override as translation_override
 
 from nrllm_ops.commits import reaching_disk
@@ -207,4 +209,34 @@ class ToolSettingAdmin(admin.ModelAdmin):
 
 
 admin.site.register(Note)
-admin.site.register(OutboxNotification)
+
+
+@admin.register(OutboxNotification)
+class OutboxNotificationAdmin(admin.ModelAdmin):
+    """What ``send_notification`` appended, a row per call: the record of a
+    non-idempotent write to check a run against (one per key, G10). Read
+    only: no one adds, edits or deletes the outbox by hand."""
+
+    list_display = ["created_at", "recipient", "message_shown", "run", "idempotency_key"]
+    search_fields = ["=run_id", "recipient", "=idempotency_key"]
+    readonly_fields = ["created_at", "recipient", "message", "run", "idempotency_key"]
+    fields = readonly_fields
+    show_full_result_count = False
+
+    @admin.display(description="message")
+    def message_shown(self, notification):
+        return notification.message[:120] + ("…" if len(notification.message) > 120 else "")
+
+    @admin.display(description="run")
+    def run(self, notification):
+        url = reverse("admin:runs_agentrun_change", args=[notification.run_id])
+        return format_html('<a href="{}">{}</a>', url, notification.run_id)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
