@@ -46,6 +46,20 @@ class RefusesMalformedSelection:
         )
 
 
+class ReadOnly:
+    """A model admin for history, which is never edited here: no add,
+    change or delete, for anyone (runs, dead letters, the outbox)."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 class AdminSite(admin.AdminSite):
     """``admin.site`` (``nrllm_ops.apps.AdminConfig``). Every model admin
     registered on it refuses a malformed selection: it is given

@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.translation import override as translation_override
 
+from nrllm_ops.admin_site import ReadOnly
 from nrllm_ops.commits import reaching_disk
 from tools import admin_display as display
 from tools import approval_settings
@@ -212,7 +213,7 @@ admin.site.register(Note)
 
 
 @admin.register(OutboxNotification)
-class OutboxNotificationAdmin(admin.ModelAdmin):
+class OutboxNotificationAdmin(ReadOnly, admin.ModelAdmin):
     """What ``send_notification`` appended, a row per call: the record of a
     non-idempotent write to check a run against (one per key, G10). Read
     only: no one adds, edits or deletes the outbox by hand."""
@@ -231,12 +232,3 @@ class OutboxNotificationAdmin(admin.ModelAdmin):
     def run(self, notification):
         url = reverse("admin:runs_agentrun_change", args=[notification.run_id])
         return format_html('<a href="{}">{}</a>', url, notification.run_id)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

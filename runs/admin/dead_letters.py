@@ -5,8 +5,9 @@ from django.db.models import F
 from django.template.response import TemplateResponse
 from django.utils.timesince import timesince
 
+from nrllm_ops.admin_site import ReadOnly
 from runs.admin.display import shortened
-from runs.admin.runs import OperatorPermissions, ReadOnly
+from runs.admin.runs import OperatorPermissions
 from runs.models import DeadLetter
 from runs.operators import actions as operator_actions
 

@@ -17,6 +17,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from nrllm_ops.admin_site import ReadOnly
 from runs.admin import approval_rows, console, search
 from runs.admin.approvals import ApprovalsInbox
 from runs.admin.display import effect_badge, shortened
@@ -38,19 +39,6 @@ from tools.registry import effect_for
 logger = logging.getLogger(__name__)
 
 STEPS_PER_PAGE = 50
-
-
-class ReadOnly:
-    """History is never edited here: no add, change or delete, for anyone."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class OperatorPermissions:
