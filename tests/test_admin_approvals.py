@@ -148,7 +148,10 @@ def test_approving_from_the_inbox_completes_the_run_and_notifies_once(approver_c
     response = decide(approver_client, request, "approve", digest=digest, note="looks right")
 
     assert response.redirect_chain == [(INBOX, 302)]
-    assert any("approved; the run goes back to the queue" in text for text in messages_on(response))
+    shown = messages_on(response)
+    assert any("approved; the run goes back to the queue" in text for text in shown)
+    # The tool's name as it is: the admin capitalises a message's first letter.
+    assert any(text.startswith("The call send_notification at") for text in shown), shown
     assert fresh(agent_run).status == RunStatus.COMPLETED
     (notification,) = OutboxNotification.objects.all()
     assert notification.idempotency_key == request.idempotency_key

@@ -82,6 +82,13 @@ def test_an_approver_approves_one_call_and_denies_another(
             "<b>disk full</b>"
         )
         page.screenshot(path=screenshots / "approvals-inbox.png", full_page=True)
+        # Deny does not look like Approve (both blue, as Django draws a
+        # button): it is drawn as Django draws a delete, red.
+        deny = page.locator(f"#approval-{to_team.pk} .deny-button").evaluate(
+            "element => getComputedStyle(element).backgroundColor"
+        )
+        red, green, blue = (int(part) for part in re.findall(r"\d+", deny)[:3])
+        assert red > 2 * blue and red > 2 * green, deny
 
         page.locator(f"#approval-{to_team.pk} input[name=note]").fill("the team may know")
         page.click(f"#approval-{to_team.pk} .approve-button")

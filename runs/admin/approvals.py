@@ -88,7 +88,9 @@ class ApprovalsInbox:
         if approval is None:
             self.message_user(request, "There is no such approval request.", messages.ERROR)
             return redirect(back)
-        what = f"{approval.tool_name} at {approval.position} of run {approval.run_id}"
+        # Not the tool's name first: the admin capitalises a message's first
+        # letter, and "Send_notification" is no tool's name.
+        what = f"the call {approval.tool_name} at {approval.position} of run {approval.run_id}"
         note = request.POST.get("note", "").strip()
         if len(note) > approval_actions.MAX_NOTE_CHARS:
             self.message_user(
