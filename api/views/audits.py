@@ -39,6 +39,8 @@ class NewestDeadLettersFirst(TimeCursorPagination):
 
 
 class DeadLetterList(LimitedBodyMixin, generics.ListAPIView):
+    """Dead letters, newest first, filtered: the runs that ended without a retry, and why."""
+
     queryset = DeadLetter.objects.select_related("resolved_by")
     serializer_class = DeadLetterSerializer
     permission_classes = [permissions.VIEW_DEAD_LETTERS]
@@ -73,6 +75,9 @@ def _audit_item(run) -> dict:
 
 
 class WriteAuditList(BaseAPIView):
+    """Runs whose write audit failed or whose write is in doubt, with the
+    write in question and how it was reconciled."""
+
     permission_classes = [permissions.VIEW_RUNS]
 
     @extend_schema(responses={200: WriteAuditSerializer(many=True), **errors()})
@@ -84,6 +89,8 @@ class WriteAuditList(BaseAPIView):
 
 
 class WriteAuditReconcile(BaseAPIView):
+    """Reconcile the write in doubt on a run: `applied` or `not_applied`, with a note (G10)."""
+
     permission_classes = [permissions.RECONCILE]
 
     @extend_schema(

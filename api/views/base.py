@@ -27,8 +27,11 @@ def errors(*statuses: int) -> dict:
     }
 
 
+# No docstring: drf-spectacular takes the first docstring in a view's
+# classes as its operations' description, and this one describes no
+# operation (it was shown for eight of them).
 class LimitedBodyMixin:
-    """Refuse an oversized body before parsing it (413), storing nothing."""
+    # Refuse an oversized body before parsing it (413), storing nothing.
 
     def initial(self, request, *args, **kwargs):
         length = request.META.get("CONTENT_LENGTH") or "0"

@@ -49,6 +49,8 @@ def describe_circuits() -> list[dict]:
 
 
 class ProviderList(BaseAPIView):
+    """Each provider endpoint's circuit: its state, failures, and last transitions."""
+
     permission_classes = [permissions.VIEW_RUNS]
 
     @extend_schema(responses={200: CircuitSerializer(many=True), **errors()})

@@ -76,6 +76,9 @@ def _body_digest(data) -> str:
 
 
 class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
+    """Runs: GET lists them newest first, filtered; POST starts one (201), or finds the run an
+    `Idempotency-Key` already started (200)."""
+
     queryset = with_run_relations(AgentRun.objects.all())
     serializer_class = RunSerializer
     pagination_class = NewestFirst
@@ -101,8 +104,23 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
                     "provider": {
                         "kind": "scripted",
                         "turns": [
-                            {"tool_calls": [{"name": "read_note", "arguments": {"slug": "rn"}}]},
-                            {"content": "Done."},
+                            {
+                                "tool_calls": [
+                                    {"name": "read_note", "arguments": {"slug": "release-notes"}}
+                                ]
+                            },
+                            {
+                                "tool_calls": [
+                                    {
+                                        "name": "send_notification",
+                                        "arguments": {
+                                            "recipient": "team",
+                                            "message": "The release notes changed.",
+                                        },
+                                    }
+                                ]
+                            },
+                            {"content": "Told the team."},
                         ],
                     },
                 },
@@ -189,6 +207,8 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
 
 
 class RunDetail(BaseAPIView):
+    """A run as it is now: status, reason, spend, and the approvals it waits for."""
+
     permission_classes = [permissions.VIEW_RUNS]
 
     @extend_schema(responses={200: RunSerializer, **errors(404)})
@@ -197,6 +217,8 @@ class RunDetail(BaseAPIView):
 
 
 class RunSteps(BaseAPIView):
+    """A run's steps by sequence, a page at a time (`next_after` to follow a live run)."""
+
     permission_classes = [permissions.VIEW_RUNS]
 
     @extend_schema(
@@ -280,6 +302,8 @@ class _RunAction(BaseAPIView):
 
 
 class RunCancel(_RunAction):
+    """Cancel: a queued run ends now, a running one at its next step boundary."""
+
     permission_classes = [permissions.CANCEL]
     http_method_names = ["post", "options"]
     perform_action = staticmethod(operator_actions.cancel)

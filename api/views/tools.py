@@ -99,6 +99,9 @@ def _list_filters(query) -> dict:
 
 
 class ToolList(BaseAPIView):
+    """Every registered tool with its effect from the code, whether it can
+    be offered now, and its settings."""
+
     permission_classes = [permissions.VIEW_TOOLS]
 
     @extend_schema(
@@ -121,6 +124,8 @@ class ToolList(BaseAPIView):
 
 
 class ToolDetail(BaseAPIView):
+    """One tool (GET); PATCH switches it on or off or sets its approval policy, never its effect."""
+
     def get_permissions(self):
         if self.request.method == "PATCH":
             return [permissions.CHANGE_TOOLS()]

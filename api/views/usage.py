@@ -42,6 +42,8 @@ class UsageSerializer(serializers.Serializer):
 
 
 class UsageList(BaseAPIView):
+    """What recorded model turns spent, by day, model or submitter (G17)."""
+
     permission_classes = [permissions.VIEW_RUNS]
 
     @extend_schema(
