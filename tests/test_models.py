@@ -1,10 +1,13 @@
 """The stored vocabulary matches the Python enums; steps are append-only in the database."""
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from api.models import RunCreationKey
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
+from runs.retention import delete_whole_runs
 from runs.runtime import run
 from runs.transitions.run_insert import insert_queued_run
 from runs.vocabulary import (
@@ -17,7 +20,7 @@ from runs.vocabulary import (
     SubmittedVia,
     TerminationReason,
 )
-from tests.helpers import answer, scripted
+from tests.helpers import answer, call, scripted
 from tools.effects import ToolEffect
 
 
@@ -69,6 +72,30 @@ def test_the_database_refuses_to_update_a_step():
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
         RunStep.objects.filter(pk=step.pk).update(error="rewritten")
     assert RunStep.objects.get(pk=step.pk).error == ""
+
+
+@pytest.mark.django_db(transaction=True)  # the deferred foreign keys are checked at a real commit
+def test_a_step_is_deleted_only_with_its_whole_run():
+    """G11's one exception: a whole run goes with everything that belongs to
+    it (retention); no statement takes a step out of a run that stays."""
+    agent_run = run(scripted(call("search_notes", query="x"), answer("x"), tools=["search_notes"]))
+    kept = run(scripted(answer("kept")))
+    user = get_user_model().objects.create_user("ida")
+    # Everything that holds the run goes with it, hidden relations too.
+    RunCreationKey.objects.create(user=user, key="k", body_sha256="0" * 64, run=agent_run)
+    DeadLetter.objects.create(run=agent_run, reason="not_retryable")
+    step = agent_run.steps.first()
+    with pytest.raises(DatabaseError, match="append-only; DELETE refused"), transaction.atomic():
+        RunStep.objects.filter(pk=step.pk).delete()
+    with pytest.raises(DatabaseError, match="append-only; DELETE refused"), transaction.atomic():
+        agent_run.delete()  # Django's delete takes the steps first
+    assert RunStep.objects.filter(run=agent_run).count() == 4
+
+    assert delete_whole_runs([agent_run.pk]) == 1
+    assert not AgentRun.objects.filter(pk=agent_run.pk).exists()
+    assert not RunStep.objects.filter(run_id=agent_run.pk).exists()
+    assert not RunCreationKey.objects.exists() and not DeadLetter.objects.exists()
+    assert kept.steps.count() == 2
 
 
 # What recording a read step changes on the run (runs/transitions/step_journal.py).

@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 from runs import transitions
 from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
+from runs.retention import delete_whole_runs
 from runs.runtime.journal import JournalUnreplayable, read_journal
 from runs.transitions import CancelOutcome, RecordOutcome
 from tools.contract import idempotency_key_for
@@ -65,7 +66,7 @@ class RunLifecycle(RuleBasedStateMachine):
 
     def teardown(self):
         # Examples share one database transaction: leave nothing for the next.
-        AgentRun.objects.filter(pk=self.run_id).delete()
+        delete_whole_runs([self.run_id])
 
     def _current(self, worker) -> bool:
         lease = self.leases.get(worker)
