@@ -2,10 +2,12 @@
 
 A run is deleted whole or not at all: its row first, then everything that
 belongs to it (steps, dead letters, reconciliations, approval requests),
-in one transaction. The database's append-only guard lets a step go only
+in one transaction. On PostgreSQL the append-only guard lets a step go only
 once its run's row is gone in that transaction (foreign keys are checked at
-commit), so no statement can take a step out of a run that stays. Django's
-own delete cannot be used: it deletes a run's steps before the run."""
+commit), so no statement can take a step out of a run that stays; Django's
+own delete cannot be used there: it deletes a run's steps before the run.
+Kept: the admin log, and the outbox (a record of the outside world, which
+names a run by id)."""
 
 from django.db import connection, transaction
 

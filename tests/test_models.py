@@ -77,7 +77,8 @@ def test_the_database_refuses_to_update_a_step():
 @pytest.mark.django_db(transaction=True)  # the deferred foreign keys are checked at a real commit
 def test_a_step_is_deleted_only_with_its_whole_run():
     """G11's one exception: a whole run goes with everything that belongs to
-    it (retention); no statement takes a step out of a run that stays."""
+    it (retention); no statement takes a step out of a run that stays. (The
+    test's own flush truncates every table in one statement: allowed.)"""
     agent_run = run(scripted(call("search_notes", query="x"), answer("x"), tools=["search_notes"]))
     kept = run(scripted(answer("kept")))
     user = get_user_model().objects.create_user("ida")
@@ -89,6 +90,9 @@ def test_a_step_is_deleted_only_with_its_whole_run():
         RunStep.objects.filter(pk=step.pk).delete()
     with pytest.raises(DatabaseError, match="append-only; DELETE refused"), transaction.atomic():
         agent_run.delete()  # Django's delete takes the steps first
+    with pytest.raises(DatabaseError, match="TRUNCATE refused"), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {RunStep._meta.db_table}")
     assert RunStep.objects.filter(run=agent_run).count() == 4
 
     assert delete_whole_runs([agent_run.pk]) == 1

@@ -1,5 +1,6 @@
-"""G11: a step's DELETE is refused too, unless its whole run is deleted in
-the same transaction (the guard only refused UPDATE before)."""
+"""G11 on PostgreSQL: a step's DELETE is refused too, unless its whole run
+is deleted in the same transaction, and a TRUNCATE of the steps while runs
+remain (the guard refused only UPDATE before)."""
 
 from django.db import migrations
 
