@@ -218,9 +218,9 @@ class OutboxNotificationAdmin(ReadOnly, admin.ModelAdmin):
     non-idempotent write to check a run against (one per key, G10). Read
     only: no one adds, edits or deletes the outbox by hand."""
 
-    list_display = ["created_at", "recipient", "message_shown", "run", "idempotency_key"]
+    list_display = ["created_at", "recipient", "message_shown", "run", "key"]
     search_fields = ["=run_id", "recipient", "=idempotency_key"]
-    readonly_fields = ["created_at", "recipient", "message", "run", "idempotency_key"]
+    readonly_fields = ["created_at", "recipient", "message", "run_page", "idempotency_key"]
     fields = readonly_fields
     show_full_result_count = False
 
@@ -228,7 +228,21 @@ class OutboxNotificationAdmin(ReadOnly, admin.ModelAdmin):
     def message_shown(self, notification):
         return notification.message[:120] + ("…" if len(notification.message) > 120 else "")
 
+    # Ids and keys are cut to their head in the list (the whole in a
+    # tooltip, and on the row's page): at 1366 px a whole key left the
+    # message a column a word wide.
     @admin.display(description="run")
     def run(self, notification):
         url = reverse("admin:runs_agentrun_change", args=[notification.run_id])
+        run_id = str(notification.run_id)
+        return format_html('<a href="{}" title="{}">{}…</a>', url, run_id, run_id[:8])
+
+    @admin.display(description="run")
+    def run_page(self, notification):
+        url = reverse("admin:runs_agentrun_change", args=[notification.run_id])
         return format_html('<a href="{}">{}</a>', url, notification.run_id)
+
+    @admin.display(description="idempotency key")
+    def key(self, notification):
+        key = notification.idempotency_key
+        return format_html('<code title="{}">{}…</code>', key, key[:12])

@@ -36,6 +36,8 @@ class StartRunForm(forms.Form):
     model = forms.CharField(
         required=False,
         max_length=200,
+        # The page's <datalist> of priced models.
+        widget=forms.TextInput(attrs={"list": "priced-models"}),
         help_text="the model the provider is asked for (priced models are suggested)",
     )
     turns = forms.CharField(
