@@ -13,7 +13,7 @@ GENERATE_RUNS = """
 INSERT INTO runs_agentrun (id, request, prompt, status, termination_reason, failure_class,
   error_type, error_message, output, mode, lease_owner, lease_token, pending_effect,
   requeue_count, step_count, prompt_tokens, completion_tokens, llm_latency_ms,
-  journal_begins_after, tokens_saved_by_replay, dispatch_count, created_at)
+  journal_begins_after, tokens_saved_by_replay, dispatch_count, created_at, finished_at)
 SELECT md5('run' || i)::uuid,
   jsonb_build_object('prompt', 'p' || i, 'tools',
     CASE WHEN i %% 3 = 0 THEN '["send_notification"]'::jsonb ELSE '["read_note"]'::jsonb END,
@@ -25,7 +25,7 @@ SELECT md5('run' || i)::uuid,
   CASE WHEN i %% 5 = 3 THEN 'auth' ELSE '' END, '', '', '',
   CASE WHEN i %% 2 = 0 THEN 'queued' ELSE 'interactive' END, '', 1,
   CASE WHEN i %% 1000 = 0 THEN 'non_idempotent_write' ELSE '' END, i %% 4, %(steps)s, 0, 0, 0,
-  0, 0, i %% 4, now() - (i || ' seconds')::interval
+  0, 0, i %% 4, now() - (i || ' seconds')::interval, now() - (i || ' seconds')::interval
 FROM generate_series(1, %(runs)s) AS i
 """
 GENERATE_STEPS = """
@@ -91,6 +91,40 @@ def _reaper_with_backlog() -> float:
     return elapsed
 
 
+def _pruned_oldest_tenth(runs: int) -> dict:
+    """Retention over the oldest tenth of the runs, at the shipped batch
+    size: the dry run's count, the whole pass, and its longest batch (how
+    long a batch holds its locks)."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    from runs.retention import prune_runs
+
+    batch = settings.NRLLM_RETENTION_BATCH_SIZE
+    # Retention never takes a run that ended less than an hour ago: the
+    # oldest tenth is moved two days back (untimed), the rest stays.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE runs_agentrun SET created_at = created_at - interval '2 days', "
+            "finished_at = finished_at - interval '2 days' WHERE created_at < %s",
+            [timezone.now() - timedelta(seconds=runs * 9 // 10)],
+        )
+    cutoff = timezone.now() - timedelta(days=1)
+    started = time.perf_counter()
+    would = prune_runs(cutoff, batch_size=batch, dry_run=True)
+    dry_run_ms = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    report = prune_runs(cutoff, batch_size=batch)
+    pass_ms = (time.perf_counter() - started) * 1000
+    assert report.runs == would.runs, (report.summary(), would.summary())
+    size = f"{report.runs:,} runs, {report.steps:,} steps"
+    return {
+        f"prune, dry run ({size})": dry_run_ms,
+        f"prune, the whole pass ({size}, batches of {batch})": pass_ms,
+        f"prune, longest of its {report.batches} batches": report.longest_batch_ms,
+    }
+
+
 def at_scale(runs: int, steps_per_run: int) -> dict:
     from runs import transitions
     from runs.reaper import reap_stale_runs
@@ -145,7 +179,9 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
         pages[f"api usage by {group} (a year)"] = _timed(
             lambda group=group: api.get(f"/api/usage/?group_by={group}&since={a_year_ago}")
         )
-    pages["admin overview"] = _timed(lambda: client.get("/admin/runs/agentrun/overview/"))
+    # The admin index: the overview, its charts over 24 hours, or 7 days.
+    pages["admin overview"] = _timed(lambda: client.get("/admin/"))
+    pages["admin overview (7 days)"] = _timed(lambda: client.get("/admin/?window=7d"))
     pages["reaper pass, nothing stale"] = _timed(reap_stale_runs)
 
     with connection.cursor() as cursor:
@@ -173,6 +209,8 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
     pages[f"claim with {queued} queued"] = (time.perf_counter() - started) * 1000
     assert lease is not None
     pages[f"reaper pass, {queued - 1} queued long due, jobs in Redis"] = _reaper_with_backlog()
+
+    pages.update(_pruned_oldest_tenth(runs))
 
     plans = {
         "admin list default": _plan(

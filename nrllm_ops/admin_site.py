@@ -1,7 +1,9 @@
 """The admin site: Django's, with one rule for every model admin on it —
 ours and those Django (users, groups) and knox register alike: an action
 whose selection holds something that is not an id of the model is refused
-with a 400 naming it, and does nothing."""
+with a 400 naming it, and does nothing. Its index is the overview, and
+every page's header counts the calls waiting for approval
+(``runs.admin.overview``)."""
 
 from django.contrib import admin
 from django.contrib.admin import helpers
@@ -63,13 +65,27 @@ class ReadOnly:
 class AdminSite(admin.AdminSite):
     """``admin.site`` (``nrllm_ops.apps.AdminConfig``). Every model admin
     registered on it refuses a malformed selection: it is given
-    ``RefusesMalformedSelection``, so one a library registers does too."""
+    ``RefusesMalformedSelection``, so one a library registers does too.
+
+    The overview is imported where it is used: this module is imported
+    while ``runs.admin`` registers its model admins, which import it."""
 
     site_header = "nrllm-ops"
     site_title = "nrllm-ops console"
     index_title = "Agent runs, their writes and their spend"
     # The app has no public site: Django's "View site" link led to a 404.
     site_url = None
+
+    def each_context(self, request):
+        from runs.admin.overview import header
+
+        return {**super().each_context(request), **header(request)}
+
+    def index(self, request, extra_context=None):
+        """Django's index (its app list, in the sidebar) with the overview."""
+        from runs.admin.overview import index_context
+
+        return super().index(request, {**index_context(request), **(extra_context or {})})
 
     def register(self, model_or_iterable, admin_class=None, **options):
         admin_class = admin_class or admin.ModelAdmin

@@ -34,7 +34,9 @@ def env_bool(name: str, default: bool) -> bool:
     )
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+def env_int(
+    name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -44,6 +46,8 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
         raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
     if minimum is not None and value < minimum:
         raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at most {maximum}")
     return value
 
 
@@ -107,5 +111,6 @@ def env_http_url(name: str) -> str:
     if url.port is not None and not 0 < url.port < 65536:
         raise ImproperlyConfigured(f"{name}={raw!r}: port {url.port} is not a TCP port")
     if url.userinfo:
-        raise ImproperlyConfigured(f"{name}={raw!r} must not hold a user name or password")
+        # Named without the URL: it holds the secret.
+        raise ImproperlyConfigured(f"{name} must not hold a user name or password (user@host)")
     return raw

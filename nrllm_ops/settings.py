@@ -21,6 +21,7 @@ from nrllm_ops.env import (
     env_list,
     env_str,
 )
+from nrllm_ops.tracing import exporters_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -152,6 +153,15 @@ NRLLM_RETRY_BACKOFF_MAX_SECONDS = env_int("NRLLM_RETRY_BACKOFF_MAX_SECONDS", 300
 # dispatched again by the reaper (Redis restarted without persistence, say).
 NRLLM_REDISPATCH_AFTER_SECONDS = env_int("NRLLM_REDISPATCH_AFTER_SECONDS", 60, minimum=1)
 NRLLM_REAPER_INTERVAL_SECONDS = env_int("NRLLM_REAPER_INTERVAL_SECONDS", 10, minimum=1)
+# Retention (manage.py prune_runs; runs/cron.py every interval when the age
+# is set): ended runs older than this many days are deleted whole, unless
+# an operator still has a question open on them. 0, the default, keeps
+# every run.
+NRLLM_RETENTION_DAYS = env_int("NRLLM_RETENTION_DAYS", 0, minimum=0, maximum=36500)
+NRLLM_RETENTION_INTERVAL_SECONDS = env_int("NRLLM_RETENTION_INTERVAL_SECONDS", 3600, minimum=60)
+# Runs per transaction: each batch holds its runs' row locks until it commits
+# (and binds one parameter per run: PostgreSQL takes at most 65,535).
+NRLLM_RETENTION_BATCH_SIZE = env_int("NRLLM_RETENTION_BATCH_SIZE", 500, minimum=1, maximum=10000)
 # Added to a tool's time limit, or a model call's timeouts, for the deadline
 # up to which the heartbeat keeps the lease through the call.
 NRLLM_OPERATION_MARGIN_SECONDS = env_int("NRLLM_OPERATION_MARGIN_SECONDS", 30, minimum=0)
@@ -230,6 +240,12 @@ NRLLM_METRICS_TOKEN = env_str("NRLLM_METRICS_TOKEN")
 LOG_FORMAT = env_str("LOG_FORMAT", "plain")
 if LOG_FORMAT not in ("plain", "json"):
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r} must be plain or json")
+# OpenTelemetry traces: off unless the standard OTEL_* variables ask for them
+# (docs/observability.md#traces); the span exporters they name, () when off.
+NRLLM_TRACES_EXPORTERS = exporters_from_env()
+# How long a process's exit (and an rqworker-pool worker's teardown) waits
+# for the collector to take the last spans; those left are dropped.
+NRLLM_TRACES_EXIT_SECONDS = env_int("NRLLM_TRACES_EXIT_SECONDS", 3, minimum=0, maximum=60)
 
 # --- The REST API ---------------------------------------------------------------
 NRLLM_API_THROTTLE_RATE = env_str("NRLLM_API_THROTTLE_RATE", "1200/minute")

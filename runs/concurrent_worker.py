@@ -39,7 +39,9 @@ SIGTERM (or SIGINT) drains: no job is dequeued after it, the runs in flight
 get ``NRLLM_WORKER_DRAIN_SECONDS`` to finish, and those still in flight are
 handed back (``runs.runtime.heartbeat.hand_back_all``): each settles
 nothing, its lease lapses and the reaper decides it. A second signal hands
-them back at once. SIGKILL loses nothing either: every lease lapses.
+them back at once. SIGKILL loses nothing either: every lease lapses. The
+runs' spans are exported last, within ``NRLLM_TRACES_EXIT_SECONDS``: a
+worker of ``rqworker-pool`` leaves by ``os._exit``, past exit hooks.
 """
 
 import copy
@@ -55,6 +57,7 @@ from rq.timeouts import BaseDeathPenalty
 from rq.utils import as_text
 from rq.worker import SimpleWorker, WorkerStatus
 
+from nrllm_ops import tracing
 from runs.jobs import load_for_runs
 from runs.runtime.run_threads import RunThreads
 
@@ -310,4 +313,9 @@ class ConcurrentWorker(SimpleWorker):
             self._tearing_down = True
             grace = settings.NRLLM_WORKER_DRAIN_SECONDS if self._stop_requested else None
             self.runs.drain(grace, while_waiting=self.heartbeat)
-        super().teardown()
+        try:
+            super().teardown()
+        finally:
+            # A worker of rqworker-pool leaves by os._exit after this: no
+            # atexit hook will export its runs' spans.
+            tracing.flush(timeout_seconds=settings.NRLLM_TRACES_EXIT_SECONDS)

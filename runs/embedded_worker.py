@@ -20,8 +20,9 @@ import threading
 from django.db import close_old_connections
 
 from runs.dispatch import executing_in_embedded_worker
+from runs.liveness import EMBEDDED_WORKER
 from runs.models import AgentRun
-from runs.reaper import reap_stale_runs
+from runs.reaper import Beat, reap_stale_runs
 from runs.runtime import claim_queued, execute_claimed, run_queued
 from runs.runtime.run_threads import RunThreads
 from runs.transitions import db_time
@@ -83,11 +84,13 @@ def serve(*, interval: float, runs: RunThreads, stop: threading.Event) -> None:
     """Pass after pass until ``stop`` is set, leaving the runs it started in
     flight (the caller drains them). A pass that fails (the database away,
     say) is logged and tried again after ``interval``: a run it left behind
-    is the next pass's or the reaper's."""
+    is the next pass's or the reaper's. Each pass is recorded as the
+    embedded worker's (``runs.liveness``): the console shows it alive."""
+    beat = Beat(EMBEDDED_WORKER, interval)
     with executing_in_embedded_worker():
         while not stop.is_set():
             try:
-                report = reap_stale_runs()
+                report = reap_stale_runs(beat=beat)
                 if report.decisions or report.lost_races:
                     logger.info("embedded worker: reaper pass: %s", report.summary())
                 start_due_runs(runs, stopping=stop.is_set)

@@ -4,6 +4,7 @@
 outcome, and RQ must not retry or record a failure of its own."""
 
 import logging
+import time
 
 from django.db import close_old_connections, connection
 
@@ -42,6 +43,32 @@ def load_for_runs() -> None:
     if OpenAIChatProvider.configuration_problem() is None:
         built_client()
         logger.info("loaded for runs before any job: the openai SDK and client")
+
+
+def prune_job(days: int) -> str:
+    """Retention as a periodic RQ job (see ``runs/cron.py``): one pass over
+    the runs ended more than ``days`` ago (the scheduler's
+    ``NRLLM_RETENTION_DAYS``), stopped between batches after half the
+    interval (the next pass goes on from there). Nothing when ``days`` is
+    not a positive number."""
+    if not isinstance(days, int) or days < 1:
+        return f"retention is off (days={days!r}): nothing pruned"
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from runs.retention import prune_runs
+
+    close_old_connections()
+    try:
+        return prune_runs(
+            timezone.now() - timedelta(days=days),
+            batch_size=settings.NRLLM_RETENTION_BATCH_SIZE,
+            deadline=time.monotonic() + settings.NRLLM_RETENTION_INTERVAL_SECONDS / 2,
+        ).summary()
+    finally:
+        close_old_connections()
 
 
 def reap_job() -> str:

@@ -231,6 +231,8 @@ class DeadLetter(models.Model):
                 condition=models.Q(resolved_at__isnull=True),
                 name="dead_letter_open_idx",
             ),
+            # The overview's "dead letters in the last 24 hours", open or not.
+            models.Index(fields=["-created_at"], name="dead_letter_created_idx"),
         ]
 
     def __str__(self) -> str:
@@ -246,7 +248,16 @@ class WriteReconciliation(models.Model):
     later attempt, is in doubt again.
     """
 
-    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="reconciliations")
+    #: A reconciliation outlives its run: retention (``prune_runs``) deletes
+    #: a run past its age with everything else it holds, but an auditor may
+    #: still ask what an operator found about its write. So no database
+    #: constraint binds the row to its run, and the run's id stays as a name.
+    run = models.ForeignKey(
+        AgentRun,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="reconciliations",
+    )
     #: The attempt whose fence stood on the write (the run's lease token then).
     lease_token = models.PositiveIntegerField()
     outcome = models.CharField(max_length=16, choices=ReconciliationOutcome.choices)
@@ -382,3 +393,7 @@ class CircuitTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_state} → {self.to_state}"
+
+
+# The periodic processes' last passes: a model of its own module.
+from runs.liveness import LastPass  # noqa: E402, F401

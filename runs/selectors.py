@@ -30,22 +30,27 @@ def fenced_key():
     return Coalesce(KT("pending_call__idempotency_key"), Value(""), output_field=CharField())
 
 
-def writes_in_doubt(queryset):
-    """The runs of ``queryset`` with a write in doubt: no reconciliation for
-    the write their fence stands on (a reconciliation settles one write)."""
+def _write_in_doubt():
+    """The condition, on a queryset annotated with ``fenced_key``."""
     reconciled = WriteReconciliation.objects.filter(
         run=OuterRef("pk"),
         lease_token=OuterRef("lease_token"),
         idempotency_key=OuterRef("fenced_key"),
     )
-    return (
-        queryset.filter(
-            pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE,
-            status__in=RunStatus.terminal(),
-        )
-        .annotate(fenced_key=fenced_key())
-        .filter(~Exists(reconciled))
-    )
+    return Q(
+        pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE, status__in=RunStatus.terminal()
+    ) & ~Exists(reconciled)
+
+
+def writes_in_doubt(queryset):
+    """The runs of ``queryset`` with a write in doubt: no reconciliation for
+    the write their fence stands on (a reconciliation settles one write)."""
+    return queryset.annotate(fenced_key=fenced_key()).filter(_write_in_doubt())
+
+
+def without_writes_in_doubt(queryset):
+    """The runs of ``queryset`` that ``writes_in_doubt`` leaves out."""
+    return queryset.annotate(fenced_key=fenced_key()).exclude(_write_in_doubt())
 
 
 def is_write_in_doubt(run: AgentRun) -> bool:

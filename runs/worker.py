@@ -1,27 +1,37 @@
 """The RQ worker classes ``NRLLM_WORKER_CLASS`` names.
 
 ``Worker``, the default: RQ's forking worker, loading what runs need before
-its first fork (``runs.jobs.load_for_runs``) and folding each finished work
+its first fork (``runs.jobs.load_for_runs``), folding each finished work
 horse's metric files (``nrllm_ops.metrics_files``) when
-``PROMETHEUS_MULTIPROC_DIR`` is set. ``SimpleWorker``: RQ's worker that
-runs jobs in its own process, loading the same at its start rather than
-in its first run. ``ConcurrentWorker`` (``runs.concurrent_worker``): up to
-``NRLLM_WORKER_CONCURRENCY`` runs at once, each in a thread of its process.
+``PROMETHEUS_MULTIPROC_DIR`` is set, and having each horse export its
+spans before it exits when traces are on (``nrllm_ops.tracing``).
+``SimpleWorker``: RQ's worker that runs jobs in its own process, loading
+the same at its start rather than in its first run, and exporting its
+spans as it stops, within ``NRLLM_TRACES_EXIT_SECONDS`` (a worker of
+``rqworker-pool`` leaves by ``os._exit``). ``ConcurrentWorker``
+(``runs.concurrent_worker``): up to ``NRLLM_WORKER_CONCURRENCY`` runs at
+once, each in a thread of its process.
 """
 
 import logging
 
+from django.conf import settings
 from django.db import connection
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQWorker
 
-from nrllm_ops import metrics_files
+from nrllm_ops import metrics_files, tracing
 from runs.concurrent_worker import ConcurrentWorker
 from runs.jobs import load_for_runs
 
 __all__ = ["ConcurrentWorker", "SimpleWorker", "Worker"]
 
 logger = logging.getLogger(__name__)
+
+#: How long a work horse waits for the collector to take its run's spans:
+#: the worker starts no job meanwhile, so a collector that does not answer
+#: costs each job this long, and the spans.
+HORSE_FLUSH_SECONDS = 2
 
 
 class Worker(RQWorker):
@@ -39,6 +49,14 @@ class Worker(RQWorker):
             connection.close_pool()
         super().fork_work_horse(job, queue)
 
+    def perform_job(self, job, queue):
+        # In the work horse, which leaves by os._exit: no atexit hook will
+        # export the spans of its run, so they go now (nothing when off).
+        try:
+            return super().perform_job(job, queue)
+        finally:
+            tracing.flush(timeout_seconds=HORSE_FLUSH_SECONDS)
+
     def monitor_work_horse(self, job, queue):
         horse = self.horse_pid
         super().monitor_work_horse(job, queue)
@@ -52,3 +70,11 @@ class SimpleWorker(RQSimpleWorker):
     def bootstrap(self, *args, **kwargs):
         load_for_runs()
         super().bootstrap(*args, **kwargs)
+
+    def teardown(self):
+        try:
+            super().teardown()
+        finally:
+            # A worker of rqworker-pool leaves by os._exit after this: no
+            # atexit hook will export its runs' spans.
+            tracing.flush(timeout_seconds=settings.NRLLM_TRACES_EXIT_SECONDS)

@@ -150,8 +150,16 @@ def test_approving_from_the_inbox_completes_the_run_and_notifies_once(approver_c
     assert response.redirect_chain == [(INBOX, 302)]
     shown = messages_on(response)
     assert any("approved; the run goes back to the queue" in text for text in shown)
-    # The tool's name as it is: the admin capitalises a message's first letter.
-    assert any(text.startswith("The call send_notification at") for text in shown), shown
+    # The tool's name as it is: the admin capitalises a message's first
+    # letter; the call's place in words, not "2.0".
+    assert any(text.startswith("Call 1 of turn 2 (send_notification) of run ") for text in shown), (
+        shown
+    )
+    # What the run did next, as it stands when the page comes back: the
+    # embedded worker ran it to its end.
+    assert any(
+        "Since then it made 1 model call and 1 tool call, and completed." in text for text in shown
+    ), shown
     assert fresh(agent_run).status == RunStatus.COMPLETED
     (notification,) = OutboxNotification.objects.all()
     assert notification.idempotency_key == request.idempotency_key
@@ -312,7 +320,7 @@ def test_the_overview_counts_pending_calls_and_links_to_the_inbox(operator_clien
     waiting = run_with_two_calls()
     finished = enqueue(scripted(answer("nothing to approve"), tools=TOOLS))
 
-    content = operator_client.get(f"{RUNS}overview/").content.decode()
+    content = operator_client.get("/admin/").content.decode()  # the overview
 
     assert f'<a href="{INBOX}" id="pending-approvals">2</a>' in content
     waiting_link = re.search(r'href="([^"]+)" id="runs-waiting-for-approval">1 run<', content)
@@ -359,10 +367,11 @@ def test_the_run_page_shows_the_approval_history_and_links_to_the_inbox(approver
     assert "team may know" in history and "ops are asleep" in history
     summaries = [html.unescape(text) for text in re.findall(r'approval-summary">(.*?)<', content)]
     assert summaries == [
-        "approval requested for send_notification at 1.0, send_notification at 1.1; "
+        "approval requested for send_notification (call 1 of turn 1), "
+        "send_notification (call 2 of turn 1); "
         f"expires {first.expires_at:%Y-%m-%d %H:%M:%S} UTC",
-        "send_notification at 1.0 approved by ada: team may know",
-        "send_notification at 1.1 denied by ada: ops are asleep",
+        "send_notification (call 1 of turn 1) approved by ada: team may know",
+        "send_notification (call 2 of turn 1) denied by ada: ops are asleep",
     ]
     assert OutboxNotification.objects.count() == 1
 

@@ -42,7 +42,10 @@ def test_the_list_shows_server_declaration_hints_and_the_flag(operator_client, t
     content = page.content.decode()
     assert "MCP server <strong>tracker</strong>" in content
     headers = [column["text"] for column in page.context["result_headers"]]
-    assert {"effect (from code)", "server's hints (untrusted)", "availability"} <= set(headers)
+    # Source and availability share a column: the list fits a laptop (#30).
+    assert {"effect (from code)", "server's hints (untrusted)", "source · availability"} <= set(
+        headers
+    )
     # label_issue: the server says read-only, the toolset declares a write,
     # and the write is what the page says.
     label = row_html(content, "tracker__label_issue")

@@ -72,7 +72,9 @@ def test_the_bench_produces_every_figure(tmp_path):
     assert set(flushless_queue) == {"rq.worker.SimpleWorker"}
     assert flushless_queue["rq.worker.SimpleWorker"]["ratio"] > 0
     scale = results["at_scale"]
-    assert len(scale["milliseconds"]) == 21 and scale["reaped"] == 1000
+    assert len(scale["milliseconds"]) == 25 and scale["reaped"] == 1000
+    pruned = [name for name in scale["milliseconds"] if name.startswith("prune, the whole pass")]
+    assert len(pruned) == 1 and not pruned[0].startswith("prune, the whole pass (0 runs"), pruned
     # At 2,000 rows a sequential scan is the right plan for a text search;
     # the full bench checks that one at 1,000,000.
     planned = {name: used for name, used in scale["index_used"].items() if "search" not in name}

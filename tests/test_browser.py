@@ -106,14 +106,15 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
     # of its own (Playwright's greenlet) that outlives the test and keeps the
     # teardown from dropping the test database.
     spend_history(operator)
-    with admin_page(base, "olivia") as page:
+    # The manual's screenshots at issue #30's laptop size.
+    with admin_page(base, "olivia", viewport=(1366, 900)) as page:
         page.goto(f"{base}/admin/runs/agentrun/")
         page.click("#changelist-filter >> text=failed")
         expect(page).to_have_url(f"{base}/admin/runs/agentrun/?status__exact=failed")
         expect(page.locator("#result_list tbody tr")).to_have_count(2)
         page.screenshot(path=screenshots / "runs-list.png")
 
-        page.click(f"text={unsafe.pk}")
+        page.click(f"#result_list a[href*='{unsafe.pk}/change/']")  # its id's head
         expect(page.locator("#requeue-verdict")).to_contain_text("reconcile it first")
         expect(page.locator("#requeue-button")).to_have_count(0)
         page.screenshot(path=screenshots / "run-detail-write-in-doubt.png", full_page=True)
@@ -123,7 +124,17 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
         page.screenshot(path=screenshots / "run-detail.png", full_page=True)
         page.fill("#requeue-verdict input[name=note]", "auth token rotated")
         page.click("#requeue-button")
-        expect(page.locator(".messagelist")).to_contain_text(re.compile("requeued", re.I))
+        # An auth failure comes again unless fixed: asked first, with why.
+        expect(page.locator("#lasting-failure-warning")).to_be_visible()
+        expect(page.locator("input[name=note]")).to_have_value("auth token rotated")
+        page.click("#confirm-button")
+        # The scripted provider refuses the key again: the message says so,
+        # linking the dead letter the run opened.
+        expect(page.locator(".messagelist")).to_contain_text(
+            re.compile(r"Requeued at .* Since then it failed again at its model call \(auth\)")
+        )
+        expect(page.locator(".messagelist a.opened-dead-letter")).to_have_count(1)
+        expect(page.locator("#since-action")).to_contain_text("Since your requeue at")
 
         page.goto(f"{base}/admin/runs/agentrun/{runs_to_operate_on['resumed'].pk}/change/")
         expect(page.locator("#attempts")).to_contain_text("resumed after step 3")

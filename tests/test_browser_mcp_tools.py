@@ -31,7 +31,7 @@ def test_an_operator_sees_mcp_tools_flagged_and_switches_an_undeclared_one_off(
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     http_tracker.stop_http()  # the webtracker is down
     base = live_server.url
-    with admin_page(base, "olivia") as page:
+    with admin_page(base, "olivia", viewport=(1366, 900)) as page:
         page.goto(f"{base}/admin/tools/toolsetting/")
         label = row(page, "tracker__label_issue")
         expect(label.locator(".hint-flag")).to_have_text(
@@ -42,6 +42,16 @@ def test_an_operator_sees_mcp_tools_flagged_and_switches_an_undeclared_one_off(
         down = row(page, "webtracker__create_issue")
         expect(down.locator(".tool-unavailable")).to_be_visible()
         expect(down).to_contain_text("MCP server 'webtracker' cannot be reached")
+        # On a laptop, the app list open, the long names, hints and reasons
+        # wrap: the table does not scroll sideways, the approval in effect
+        # is on the screen (issue #30).
+        fit = page.evaluate(
+            "() => { const t = document.querySelector('#result_list');"
+            " return [t.parentElement.scrollWidth, t.parentElement.clientWidth,"
+            " document.querySelector('#result_list th.column-approval_policy')"
+            ".getBoundingClientRect().right]; }"
+        )
+        assert fit[0] <= fit[1] and fit[2] <= 1366, fit
         page.click("#toggle-nav-sidebar")  # the table's columns, not the app list
         page.screenshot(path=screenshots / "mcp-tools.png", full_page=True)
 

@@ -49,7 +49,7 @@ def test_pages_need_staff_and_render_for_a_viewer(viewer_client, outsider_client
     for url in [
         RUNS,
         detail(agent_run),
-        f"{RUNS}overview/",
+        "/admin/",  # the overview
         f"{RUNS}write-audits/",
         "/admin/runs/deadletter/",
         "/admin/tools/toolsetting/",
@@ -58,11 +58,13 @@ def test_pages_need_staff_and_render_for_a_viewer(viewer_client, outsider_client
         assert page.status_code == 200, url
         assert outsider_client.get(url).status_code == 302, url  # to the login page
         # Branded; no "View site" (the app has none: it was a 404); the
-        # breadcrumbs in the markup Django 6 styles.
+        # breadcrumbs in the markup Django 6 styles (none on the home page,
+        # as Django draws it).
         content = page.content.decode()
         assert "<title>" in content and "nrllm-ops console" in content, url
+        assert '<div id="site-name"><a href="/admin/">nrllm-ops</a></div>' in content, url
         assert "View site" not in content, url
-        assert '<ol class="breadcrumbs">' in content, url
+        assert ('<ol class="breadcrumbs">' in content) == (url != "/admin/"), url
 
 
 def test_model_and_tool_text_is_escaped_everywhere(operator_client):
@@ -125,7 +127,9 @@ def test_a_viewer_sees_no_buttons_and_gets_403_for_crafted_posts(viewer_client):
 
 def test_requeue_from_the_detail_page(operator_client):
     agent_run = safe_failed_run()
-    response = operator_client.post(f"{RUNS}{agent_run.pk}/requeue/", {"note": "auth fixed"})
+    # An auth failure comes again unless fixed: the page asks first.
+    form = {"note": "auth fixed", "confirm": "yes"}
+    response = operator_client.post(f"{RUNS}{agent_run.pk}/requeue/", form)
     assert response.status_code == 302
     operator_step = AgentRun.objects.get(pk=agent_run.pk).steps.get(kind="operator")
     assert operator_step.result["note"] == "auth fixed"
@@ -206,7 +210,7 @@ def test_filters(operator_client, query, expected):
 
 def test_the_overview_links_its_numbers(operator_client):
     safe, audited = safe_failed_run(), audit_failed_run()
-    page = operator_client.get(f"{RUNS}overview/").content.decode()
+    page = operator_client.get("/admin/").content.decode()  # the overview
     assert 'id="open-dead-letters">2<' in page
     assert 'id="writes-in-doubt">1<' in page
     [link] = re.findall(r'href="([^"]*termination_reason__exact=not_retryable[^"]*)"', page)
@@ -262,7 +266,7 @@ def test_search_finds_live_runs_by_prompt_and_by_lease_owner(operator_client):
 
 
 def test_the_django_rq_dashboard_is_reachable_from_the_console(operator_client, queue, settings):
-    overview = operator_client.get(f"{RUNS}overview/").content.decode()
+    overview = operator_client.get("/admin/").content.decode()
     assert 'href="/admin/django-rq/"' in overview
     assert operator_client.get("/admin/django-rq/").status_code == 200
 

@@ -23,6 +23,27 @@ READ_ELSEWHERE = {
     "PROMETHEUS_MULTIPROC_DIR": "nrllm_ops/metrics_files.py",
     "SSL_CERT_FILE": "tools/builtin/http_transport.py",
     "SSL_CERT_DIR": "tools/builtin/http_transport.py",
+    # Read and checked by the settings through exporters_from_env; the SDK
+    # reads them again itself, and the rest.
+    "OTEL_TRACES_EXPORTER": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_HEADERS": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_TIMEOUT": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_COMPRESSION": "nrllm_ops/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "nrllm_ops/tracing.py",
+    "OTEL_BSP_SCHEDULE_DELAY": "nrllm_ops/tracing.py",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "nrllm_ops/tracing.py",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "nrllm_ops/tracing.py",
+    "OTEL_BSP_EXPORT_TIMEOUT": "nrllm_ops/tracing.py",
+    "OTEL_TRACES_SAMPLER": "nrllm_ops/tracing.py",
+    "OTEL_TRACES_SAMPLER_ARG": "nrllm_ops/tracing.py",
+    "OTEL_SDK_DISABLED": "nrllm_ops/tracing.py",
+    "OTEL_PYTHON_DJANGO_EXCLUDED_URLS": "nrllm_ops/tracing.py",
 }
 #: The app's code: every variable it reads must be in the settings table.
 #: (tests/ and bench/ read variables of their own: NRLLM_TEST_*, NRLLM_BENCH_*.)

@@ -118,15 +118,37 @@ def test_steps_stay_append_only_on_sqlite_through_every_migration(tmp_path):
         "    print('refused:', error)\n"
         "print(sorted(agent_run.steps.values_list('error', flat=True)))\n"
         "from runs.retention import delete_whole_runs\n"
-        "print(delete_whole_runs([agent_run.pk]), agent_run.steps.count())",
+        "print(delete_whole_runs([agent_run.pk]), agent_run.steps.count())\n"
+        # Retention, on SQLite: its batch's lock is the database's.
+        "from datetime import timedelta\n"
+        "from django.core.management import call_command\n"
+        "from runs.models import AgentRun, RunStep\n"
+        "old = run({'prompt': 'p', 'provider': {'kind': 'scripted', 'turns': "
+        "[{'content': 'done'}]}})\n"
+        "AgentRun.objects.filter(pk=old.pk).update(created_at=old.created_at - "
+        "timedelta(days=2), finished_at=old.finished_at - timedelta(days=2))\n"
+        "call_command('prune_runs', '--older-than', '1d')\n"
+        "print(AgentRun.objects.count(), RunStep.objects.count())\n"
+        # What an operator found about a deleted run's write stays.
+        "import uuid\n"
+        "from django.contrib.auth.models import User\n"
+        "from runs.models import WriteReconciliation\n"
+        "WriteReconciliation.objects.create(run_id=uuid.uuid4(), lease_token=1, "
+        "outcome='applied', note='n', operator=User.objects.create(username='o'))",
         env=env,
     )
     assert attempt.returncode == 0, attempt.stderr[-2000:]
-    assert attempt.stdout.splitlines()[-3:] == [
+    assert attempt.stdout.splitlines()[-5:-2] == [
         "refused: run steps are append-only; UPDATE refused",
         "['', '']",
         "1 0",
     ]
+    assert attempt.stdout.splitlines()[-2].startswith("deleted 1 run (2 steps) that ended before ")
+    assert attempt.stdout.splitlines()[-1] == "0 0"
+    # Its constraint cannot come back over it: the reverse refuses, naming why.
+    back = manage("migrate", "runs", "0021", "--noinput", env=env)
+    assert back.returncode != 0
+    assert "1 write reconciliation(s) belong to runs that retention deleted" in back.stderr
 
 
 def test_unwritten_steps_are_written_in_order_with_the_next_one_on_sqlite(tmp_path):

@@ -18,7 +18,7 @@ from spend.budgets import database_now
 from spend.models import DailySpend
 
 RUNS = "/admin/runs/agentrun/"
-OVERVIEW = f"{RUNS}overview/"
+OVERVIEW = "/admin/"  # the overview is the admin's index
 XSS = "<script>alert('x')</script>"
 FAKE = {"prompt_tokens": 11, "completion_tokens": 7, "cached_tokens": 0}
 

@@ -80,3 +80,13 @@ def test_a_body_nested_past_what_json_can_read_is_a_400_naming_it(api):
     assert response.status_code == 400
     assert "nested too deeply" in response.json()["detail"]
     assert AgentRun.objects.count() == 0
+
+
+def test_a_user_who_may_start_runs_but_not_view_them_is_told_the_run_id():
+    from tests.conftest import _client_for, _user
+
+    starter = _client_for(_user("sam", staff=True, permissions=["runs.add_agentrun"]))
+    response = starter.post(START, a_form(), follow=True)
+    started = AgentRun.objects.get()
+    assert response.redirect_chain == [(START, 302)]
+    assert f"Run {started.pk} started: it is queued." in response.content.decode()

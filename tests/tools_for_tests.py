@@ -358,3 +358,26 @@ class IdempotentWriteBeforeFailover(WriteBeforeFailover):
 
     name = "idempotent_write_before_failover"
     effect = ToolEffect.IDEMPOTENT_WRITE
+
+
+class Unprintable(Exception):
+    """An exception whose ``str()`` raises: its ``__str__`` returns no string."""
+
+    def __str__(self):
+        return {"detail": "not a string"}
+
+
+class UnprintableRead(Tool):
+    name = "unprintable_read"
+    description = "read-only tool that raises an exception which cannot be printed"
+    effect = ToolEffect.READ_ONLY
+    parameters = _ANY
+
+    def run(self, arguments, context):
+        raise Unprintable()
+
+
+class UnprintableWrite(UnprintableRead):
+    name = "unprintable_write"
+    description = "idempotent write that raises an exception which cannot be printed"
+    effect = ToolEffect.IDEMPOTENT_WRITE

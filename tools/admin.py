@@ -13,6 +13,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import override as translation_override
 
@@ -90,15 +91,19 @@ class ToolSettingAdmin(admin.ModelAdmin):
 
     form = ToolSettingForm
     #: The description is on each tool's page: the list is for the switch,
-    #: and for the effect beside the server's hints.
+    #: and for the effect beside the approval in effect and the server's
+    #: hints. In the order an operator reads a row, so that at 1366 px (the
+    #: app list and the filters open) what decides a call — effect,
+    #: approval, switch — comes first, source and availability share a
+    #: column, and the longer text wraps
+    #: (templates/admin/tools/toolsetting/change_list.html).
     list_display = [
         "name",
-        "source",
         "effect",
-        "hints",
-        "availability",
-        "enabled",
         "approval_policy",
+        "enabled",
+        "source_and_availability",
+        "hints",
     ]
     list_editable = ["enabled"]
     list_filter = [display.SourceFilter, display.FlaggedFilter, display.AvailableFilter]
@@ -136,6 +141,13 @@ class ToolSettingAdmin(admin.ModelAdmin):
     @admin.display(description="server's hints (untrusted)")
     def hints(self, obj):
         return display.hints_html(display.view_of(obj))
+
+    @admin.display(description="source · availability")
+    def source_and_availability(self, obj):
+        """Where the tool comes from and whether it can be offered now: one
+        column of the list, not two (the page has each on its own)."""
+        view = display.view_of(obj)
+        return format_html("{}<br>{}", display.source_html(view), display.availability_html(view))
 
     @admin.display(description="availability")
     def availability(self, obj):
@@ -218,11 +230,17 @@ class OutboxNotificationAdmin(ReadOnly, admin.ModelAdmin):
     non-idempotent write to check a run against (one per key, G10). Read
     only: no one adds, edits or deletes the outbox by hand."""
 
-    list_display = ["created_at", "recipient", "message_shown", "run", "key"]
+    list_display = ["created_shown", "recipient", "message_shown", "run", "key"]
     search_fields = ["=run_id", "recipient", "=idempotency_key"]
-    readonly_fields = ["created_at", "recipient", "message", "run_page", "idempotency_key"]
+    readonly_fields = ["created_shown", "recipient", "message", "run_page", "idempotency_key"]
     fields = readonly_fields
     show_full_result_count = False
+
+    @admin.display(description="created", ordering="created_at")
+    def created_shown(self, notification):
+        # To the second, with the zone: it is compared with a run's steps
+        # and with logs (the admin's own format has neither).
+        return timezone.localtime(notification.created_at).strftime("%Y-%m-%d %H:%M:%S %Z")
 
     @admin.display(description="message")
     def message_shown(self, notification):

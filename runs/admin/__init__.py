@@ -2,4 +2,4 @@
 Django admin. Thin adapters over ``runs.operators.actions`` and
 ``runs.operators.requeue_safety``; nothing here writes a run's state itself."""
 
-from runs.admin import runs, dead_letters  # noqa: F401, I001  (registers the ModelAdmins)
+from runs.admin import runs, dead_letters, reconciliations  # noqa: F401, I001  (registers the ModelAdmins)

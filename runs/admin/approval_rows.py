@@ -11,7 +11,7 @@ import json
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from runs.admin.display import as_text, effect_badge, shortened
+from runs.admin.display import as_text, effect_badge, position_in_words, shortened
 from runs.approvals.actions import APPROVE_PERMISSION, may_approve
 from runs.models import ApprovalRequest, RunStep
 from runs.vocabulary import ApprovalStatus, StepKind, SubmittedVia
@@ -68,6 +68,7 @@ def _pending_call(approval: ApprovalRequest, user, now) -> dict:
         "badge": effect_badge(approval.effect),
         "arguments": arguments_rows(approval.arguments),
         "arguments_json": as_text(approval.arguments),
+        "position_words": position_in_words(approval.position),
         # By this server's clock, for the page only: the decision itself
         # is refused past expiry by the database's (decide_approval).
         "overdue": approval.expires_at <= now,
@@ -103,13 +104,31 @@ def steps_before(run, turn_sequence: int) -> tuple[list[dict], int]:
     return [step_row(step, turn_sequence) for step in reversed(latest)], earlier
 
 
+def turn_calls(step: RunStep) -> list:
+    """The calls a model turn's record asks for; [] for a record not in the
+    shape of a turn (a page shows any row a database can hold, G12's
+    ``journal_unreplayable`` ones included)."""
+    result = step.result if isinstance(step.result, dict) else {}
+    calls = result.get("tool_calls")
+    return calls if isinstance(calls, list) else []
+
+
+def turn_content(step: RunStep) -> str:
+    """A model turn's answer text; "" for none, or a record not in the shape of one."""
+    result = step.result if isinstance(step.result, dict) else {}
+    content = result.get("content")
+    return content if isinstance(content, str) else ""
+
+
 def step_row(step: RunStep, turn_sequence: int | None = None) -> dict:
     """One step in a few words: kind, tool, short arguments and outcome."""
     if step.kind == StepKind.LLM:
-        result = step.result or {}
-        asked = [call.get("name", "?") for call in result.get("tool_calls") or []]
+        asked = [
+            str(call.get("name", "?")) if isinstance(call, dict) else "?"
+            for call in turn_calls(step)
+        ]
         what = f"asks for {', '.join(asked)}" if asked else "answers"
-        outcome = result.get("content") or ""
+        outcome = turn_content(step)
         arguments = ""
     elif step.kind == StepKind.APPROVAL:
         what, outcome, arguments = approval_summary(step), "", ""
@@ -149,14 +168,15 @@ def approval_summary(step: RunStep) -> str:
     action = result.get("action", "")
     if action == "requested":
         calls = ", ".join(
-            f"{call.get('tool', '?')} at {call.get('position', '?')}"
+            f"{call.get('tool', '?')} ({position_in_words(call.get('position', '?'))})"
             for call in result.get("calls", [])
         )
         return f"approval requested for {calls}; expires {_when(result.get('expires_at'))}"
     who = result.get("operator") or "?"
     own = " (the submitter's own)" if result.get("by_submitter") else ""
     note = f": {result['note']}" if result.get("note") else ""
-    return f"{step.tool_name} at {result.get('position', '?')} {action} by {who}{own}{note}"
+    where = position_in_words(result.get("position", "?"))
+    return f"{step.tool_name} ({where}) {action} by {who}{own}{note}"
 
 
 def _when(iso) -> str:

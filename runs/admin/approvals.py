@@ -19,7 +19,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from runs.admin import approval_rows
+from runs.admin import aftermath, approval_rows
+from runs.admin.display import position_in_words
 from runs.admin.paginator import BoundedCountPaginator
 from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
@@ -90,7 +91,10 @@ class ApprovalsInbox:
             return redirect(back)
         # Not the tool's name first: the admin capitalises a message's first
         # letter, and "Send_notification" is no tool's name.
-        what = f"the call {approval.tool_name} at {approval.position} of run {approval.run_id}"
+        what = (
+            f"{position_in_words(approval.position).capitalize()} ({approval.tool_name}) "
+            f"of run {approval.run_id}"
+        )
         note = request.POST.get("note", "").strip()
         if len(note) > approval_actions.MAX_NOTE_CHARS:
             self.message_user(
@@ -117,7 +121,10 @@ class ApprovalsInbox:
             )
         else:
             if result.ok:
-                self.message_user(request, f"{what}: {result.detail}.", messages.SUCCESS)
+                # What the decision did, and what the run did since (it may
+                # have run on already, or wait for a worker): as read now.
+                message = aftermath.after_decision(approval, result.detail)
+                self.message_user(request, message, messages.SUCCESS)
             else:
                 self.message_user(
                     request,

@@ -1,44 +1,80 @@
-"""What the operator pages show: the overview numbers and the writes in doubt."""
+"""What the operator pages show: the overview's numbers, the writes in
+doubt, a run's attempts."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from urllib.parse import urlencode
 
+from django.conf import settings
 from django.db.models import Count, Max, Min, Q
-from django.utils import timezone
+from django.urls import reverse
 
 from runs.admin.display import shortened
 from runs.admin.run_spend import spend_by_attempt
-from runs.models import AgentRun, ApprovalRequest, DeadLetter, ProviderCircuit
+from runs.models import AgentRun, DeadLetter, ProviderCircuit
 from runs.operators.actions import write_in_question
 from runs.selectors import EXECUTED_WRITE, write_audit_runs, writes_in_doubt
-from runs.vocabulary import ApprovalStatus, RunStatus, StepKind
+from runs.vocabulary import RunStatus, StepKind
+
+#: The statuses of runs not yet ended.
+LIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL)
 
 
-def overview() -> dict:
-    """Runs by status and termination reason over the last 24 hours, open
-    dead letters, writes in doubt, calls waiting for approval; each number
-    links to the filtered list (or the approvals inbox)."""
-    since = timezone.now() - timedelta(hours=24)
-    recent = AgentRun.objects.filter(created_at__gte=since)
-    by_outcome = (
-        recent.values("status", "termination_reason")
-        .annotate(runs=Count("id"))
-        .order_by("status", "termination_reason")
+def overview(now: datetime) -> dict:
+    """The numbers of the overview's *Now* module, each with the link to
+    exactly its rows: the runs waiting for approval (the calls waiting
+    are the header's count, ``pending_approvals``), writes in doubt, dead
+    letters (open; made in the last 24 hours), running runs (and those
+    whose lease expired: the reaper's next pass recovers them), queued
+    runs (and the overdue ones: due more than
+    ``NRLLM_REDISPATCH_AFTER_SECONDS`` ago and still not claimed, so no
+    worker is taking them). ``now`` is the database's. Four queries, each
+    on an index but the dead letters' (a table of one row per dead run)."""
+    day_ago = now - timedelta(hours=24)
+    overdue_before = now - timedelta(seconds=settings.NRLLM_REDISPATCH_AFTER_SECONDS)
+    live = AgentRun.objects.filter(status__in=LIVE).aggregate(
+        running=Count("pk", filter=Q(status=RunStatus.RUNNING)),
+        lease_expired=Count("pk", filter=Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)),
+        queued=Count("pk", filter=Q(status=RunStatus.QUEUED)),
+        overdue=Count("pk", filter=Q(status=RunStatus.QUEUED, available_at__lt=overdue_before)),
+        waiting_for_approval=Count("pk", filter=Q(status=RunStatus.WAITING_FOR_APPROVAL)),
     )
+    dead_letters = DeadLetter.objects.aggregate(
+        open=Count("pk", filter=Q(resolved_at__isnull=True)),
+        last_day=Count("pk", filter=Q(created_at__gte=day_ago)),
+    )
+    runs_url = reverse("admin:runs_agentrun_changelist")
+    dead_letters_url = reverse("admin:runs_deadletter_changelist")
     return {
-        "since": since,
-        "by_outcome": list(by_outcome),
-        "open_dead_letters": DeadLetter.objects.filter(resolved_at__isnull=True).count(),
+        **live,
+        "open_dead_letters": dead_letters["open"],
+        "dead_letters_last_day": dead_letters["last_day"],
         "writes_in_doubt": writes_in_doubt(AgentRun.objects.all()).count(),
-        "running": AgentRun.objects.filter(status="running").count(),
-        "queued": AgentRun.objects.filter(status="queued").count(),
-        "waiting_for_approval": AgentRun.objects.filter(
-            status=RunStatus.WAITING_FOR_APPROVAL
-        ).count(),
-        # The partial index approval_pending_idx holds exactly these rows.
-        "pending_approvals": ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).count(),
-        "since_param": since.isoformat(timespec="seconds"),
+        "overdue_after": settings.NRLLM_REDISPATCH_AFTER_SECONDS,
+        "links": {
+            "waiting_for_approval": filtered_url(
+                runs_url, status__exact=RunStatus.WAITING_FOR_APPROVAL
+            ),
+            "writes_in_doubt": filtered_url(runs_url, write_in_doubt="yes"),
+            "open_dead_letters": filtered_url(dead_letters_url, state="open"),
+            "dead_letters_last_day": filtered_url(dead_letters_url, created_at__gte=day_ago),
+            "running": filtered_url(runs_url, status__exact=RunStatus.RUNNING),
+            "lease_expired": filtered_url(runs_url, lease="expired"),
+            "queued": filtered_url(runs_url, status__exact=RunStatus.QUEUED),
+            "overdue": filtered_url(
+                runs_url, status__exact=RunStatus.QUEUED, available_at__lt=overdue_before
+            ),
+        },
         "circuits": ProviderCircuit.objects.prefetch_related("transitions"),
     }
+
+
+def filtered_url(url: str, **filters) -> str:
+    """``url`` with ``filters`` as its query (datetimes in ISO 8601)."""
+    query = {
+        key: value.isoformat() if isinstance(value, datetime) else str(value)
+        for key, value in filters.items()
+    }
+    return f"{url}?{urlencode(query)}"
 
 
 def write_audits(limit: int = 200) -> list[dict]:

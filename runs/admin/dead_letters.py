@@ -1,15 +1,30 @@
-"""Dead letters in the admin: the open ones first; requeue or dismiss them."""
+"""Dead letters in the admin: the open ones first; requeue or dismiss them,
+from the list or from a dead letter's page.
+
+Sized for a laptop (issue #30): a row names its run by its id's head
+(linked), and its error wraps rather than being cut to the column.
+Requeueing goes through the runs' own action — the same verdicts, the same
+confirmation (with the warning when the failure would come again), the same
+permission — and dismissing needs a note.
+"""
 
 from django.contrib import admin, messages
 from django.db.models import F
 from django.template.response import TemplateResponse
-from django.utils.timesince import timesince
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
 
 from nrllm_ops.admin_site import ReadOnly
-from runs.admin.display import shortened
-from runs.admin.runs import OperatorPermissions
-from runs.models import DeadLetter
+from runs.admin.display import cut, moment, short_id, span
+from runs.admin.run_actions import OperatorPermissions
+from runs.models import AgentRun, DeadLetter
 from runs.operators import actions as operator_actions
+from runs.operators.lasting_failure import lasting_failure
+from runs.operators.requeue_safety import requeue_safety
+
+#: The error in a row (all of it on the dead letter's page).
+ERROR_CHARS = 240
 
 
 class OpenFilter(admin.SimpleListFilter):
@@ -29,21 +44,26 @@ class OpenFilter(admin.SimpleListFilter):
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
-    list_display = [
-        "run",
-        "reason",
-        "failure_class",
-        "error",
-        "age",
-        "resolution",
-        "resolved_by",
-        "resolved_at",
-    ]
+    list_display = ["number", "run_link", "reason", "failure_class", "error_shown", "age", "state"]
+    list_display_links = ["number"]
     list_filter = [OpenFilter, "reason", "failure_class", "resolution"]
     list_select_related = ["run", "resolved_by"]
     search_fields = ["=run__id"]
+    search_help_text = "Searches a whole run id."
     actions = ["requeue_selected", "dismiss_selected"]
-    readonly_fields = [field.name for field in DeadLetter._meta.fields]
+    fields = [
+        "run_link",
+        "reason",
+        "failure_class",
+        "error_type",
+        "error_message",
+        "created_shown",
+        "resolution",
+        "resolved_by",
+        "resolved_shown",
+        "resolution_note",
+    ]
+    readonly_fields = fields
     show_full_result_count = False
 
     def get_ordering(self, request):
@@ -53,21 +73,97 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     def has_dismiss_permission(self, request, obj=None):
         return request.user.has_perm("runs.dismiss_deadletter")
 
+    # --- columns and fields -------------------------------------------------------
+
+    @admin.display(description="#", ordering="pk")
+    def number(self, dead_letter):
+        return f"#{dead_letter.pk}"
+
+    @admin.display(description="run")
+    def run_link(self, dead_letter):
+        url = reverse("admin:runs_agentrun_change", args=[dead_letter.run_id])
+        return format_html(
+            '<a href="{}" title="{}"><code class="run-id">{}</code></a> ({})',
+            url,
+            dead_letter.run_id,
+            short_id(dead_letter.run_id),
+            dead_letter.run.status,
+        )
+
     @admin.display(description="error")
-    def error(self, dead_letter):
-        text = shortened(f"{dead_letter.error_type}: {dead_letter.error_message}".strip(": "))
-        return text["short"] + ("…" if text["cut"] else "")
+    def error_shown(self, dead_letter):
+        parts = (dead_letter.error_type, dead_letter.error_message)
+        error = ": ".join(part for part in parts if part)
+        return format_html(
+            '<span class="run-error" title="{}">{}</span>', cut(error, 600), cut(error, ERROR_CHARS)
+        )
 
     @admin.display(description="age", ordering="created_at")
     def age(self, dead_letter):
-        return timesince(dead_letter.created_at)
+        return format_html(
+            '<span title="opened {}">{}</span>',
+            moment(dead_letter.created_at),
+            span(timezone.now() - dead_letter.created_at, units=1),
+        )
+
+    @admin.display(description="state", ordering="resolved_at")
+    def state(self, dead_letter):
+        if dead_letter.resolved_at is None:
+            return format_html("<strong>{}</strong>", "open")
+        return format_html(
+            '{} by {} <span title="{}">{} ago</span>',
+            dead_letter.resolution,
+            dead_letter.resolved_by,
+            moment(dead_letter.resolved_at),
+            span(timezone.now() - dead_letter.resolved_at, units=1),
+        )
+
+    @admin.display(description="opened")
+    def created_shown(self, dead_letter):
+        return moment(dead_letter.created_at)
+
+    @admin.display(description="resolved")
+    def resolved_shown(self, dead_letter):
+        return moment(dead_letter.resolved_at) or "-"
+
+    # --- the page ---------------------------------------------------------------------
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The dead letter, with its run's requeue verdict and the buttons to
+        requeue it (the runs' endpoint) or dismiss it (this list's action)."""
+        dead_letter = self.get_object(request, object_id)
+        if dead_letter is not None:
+            run = dead_letter.run
+            verdict = requeue_safety(run)
+            extra_context = {
+                **(extra_context or {}),
+                "dead_letter": dead_letter,
+                "run": run,
+                "verdict": verdict,
+                "lasting_failure": lasting_failure(run) if verdict.allowed else "",
+                "can_requeue": self.has_requeue_permission(request) and verdict.allowed,
+                "can_dismiss": self.has_dismiss_permission(request)
+                and dead_letter.resolved_at is None,
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            }
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    # --- actions ----------------------------------------------------------------------
 
     @admin.action(description="Requeue the runs of selected dead letters", permissions=["requeue"])
     def requeue_selected(self, request, queryset):
-        for dead_letter in queryset.select_related("run"):
-            result = operator_actions.requeue(dead_letter.run, request.user, "from dead letter")
-            level = messages.SUCCESS if result.ok else messages.WARNING
-            self.message_user(request, f"{dead_letter.run_id}: {result.detail}", level)
+        """The runs' own confirmation (each run's verdict, the warning where
+        its failure would come again), confirmed to the runs' action."""
+        run_ids = queryset.values_list("run_id", flat=True)
+        runs = list(AgentRun.objects.filter(pk__in=run_ids).order_by("-created_at"))
+        run_admin = self.admin_site.get_model_admin(AgentRun)
+        return run_admin.requeue_confirmation(
+            request,
+            runs,
+            requeue_safety,
+            restart=False,
+            action_url=reverse("admin:runs_agentrun_changelist"),
+        )
 
     @admin.action(description="Dismiss selected dead letters", permissions=["dismiss"])
     def dismiss_selected(self, request, queryset):
@@ -81,6 +177,7 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
                     "title": "Dismiss dead letters",
                     "opts": self.model._meta,
                     "dead_letters": queryset.select_related("run"),
+                    "note": note,
                     "note_missing": request.POST.get("confirm") == "yes",
                     "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
                 },
@@ -88,5 +185,5 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
         for dead_letter in queryset:
             result = operator_actions.dismiss(dead_letter, request.user, note)
             level = messages.SUCCESS if result.ok else messages.WARNING
-            self.message_user(request, f"dead letter {dead_letter.pk}: {result.detail}", level)
+            self.message_user(request, f"Dead letter #{dead_letter.pk}: {result.detail}.", level)
         return None

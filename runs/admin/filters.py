@@ -1,4 +1,8 @@
-"""List filters for runs, each backed by an index (see the model's Meta)."""
+"""List filters for runs, each backed by an index (see the model's Meta).
+
+The rarer ones are folded (``Folded``): a laptop's screen shows the filters
+operators reach for first, and a folded one opens when it is in use.
+"""
 
 from django.contrib import admin
 from django.utils import timezone
@@ -6,6 +10,16 @@ from django.utils import timezone
 from runs.selectors import offering_tool, writes_in_doubt
 from runs.vocabulary import RunStatus
 from tools.registry import get_registry
+
+
+class Folded:
+    """A filter drawn closed unless one of its choices is in use."""
+
+    template = "admin/runs/_folded_filter.html"
+
+
+class CollapsedChoicesFilter(Folded, admin.ChoicesFieldListFilter):
+    """A field's choices, folded (the termination reasons: fourteen of them)."""
 
 
 class WriteInDoubtFilter(admin.SimpleListFilter):
@@ -35,7 +49,7 @@ class OffersToolFilter(admin.SimpleListFilter):
         return offering_tool(queryset, name) if name else queryset
 
 
-class RequeueCountFilter(admin.SimpleListFilter):
+class RequeueCountFilter(Folded, admin.SimpleListFilter):
     """Fixed choices: listing the distinct values would scan the table."""
 
     title = "requeue count"
@@ -53,7 +67,7 @@ class RequeueCountFilter(admin.SimpleListFilter):
         return queryset
 
 
-class LeaseFilter(admin.SimpleListFilter):
+class LeaseFilter(Folded, admin.SimpleListFilter):
     title = "lease"
     parameter_name = "lease"
 

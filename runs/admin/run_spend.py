@@ -63,8 +63,8 @@ class RunSpendFields:
         return token_text(run.total_tokens)
 
     @admin.display(description="cost")
-    def cost_shown(self, run: AgentRun) -> str | None:
-        return None if spent_nothing(run) else run_cost_text(run)
+    def cost_shown(self, run: AgentRun) -> str:
+        return "none yet" if spent_nothing(run) else run_cost_text(run)
 
 
 def spent_nothing(run: AgentRun) -> bool:

@@ -132,6 +132,13 @@ def start_run_page(model_admin, request):
     if request.method == "POST" and form.is_valid():
         started = start_run(form, request.user)
         if started is not None:
+            if not model_admin.has_view_permission(request, started):
+                # May start runs but not look at them (an integration's
+                # account, say): the run's id, and the form again.
+                model_admin.message_user(
+                    request, f"Run {started.pk} started: it is queued.", messages.SUCCESS
+                )
+                return redirect(reverse("admin:runs_start"))
             model_admin.message_user(request, "Run started: it is queued.", messages.SUCCESS)
             return redirect(reverse("admin:runs_agentrun_change", args=[started.pk]))
     return TemplateResponse(

@@ -21,6 +21,7 @@ from django.db import transaction
 
 from runs import transitions
 from runs.dispatch import dispatch_many_or_fail, dispatch_or_fail, job_id_for, live_job_ids
+from runs.liveness import REAPER
 from runs.metrics import APPROVAL_DECISIONS, REAPER_DECISIONS
 from runs.models import AgentRun
 from runs.reaper.decisions import (
@@ -33,6 +34,7 @@ from runs.reaper.decisions import (
     ReapDecision,
     decide_reap,
 )
+from runs.reaper.liveness import Beat, record_pass
 from runs.transitions import Reaping, StaleLease, db_time
 from runs.vocabulary import RunMode, RunStatus, StepKind
 
@@ -72,8 +74,13 @@ _STALE_FIELDS = (
 )
 
 
-def reap_stale_runs(*, as_of: datetime | None = None, batch_size: int = 1000) -> ReapReport:
-    """One reaper pass. ``as_of`` replaces the database's "now" (for tests)."""
+def reap_stale_runs(
+    *, as_of: datetime | None = None, batch_size: int = 1000, beat: Beat | None = None
+) -> ReapReport:
+    """One reaper pass. ``as_of`` replaces the database's "now" (for tests).
+    A pass that completes is recorded for the console (``runs.liveness``):
+    as the reaper's, or as ``beat`` says (the embedded worker's); one made
+    ``as_of`` another time is not."""
     report = ReapReport()
     now = as_of if as_of is not None else db_time()
     stale = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
@@ -92,6 +99,11 @@ def reap_stale_runs(*, as_of: datetime | None = None, batch_size: int = 1000) ->
         # Without Redis no queued run has a job to lose: the embedded worker
         # executes every queued run once it is due.
         _redispatch_lost_jobs(as_of, batch_size, report)
+    if as_of is None:
+        # A pass "as of" another time (a test's, reap_stale_runs --as-of) is
+        # no sign of life: recorded, a future one would show a dead reaper
+        # alive until that time.
+        record_pass(beat or Beat(REAPER, settings.NRLLM_REAPER_INTERVAL_SECONDS))
     return report
 
 

@@ -27,7 +27,7 @@ from runs.dispatch import dispatch_or_fail
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
 from runs.models import AgentRun
 from runs.providers import build_provider
-from runs.runtime import heartbeat
+from runs.runtime import heartbeat, spans
 from runs.runtime.budget_watch import BudgetWatch
 from runs.runtime.enqueue_spend import check_spend_at_enqueue
 from runs.runtime.errors import AwaitingApproval, LeaseLost, RunCancelled
@@ -275,9 +275,12 @@ def _execute(
     re-executed run resumes: it replays its journal and goes live after it
     (G12). A call that needs approval parks the run (G14). Each model call
     waits for the budget checks (G17), from what the claim read."""
-    with heartbeat.kept(
-        lease, settings.NRLLM_LEASE_SECONDS, settings.NRLLM_OPERATION_MARGIN_SECONDS
-    ) as beat:
+    with (
+        spans.attempt(lease, mode, resumed=resumed) as traced,
+        heartbeat.kept(
+            lease, settings.NRLLM_LEASE_SECONDS, settings.NRLLM_OPERATION_MARGIN_SECONDS
+        ) as beat,
+    ):
         execution = LeasedExecution(
             lease,
             settings.NRLLM_LEASE_SECONDS,
@@ -311,6 +314,7 @@ def _execute(
             if mode == RunMode.INTERACTIVE:
                 execution.record_request(stored_request)
             if journal:
+                traced.replayed(journal)
                 _note_resume(execution, journal)
             outcome = run_agent_loop(
                 prompt=request.prompt,
@@ -330,27 +334,33 @@ def _execute(
                 # still wins (G9).
                 execution.finish_without_steps(outcome.output)
         except AwaitingApproval as waiting:
+            traced.ended(spans.AttemptEnd.WAITING_FOR_APPROVAL)
             logger.info(
                 "run=%s waits for approval of %d call(s)", lease.run_id, len(waiting.approvals)
             )
             approval_notices.run_waits(lease.run_id, waiting.approvals)
             return
         except LeaseLost:
+            traced.ended(spans.AttemptEnd.LEASE_LOST)
             LEASES_LOST.inc()
             logger.warning(
                 "run=%s lease_token=%s lost; settling nothing", lease.run_id, lease.token
             )
             return
         except RunCancelled as cancel:
+            traced.ended(spans.AttemptEnd.CANCELLED)
             withdraw_unstarted(lease, cancel)
             transitions.settle(lease, RunStatus.CANCELLED, TerminationReason.CANCELLED)
             return
         except JournalUnreplayable as error:
+            traced.ended(spans.AttemptEnd.JOURNAL_UNREPLAYABLE, error)
             dead_letter_unreplayable(lease, error)
             return
         except Exception as error:
+            traced.ended(spans.AttemptEnd.FAILED, error)
             settle_failure(lease, error, mode, requeue_count=requeue_count)
             return
+        traced.ended(outcome.reason)
         if not execution.settled:
             transitions.settle(lease, RunStatus.FAILED, outcome.reason)
 
@@ -364,11 +374,13 @@ class _DeadlinedProvider(TimedProvider):
         super().__init__(provider, kind)
         self._call_seconds = getattr(provider, "call_seconds", None)
         self._execution = execution
+        self._model = getattr(provider, "model", None)  # the one asked for, if named
 
     def next_turn(self, messages, tool_specs):
         self._execution.model_call_begins(self._call_seconds)
         try:
-            return super().next_turn(messages, tool_specs)
+            with spans.model_call(self._execution.lease, self._kind, self._model) as traced:
+                return traced.returned(super().next_turn(messages, tool_specs))
         finally:
             self._execution.between_operations()
 

@@ -20,10 +20,10 @@ import logging
 
 from django.db import DatabaseError
 
-from nrllm_ops.database import release_connection
 from runs import metrics, transitions
 from runs.approvals.gate import ApprovalGate
 from runs.runtime.budget_watch import BudgetWatch
+from runs.runtime.call_lease import CallLease
 from runs.runtime.errors import (
     AuditPersistenceFailed,
     AwaitingApproval,
@@ -39,15 +39,14 @@ from runs.runtime.step_ledger import (
     record_late_result,
     withdraw_unstarted_fence,
 )
-from runs.transitions import FinishOutcome, Lease, NextCall, RecordOutcome
+from runs.transitions import FinishOutcome, Lease, RecordOutcome
 from runs.vocabulary import StepKind
 from tools.contract import ToolContext, idempotency_key_for
-from tools.deadline import time_limit_of
 
 logger = logging.getLogger(__name__)
 
 
-class LeasedExecution:
+class LeasedExecution(CallLease):
     def __init__(
         self,
         lease: Lease,
@@ -322,11 +321,6 @@ class LeasedExecution:
             fields["result"] = self.budget.priced(fields["result"])
         return fields
 
-    def between_operations(self) -> None:
-        """Nothing is in flight but the runtime's own statements."""
-        if self.heartbeat is not None:
-            self.heartbeat.between_operations()
-
     def model_call_begins(self, call_seconds: float | None) -> None:
         """A model call that may take ``call_seconds`` (its client's own
         timeouts; None: unbounded) is about to be sent: unless it would go
@@ -339,73 +333,6 @@ class LeasedExecution:
             self.heartbeat.model_call(call_seconds)
             if self.heartbeat.handed_back:
                 raise LeaseLost()
-
-    def _lease_seconds_for(self, call: PlannedCall) -> float:
-        if self.heartbeat is not None:
-            # The heartbeat carries the lease through the call, up to its
-            # limit plus the margin: a worker that dies mid-call is noticed
-            # in a lease, not after the call's limit (G16).
-            return self.lease_seconds
-        # Without one, the lease must outlive the call, or a long write would
-        # be reaped mid-call.
-        return max(self.lease_seconds, time_limit_of(call.tool) + self.operation_margin)
-
-    def _stop_if_handed_back(self, call: PlannedCall, key: str) -> None:
-        if self.heartbeat is None or not self.heartbeat.handed_back:
-            return
-        # The record before the call may have stamped its fence: the call
-        # never starts, so no write is left in doubt that never ran. (If the
-        # database is away, the fence stands and the reaper decides on it.)
-        if call.tool.effect.is_write:
-            withdraw_unstarted_fence(self.lease, key)
-        raise LeaseLost()
-
-    @staticmethod
-    def _renewal_for(call: PlannedCall, key: str) -> NextCall:
-        if not call.tool.effect.is_write:
-            return NextCall(fence="", call=None)
-        stamp = {"tool": call.tool.name, "arguments": call.arguments, "idempotency_key": key}
-        return NextCall(fence=call.tool.effect.value, call=stamp)
-
-    def _context(self, call: PlannedCall, key: str) -> ToolContext:
-        limit = time_limit_of(call.tool)
-        if self.heartbeat is not None:
-            self.heartbeat.tool_call(limit)
-        # The call may take long, and a tool that reads the database does so
-        # over its own thread's connection: the run's goes back to a pool.
-        release_connection()
-        return ToolContext(
-            run_id=self.lease.run_id,
-            idempotency_key=key,
-            attempt=self.lease.token,
-            timeout_seconds=limit,
-        )
-
-    def _heartbeat_after_unrecorded_step(self) -> None:
-        # The failed record rolled back its renewal too; renew on its own.
-        # If the database is still away, carry on: the lease has time left and
-        # a read-only run must not fail over a blip.
-        try:
-            renewed = transitions.heartbeat(self.lease, self.lease_seconds)
-        except DatabaseError:
-            logger.warning("run=%s heartbeat failed; continuing", self.lease.run_id)
-            return
-        if not renewed:
-            raise LeaseLost()
-        if transitions.cancel_requested(self.lease):
-            raise RunCancelled()
-
-    def _stop_for_lost_renewal(self, *, before: str) -> None:
-        if transitions.cancel_requested(self.lease):
-            logger.info("run=%s cancel noticed before %s", self.lease.run_id, before)
-            raise RunCancelled()
-        logger.warning(
-            "run=%s lease_token=%s lost its lease before %s; stopping",
-            self.lease.run_id,
-            self.lease.token,
-            before,
-        )
-        raise LeaseLost()
 
 
 def _write_of(event: StepEvent) -> dict:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from runs.providers import Provider
 from runs.providers.base import ToolCall, Turn
+from runs.runtime import spans
 from runs.runtime.errors import WriteOutcomeUnknown
 from runs.vocabulary import StepKind, TerminationReason
 from tools.canonical import NAME_LIMIT, as_journaled, storable_text
@@ -189,7 +190,7 @@ def run_agent_loop(
                 messages.append(_tool_message(call_id, outcome.result, outcome.error))
                 continue
             if isinstance(plan, PlannedCall):
-                event = _execute_call(plan, observer)
+                event = _execute_call(plan, observer, call_id)
             else:
                 # Never executed: the model's call was malformed, named a tool
                 # this run was not given, its arguments were invalid, or an
@@ -278,7 +279,7 @@ def _outcome_unknown(tool: Tool, context: ToolContext, error: Exception) -> Writ
     )
 
 
-def _execute_call(call: PlannedCall, observer: LoopObserver) -> StepEvent:
+def _execute_call(call: PlannedCall, observer: LoopObserver, call_id: str) -> StepEvent:
     tool, name, arguments = call.tool, call.tool.name, call.arguments
     context = observer.before_tool(call)
     event = StepEvent(
@@ -295,12 +296,13 @@ def _execute_call(call: PlannedCall, observer: LoopObserver) -> StepEvent:
         observer.write_returned_late(event, late_result, storable_text(error))
 
     try:
-        result = call_within(
-            context.timeout_seconds,
-            name,
-            lambda: tool.run(arguments, context),
-            on_late=late if tool.effect.is_write else None,
-        )
+        with spans.tool_call(call, context, call_id):
+            result = call_within(
+                context.timeout_seconds,
+                name,
+                lambda: tool.run(arguments, context),
+                on_late=late if tool.effect.is_write else None,
+            )
     except ToolTimeout as error:
         if tool.effect.is_write:
             # Stopped mid-call: the write may have gone out.

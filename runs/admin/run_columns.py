@@ -1,0 +1,117 @@
+"""The runs list's columns, sized for a laptop (issue #30): at 1366 px, with
+the admin's app list and the filters open, the table has about 700 px.
+
+So a row shows what an operator scans for — which run (an id's head), what
+it was asked (the prompt's start), where it stands and why (status with its
+reason, failure class and a write in doubt), how old, how long it ran, what
+it spent and its last error — and the rest (fence, lease, mode, requeues)
+is on the run's page. Every column reads the run's own row (and the
+reconciliations the list prefetches): no query per row. Text a model, a
+tool or a submitter wrote goes through ``format_html``: escaped.
+"""
+
+from django.contrib import admin
+from django.utils import timezone
+from django.utils.html import format_html
+
+from runs.admin.display import cut, moment, short_id, span
+from runs.models import AgentRun
+from runs.selectors import is_write_in_doubt
+from runs.vocabulary import RunStatus
+
+#: The prompt and the last error in a row; the tooltip holds more.
+PROMPT_CHARS = 60
+ERROR_CHARS = 90
+TOOLTIP_CHARS = 600
+
+
+class RunListColumns:
+    """Columns of ``AgentRunAdmin``'s list."""
+
+    @admin.display(description="run")
+    def run_id_shown(self, run: AgentRun):
+        # The list links this column to the run's page.
+        return format_html('<code class="run-id" title="{}">{}</code>', run.pk, short_id(run.pk))
+
+    @admin.display(description="prompt")
+    def prompt_shown(self, run: AgentRun):
+        return format_html(
+            '<span class="run-prompt" title="{}">{}</span>',
+            cut(run.prompt, TOOLTIP_CHARS),
+            cut(run.prompt, PROMPT_CHARS),
+        )
+
+    @admin.display(description="status", ordering="status")
+    def status_shown(self, run: AgentRun):
+        why = why_so(run)
+        return format_html(
+            '<span class="run-status status-{}">{}</span>{}',
+            run.status,
+            run.get_status_display().lower(),
+            format_html('<br><small class="run-why">{}</small>', why) if why else "",
+        )
+
+    @admin.display(description="age · ran", ordering="created_at")
+    def age(self, run: AgentRun):
+        """How old the run is (the moment in the tooltip) and, below, how long
+        its last attempt ran: one narrow column, not two."""
+        ran = ran_for(run)
+        return format_html(
+            '<span title="created {}">{}</span>{}',
+            moment(run.created_at),
+            span(timezone.now() - run.created_at, units=1),
+            format_html(
+                '<br><small class="run-ran" title="the last attempt, from its claim to its '
+                'end">ran {}</small>',
+                ran,
+            )
+            if ran
+            else "",
+        )
+
+    @admin.display(description="last error")
+    def last_error(self, run: AgentRun):
+        error = error_text(run)
+        if not error:
+            return None
+        return format_html(
+            '<span class="run-error" title="{}">{}</span>',
+            cut(error, TOOLTIP_CHARS),
+            cut(error, ERROR_CHARS),
+        )
+
+
+def why_so(run: AgentRun) -> str:
+    """The status's reason in a few words: the termination reason and failure
+    class of an ended run, a write in doubt, a retry's cause, a lease gone."""
+    parts = []
+    if run.status in RunStatus.terminal():
+        # "completed" twice says nothing: the reason only when it is news.
+        reason = "" if run.termination_reason == run.status else run.termination_reason
+        parts = [reason, run.failure_class]
+        if is_write_in_doubt(run):
+            parts.append("write in doubt")
+    elif run.status == RunStatus.QUEUED and run.failure_class:
+        parts = [f"retry after {run.failure_class}"]
+    elif run.status == RunStatus.RUNNING:
+        if run.cancel_requested_at:
+            parts = ["cancel requested"]
+        elif run.lease_expires_at and run.lease_expires_at < timezone.now():
+            parts = ["lease expired"]
+    return " · ".join(part for part in parts if part)
+
+
+def ran_for(run: AgentRun) -> str:
+    """How long the run has run: from its first claim to its end (or now)."""
+    if run.started_at is None:
+        return ""
+    if run.finished_at is None:
+        if run.status != RunStatus.RUNNING:
+            return ""  # waiting, or queued again: it is not running now
+        return f"{span(timezone.now() - run.started_at)} so far"
+    return span(run.finished_at - run.started_at)
+
+
+def error_text(run: AgentRun) -> str:
+    """The run's last error as ``type: message``; "" for none."""
+    return ": ".join(part for part in (run.error_type, run.error_message) if part)

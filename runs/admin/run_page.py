@@ -1,0 +1,151 @@
+"""A run's page in the console (the admin's change view of a run), laid out
+for a laptop (issue #30): a summary first — status, error, tokens, how long
+it ran, its attempts, what it did since an operator's last action, and what
+an operator can do now (approve or deny a waiting call, requeue with the
+verdict beside the button) — then its fields in a compact grid, its
+approvals, attempts and steps.
+
+A run that failed on a provider error records no step for the model call
+that failed (nothing came back to record): the page shows that call, from
+the run's error fields, at the end of the step timeline.
+"""
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+
+from runs.admin import aftermath, approval_rows, console
+from runs.admin.display import cut, effect_badge, moment, position_in_words, shortened
+from runs.admin.run_columns import error_text, ran_for, why_so
+from runs.admin.run_spend import turn_spend_text
+from runs.models import AgentRun, RunStep
+from runs.operators.actions import write_in_question
+from runs.operators.lasting_failure import lasting_failure
+from runs.operators.requeue_safety import requeue_safety, restart_safety
+from runs.vocabulary import RunStatus, StepKind
+
+STEPS_PER_PAGE = 50
+#: Fields of free text: a row of the grid each.
+WIDE_FIELDS = ("prompt", "error_message", "output")
+#: A model's answer in its step's sentence (all of it in the record).
+ANSWER_CHARS = 300
+#: Failed model calls are recorded so: the provider's error, classified (G8).
+PROVIDER_ERROR = "ProviderError"
+
+
+class RunPageFields:
+    """The page's moments, to the second and with their zone (the admin's
+    own format has neither)."""
+
+    @admin.display(description="created")
+    def created_shown(self, run: AgentRun) -> str:
+        return moment(run.created_at) or "-"
+
+    @admin.display(description="started (last claim)")
+    def started_shown(self, run: AgentRun) -> str:
+        return moment(run.started_at) or "-"
+
+    @admin.display(description="finished")
+    def finished_shown(self, run: AgentRun) -> str:
+        return moment(run.finished_at) or "-"
+
+    @admin.display(description="lease expires")
+    def lease_expires_shown(self, run: AgentRun) -> str:
+        return moment(run.lease_expires_at) or "-"
+
+
+def run_page_context(model_admin, request, run: AgentRun) -> dict:
+    """What ``templates/admin/runs/agentrun/change_form.html`` shows of ``run``
+    to ``request.user``, with the buttons their permissions allow."""
+    steps = Paginator(run.steps.order_by("sequence"), STEPS_PER_PAGE).get_page(
+        request.GET.get("steps_page")
+    )
+    failed_call = failed_model_call(run)
+    attempts = console.attempts(run)
+    pending_calls = []
+    if run.status == RunStatus.WAITING_FOR_APPROVAL:
+        groups, _ = approval_rows.pending_groups(request.user, run.pk)
+        pending_calls = [call for group in groups for call in group["calls"]]
+    since = aftermath.since_last_action(run)
+    approvals = approval_rows.history(run)
+    for approval in approvals:
+        approval.position_words = position_in_words(approval.position)
+    return {
+        "run": run,
+        "summary": {
+            "why": why_so(run),
+            "error": error_text(run),
+            "ran": ran_for(run),
+            "spend": model_admin.spend(run),
+            "attempts": len(attempts),
+            "created": moment(run.created_at),
+            "failed_call": failed_call,
+        },
+        "since": since,
+        "since_heading": since.heading(request.user) if since else "",
+        "pending_calls": pending_calls,
+        "request_json": shortened(run.request),
+        "wide_fields": WIDE_FIELDS,
+        "steps_page": steps,
+        "timeline": [timeline_row(step) for step in steps],
+        # After the last step, where it happened.
+        "failed_call_row": failed_call if not steps.has_next() else None,
+        "verdict": requeue_safety(run),
+        "restart_verdict": restart_safety(run),
+        "lasting_failure": lasting_failure(run),
+        "attempts": attempts,
+        "reconciliation": run.reconciliation,
+        "write_in_question": write_in_question(run),
+        "dead_letters": run.dead_letters.select_related("resolved_by").order_by("-created_at"),
+        "approvals": approvals,
+        "can_requeue": model_admin.has_requeue_permission(request),
+        "can_cancel": model_admin.has_cancel_permission(request) and not run.is_terminal,
+        "can_reconcile": model_admin.has_reconcile_permission(request),
+    }
+
+
+def timeline_row(step: RunStep) -> dict:
+    return {
+        "step": step,
+        "badge": effect_badge(step.effect),
+        "arguments": shortened(step.arguments),
+        "outcome": shortened(step.error or step.result),
+        "said": said(step),
+        "spend": turn_spend_text(step),
+    }
+
+
+def said(step: RunStep) -> str:
+    """A model turn, an approval or an operator step as a sentence (its
+    whole record behind it); "" for other kinds."""
+    if step.kind == StepKind.APPROVAL:
+        return approval_rows.approval_summary(step)
+    if step.kind == StepKind.LLM:
+        return approval_rows.step_row(step)["what"] + _answer(step)
+    if step.kind != StepKind.OPERATOR:
+        return ""
+    result = step.result if isinstance(step.result, dict) else {}
+    what = f"{result.get('action', '?')} by {result.get('operator') or '?'}"
+    if result.get("outcome"):
+        what += f" ({result['outcome']})"
+    return f"{what}: {result['note']}" if result.get("note") else what
+
+
+def _answer(step: RunStep) -> str:
+    content = approval_rows.turn_content(step)
+    return f": {cut(content, ANSWER_CHARS)}" if content else ""
+
+
+def failed_model_call(run: AgentRun) -> dict | None:
+    """The model call the run's last attempt failed on, from the run's error
+    fields (None: it did not fail on one). Its turn is the one after the
+    journal's last: one count on the (run, sequence) index."""
+    if run.error_type != PROVIDER_ERROR:
+        return None
+    turns = run.steps.filter(kind=StepKind.LLM, sequence__gt=run.journal_begins_after).count()
+    return {
+        "turn": turns + 1,
+        "failure_class": run.failure_class or "unknown",
+        "error": run.error_message,
+        "attempt": run.lease_token,
+        "at": run.finished_at,
+    }

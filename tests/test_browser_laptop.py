@@ -1,0 +1,291 @@
+"""The console on a laptop and on a desktop (issue #30): at 1366 × 900 and
+1920 × 1080, with Django's app list and the list filters open, nothing that
+matters on the runs list, a failed run's page, a waiting run's page, the
+dead letters, the tools, the approvals inbox and the start form is off the
+screen or cut. Measured from the
+elements' boxes, not read off screenshots: a table's container does not
+scroll sideways (its scrollWidth is its clientWidth), each key element lies
+inside the viewport's width (and, where an operator acts, above the fold),
+and none of them clips its own text. And an operator approves one call and
+denies another from the waiting runs' pages."""
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission
+from playwright.sync_api import expect
+
+from runs.faults import step_inserts_refused
+from runs.models import ApprovalRequest, DeadLetter
+from runs.runtime import enqueue
+from runs.vocabulary import ApprovalStatus, RunStatus
+from tests.browser import DOCS_SCREENSHOTS, admin_page
+from tests.helpers import answer, call, fresh, scripted
+from tools.models import OutboxNotification
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+#: Ids, keys and digests do not break at spaces: they must wrap anyway.
+HEX = "5099e50086331ecde38760824" * 4
+LONG_PROMPT = (
+    "Go through every incident note of the last quarter, group them by the "
+    "service they hit and summarise each group for the weekly report"
+)
+
+#: For a selector: its box, the viewport's size, and whether it clips its
+#: own content (a box narrower than what it holds, with the rest hidden).
+MEASURE = """selector => {
+  const element = document.querySelector(selector);
+  if (!element) return null;
+  const box = element.getBoundingClientRect();
+  return {
+    left: box.left, right: box.right, top: box.top, bottom: box.bottom,
+    viewport: document.documentElement.clientWidth,
+    clips: element.scrollWidth > element.clientWidth + 1
+      && getComputedStyle(element).overflowX !== "visible",
+  };
+}"""
+#: A table's container: what it holds wider than what it shows; and the
+#: cells, or what is in them, whose content is wider than they are (a key
+#: that does not wrap, spilling out or scrolling inside).
+TABLE_FITS = """selector => {
+  const table = document.querySelector(selector);
+  const container = table.parentElement;
+  // A cell, or anything in it that scrolls (the admin's pre does): cut.
+  const spilling = [...table.querySelectorAll("td, td *")]
+    .filter(cell => cell.clientWidth && cell.scrollWidth > cell.clientWidth + 1)
+    .map(cell => cell.tagName + ": " + cell.textContent.trim().slice(0, 40));
+  return {
+    scroll: container.scrollWidth, client: container.clientWidth,
+    right: table.getBoundingClientRect().right,
+    viewport: document.documentElement.clientWidth,
+    spilling: spilling,
+  };
+}"""
+
+
+def assert_shown(page, *selectors, above_the_fold=False):
+    """Each selector's element inside the viewport's width (and height, when
+    ``above_the_fold``), not clipping what it holds."""
+    height = page.viewport_size["height"]
+    for selector in selectors:
+        box = page.evaluate(MEASURE, selector)
+        assert box is not None, f"{selector}: not on {page.url}"
+        assert 0 <= box["left"] and box["right"] <= box["viewport"], (selector, box)
+        assert not box["clips"], (selector, box)
+        if above_the_fold:
+            assert box["top"] >= 0 and box["bottom"] <= height, (selector, box)
+
+
+def assert_table_fits(page, selector):
+    fit = page.evaluate(TABLE_FITS, selector)
+    assert fit["scroll"] <= fit["client"], (page.url, selector, fit)
+    assert fit["right"] <= fit["viewport"], (page.url, selector, fit)
+    assert not fit["spilling"], (page.url, selector, fit)
+    return fit
+
+
+@pytest.fixture
+def runs_of_each_kind():
+    """A failed run (auth), a write in doubt, a waiting run, and completed
+    ones with long prompts, one unbroken: what the issue's screen showed."""
+    failed = enqueue(
+        scripted(
+            call("search_notes", query=HEX),
+            {"error": "auth"},
+            tools=["search_notes"],
+            prompt="Summarise the incidents",
+        )
+    )
+    with step_inserts_refused("send_notification"):
+        enqueue(
+            scripted(
+                call("send_notification", recipient="oncall", message="disk full"),
+                answer(),
+                tools=["send_notification"],
+                prompt="Page on-call about the disk",
+            )
+        )
+    # The suite's settings ask no approval; this request asks one itself.
+    waiting = enqueue(
+        {
+            **scripted(
+                call("send_notification", recipient="oncall", message="Failover at 22:00 UTC"),
+                answer("Paged."),
+                tools=["search_notes", "send_notification"],
+                prompt="Tell on-call the database failover starts at 22:00 UTC",
+            ),
+            "require_approval": ["send_notification"],
+        }
+    )
+    enqueue(scripted(answer("Done."), tools=["search_notes"], prompt=LONG_PROMPT))
+    enqueue(scripted(answer("Found."), tools=["search_notes"], prompt=f"Find {HEX}"))
+    assert fresh(waiting).status == RunStatus.WAITING_FOR_APPROVAL
+    return fresh(failed), fresh(waiting)
+
+
+@pytest.mark.parametrize("viewport", [(1366, 900), (1920, 1080)], ids=["laptop", "desktop"])
+def test_each_console_page_fits_the_screen_with_what_matters_in_view(
+    live_server, operator, runs_of_each_kind, monkeypatch, screenshots, viewport
+):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    failed, waiting = runs_of_each_kind
+    # Before the browser opens: an ORM call inside its block gets a connection
+    # of its own (Playwright's greenlet) that outlives the test.
+    (approval,) = ApprovalRequest.objects.filter(run=waiting)
+    operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+    base = live_server.url
+    with admin_page(base, "olivia", viewport=viewport) as page:
+        page.goto(f"{base}/admin/runs/agentrun/")
+        expect(page.locator("#result_list tbody tr")).to_have_count(5)
+        assert_table_fits(page, "#result_list")
+        columns = ["run_id_shown", "prompt_shown", "status_shown", "age", "spend", "last_error"]
+        assert_shown(page, *[f"#result_list th.column-{name}" for name in columns])
+        row = page.locator("#result_list tbody tr", has_text="Summarise the incidents")
+        expect(row.locator(".run-id")).to_have_text(str(failed.pk)[:8])
+        expect(row.locator(".run-why")).to_have_text("not_retryable · auth")
+        expect(row.locator(".run-error")).to_have_text("ProviderError: scripted auth failure")
+        assert_shown(page, f"#result_list a[href*='{failed.pk}/change/']")
+        # A badge whole, not cut to "non" as the fence column's was.
+        doubt = page.locator("#result_list tbody tr", has_text="Page on-call about the disk")
+        expect(doubt.locator(".run-why")).to_contain_text("write in doubt")
+        box = doubt.locator(".run-status").bounding_box()
+        assert box["x"] + box["width"] <= viewport[0], box
+        prompt = page.locator("#result_list tbody tr", has_text="Go through every").locator(
+            ".run-prompt"
+        )
+        expect(prompt).to_have_text(LONG_PROMPT[:59] + "…")
+        expect(page.locator("#searchbar_helptext")).to_contain_text("a whole run id")
+
+        # A failed run: its summary, error and requeue above the fold.
+        page.goto(f"{base}/admin/runs/agentrun/{failed.pk}/change/")
+        assert_shown(
+            page,
+            "#summary-status",
+            "#summary-error",
+            "#requeue-verdict",
+            "#requeue-warning",
+            "#requeue-button",
+            above_the_fold=True,
+        )
+        expect(page.locator("#summary-error")).to_contain_text("The model call of turn 2 failed")
+        for table in ("#attempts", "#steps"):
+            assert_table_fits(page, table)
+        assert_shown(page, "#failed-model-call")
+
+        # A waiting run: its calls, approve and deny above the fold.
+        page.goto(f"{base}/admin/runs/agentrun/{waiting.pk}/change/")
+        call_box = f"#pending-{approval.pk}"
+        assert_shown(
+            page,
+            "#waits-for-approval",
+            f"{call_box} .approve-button",
+            f"{call_box} .deny-button",
+            above_the_fold=True,
+        )
+        expect(page.locator(f"{call_box} .call-position")).to_have_text("call 1 of turn 1")
+        assert_table_fits(page, "#steps")
+
+        page.goto(f"{base}/admin/runs/deadletter/")
+        assert_table_fits(page, "#result_list")
+        assert_shown(page, "#result_list th.column-error_shown", "#result_list th.column-state")
+        error = page.locator("#result_list .run-error", has_text="AuditPersistenceFailed")
+        expect(error).to_contain_text("could not be persisted")  # not cut at 20 characters
+        if viewport == (1366, 900):
+            page.screenshot(path=screenshots / "dead-letters.png")
+
+        page.goto(f"{base}/admin/tools/toolsetting/")
+        assert_table_fits(page, "#result_list")
+        assert_shown(
+            page,
+            "#result_list th.column-approval_policy",
+            "#result_list th.column-enabled",
+            "#result_list th.column-hints",
+        )
+
+        # The approvals inbox: the waiting call, approve and deny above the fold.
+        page.goto(f"{base}/admin/runs/agentrun/approvals/")
+        assert_shown(
+            page,
+            f"#approval-{approval.pk} .approve-button",
+            f"#approval-{approval.pk} .deny-button",
+            above_the_fold=True,
+        )
+
+        # The start form, whole in the width, its submit button included.
+        page.goto(f"{base}/admin/runs/agentrun/start/")
+        assert_shown(page, "#start-run-form", "#start-run-form [type=submit]")
+
+
+@pytest.mark.usefixtures("approvals")
+def test_an_operator_approves_one_call_and_denies_another_from_the_runs_pages(
+    live_server, operator, monkeypatch, screenshots
+):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    tools = ["search_notes", "send_notification"]
+    approve = enqueue(
+        scripted(
+            call("search_notes", query="failover"),
+            call("send_notification", recipient="oncall", message="Failover at 22:00 UTC"),
+            answer("Paged."),
+            tools=tools,
+            prompt="Tell on-call the database failover starts at 22:00 UTC",
+        )
+    )
+    deny = enqueue(
+        scripted(
+            call("send_notification", recipient="everyone", message="<b>all hands</b>"),
+            answer("Not sent."),
+            tools=tools,
+            prompt="Page everyone",
+        )
+    )
+    base = live_server.url
+    with admin_page(base, "olivia", viewport=(1366, 900)) as page:
+        page.goto(f"{base}/admin/runs/agentrun/{approve.pk}/change/")
+        page.screenshot(path=screenshots / "run-detail-waiting.png")
+        page.fill(".decide-form input[name=note]", "on-call knows")
+        page.click(".decide-form .approve-button")
+        expect(page).to_have_url(f"{base}/admin/runs/agentrun/{approve.pk}/change/")
+        expect(page.locator(".messagelist")).to_contain_text(
+            "Call 1 of turn 2 (send_notification) of run"
+        )
+        expect(page.locator(".messagelist")).to_contain_text(
+            "approved; the run goes back to the queue. Since then it made 1 model call and "
+            "1 tool call, and completed."
+        )
+        expect(page.locator("#since-action")).to_contain_text(
+            re.compile(r"Since your approval of call 1 of turn 2 \(send_notification\) at ")
+        )
+        expect(page.locator("#summary-status")).to_have_text("completed")
+
+        page.goto(f"{base}/admin/runs/agentrun/{deny.pk}/change/")
+        # The markup a tool was asked to send is shown as text.
+        expect(page.locator(".pending-call .call-arguments")).to_contain_text("<b>all hands</b>")
+        # Deny does not look like Approve: drawn as Django draws a delete, red.
+        colour = page.locator(".decide-form .deny-button").evaluate(
+            "element => getComputedStyle(element).backgroundColor"
+        )
+        red, green, blue = (int(part) for part in re.findall(r"\d+", colour)[:3])
+        assert red > 2 * blue and red > 2 * green, colour
+        page.fill(".decide-form input[name=note]", "not at this hour")
+        page.click(".decide-form .deny-button")
+        expect(page.locator(".messagelist")).to_contain_text(
+            "denied; the run goes back to the queue. Since then it made 1 model call and "
+            "1 tool call, and completed."
+        )
+        expect(page.locator(".step-approval .approval-summary").last).to_contain_text(
+            "denied by olivia: not at this hour"
+        )
+
+    assert fresh(approve).status == fresh(deny).status == RunStatus.COMPLETED
+    (notification,) = OutboxNotification.objects.all()
+    assert notification.recipient == "oncall"
+    statuses = set(ApprovalRequest.objects.values_list("status", flat=True))
+    assert statuses == {ApprovalStatus.APPROVED, ApprovalStatus.DENIED}
+    assert not DeadLetter.objects.exists()
+
+
+def test_the_screenshots_of_the_laptop_pages_are_in_the_docs():
+    names = {path.name for path in DOCS_SCREENSHOTS.glob("*.png")}
+    assert {"run-detail-waiting.png", "dead-letters.png"} <= names

@@ -1,0 +1,192 @@
+"""Retention (#30, G11's one exception): ``prune_runs`` deletes whole ended
+runs past their age, in batches, and never a run with an open question."""
+
+import threading
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
+from django.core.management import CommandError, call_command
+from django.db import connection, transaction
+from django.db.models import F
+from django.test import Client
+
+from api.models import RunCreationKey
+from runs import transitions
+from runs.jobs import prune_job
+from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep, WriteReconciliation
+from runs.operators import actions as operator_actions
+from runs.runtime import enqueue, run
+from runs.vocabulary import ApprovalStatus
+from tests.approval_requests import waiting
+from tests.helpers import answer, call, scripted
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SEARCH = call("search_notes", query="x")
+
+
+def aged(agent_run, days=100):
+    """``agent_run`` as if it had been created and ended ``days`` ago."""
+    ago = timedelta(days=days)
+    AgentRun.objects.filter(pk=agent_run.pk).update(
+        created_at=F("created_at") - ago, finished_at=F("finished_at") - ago
+    )
+    return agent_run
+
+
+def failed_on_auth():
+    agent_run = enqueue(
+        scripted(call("search_notes", query="x"), {"error": "auth"}, tools=["search_notes"])
+    )
+    assert DeadLetter.objects.filter(run=agent_run, resolved_at__isnull=True).exists()
+    return agent_run
+
+
+def left_in_doubt():
+    """A run that ended with its fence on a write it may have sent."""
+    agent_run = enqueue(scripted(SEARCH, {"error": "auth"}, tools=["search_notes"]))
+    AgentRun.objects.filter(pk=agent_run.pk).update(
+        pending_effect="non_idempotent_write",
+        pending_call={"tool": "send_notification", "arguments": {}, "idempotency_key": "k"},
+    )
+    DeadLetter.objects.filter(run=agent_run).update(resolved_at=F("created_at"))
+    return AgentRun.objects.get(pk=agent_run.pk)
+
+
+def prune(*args) -> str:
+    out = StringIO()
+    call_command("prune_runs", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_only_ended_runs_without_an_open_question_go_whole_in_batches(operator, approvals):
+    # Past the age and with nothing left to answer: deleted.
+    completed = aged(
+        run(scripted(call("search_notes", query="x"), answer(), tools=["search_notes"]))
+    )
+    RunCreationKey.objects.create(user=operator, key="k", body_sha256="0" * 64, run=completed)
+    dismissed = failed_on_auth()
+    assert operator_actions.dismiss(dismissed.dead_letters.get(), operator, "known outage").ok
+    reconciled = left_in_doubt()
+    assert operator_actions.reconcile(reconciled, operator, "applied", "seen in the mailbox").ok
+    aged(dismissed), aged(reconciled)
+    # Each with a question still open, or not ended, or not old enough: kept.
+    in_doubt = aged(left_in_doubt())
+    dead_lettered = aged(failed_on_auth())
+    waiting_run, request = waiting()
+    aged(waiting_run)
+    # An ended run still holding a pending approval (no path leaves one; the
+    # rule holds whatever the cause).
+    stray_approval, _ = waiting()
+    AgentRun.objects.filter(pk=stray_approval.pk).update(
+        status="failed", finished_at=F("created_at")
+    )
+    aged(stray_approval)
+    recent = run(scripted(answer("recent")))
+    queued = aged(transitions.create_queued_run({"prompt": "p", "tools": []}, "p"))
+    gone = {completed.pk, dismissed.pk, reconciled.pk}
+    kept = {in_doubt.pk, dead_lettered.pk, waiting_run.pk, stray_approval.pk, recent.pk, queued.pk}
+    steps_of_gone = RunStep.objects.filter(run_id__in=gone).count()
+
+    dry = prune("--older-than", "90d", "--dry-run")
+    assert dry.startswith(f"would delete 3 runs ({steps_of_gone} steps) that ended before ")
+    assert (
+        "kept, with a question open: writes in doubt 1, open dead letters 1, pending approvals 1"
+        in dry
+    )
+    assert set(AgentRun.objects.values_list("pk", flat=True)) == gone | kept
+
+    done = prune("--older-than", "90d", "--batch-size", "2")
+    assert done.startswith(f"deleted 3 runs ({steps_of_gone} steps) that ended before ")
+    assert " in 2 batches;" in done
+    assert set(AgentRun.objects.values_list("pk", flat=True)) == kept
+    assert not RunStep.objects.filter(run_id__in=gone).exists()
+    assert not DeadLetter.objects.filter(run_id__in=gone).exists()
+    assert not RunCreationKey.objects.exists()
+    # What an audit needs stays: the admin log of every operator action, and
+    # what the operator found about the write (its run's id now a name).
+    assert sorted(LogEntry.objects.values_list("change_message", flat=True)) == [
+        "Dismissed. known outage",
+        "Reconciled applied. seen in the mailbox",
+    ]
+    finding = WriteReconciliation.objects.get()
+    assert (finding.run_id, finding.outcome, finding.tool_name) == (
+        reconciled.pk,
+        "applied",
+        "send_notification",
+    )
+    assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.PENDING
+    # The console lists it, its run named and marked deleted.
+    operator.user_permissions.add(Permission.objects.get(codename="view_writereconciliation"))
+    client = Client()
+    client.force_login(operator)
+    listed = client.get("/admin/runs/writereconciliation/").content.decode()
+    assert f'<code title="{reconciled.pk}">{str(reconciled.pk)[:8]}</code> (deleted' in listed
+    page = client.get(f"/admin/runs/writereconciliation/{finding.pk}/change/")
+    assert page.status_code == 200 and "seen in the mailbox" in page.content.decode()
+    assert prune("--older-than", "90d").startswith("deleted 0 runs (0 steps)")
+
+
+def test_a_run_locked_by_another_transaction_is_left_for_the_next_pass():
+    """A batch never waits on a lock (an operator's action on a run, say):
+    it skips the run, and the next pass takes it."""
+    busy = aged(run(scripted(answer("busy"))))
+    idle = aged(run(scripted(answer("idle"))))
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_run():
+        with transaction.atomic():
+            AgentRun.objects.select_for_update().get(pk=busy.pk)
+            locked.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=hold_the_run)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        assert prune("--older-than", "1d").startswith("deleted 1 run ")
+    finally:
+        release.set()
+        holder.join()
+    assert list(AgentRun.objects.values_list("pk", flat=True)) == [busy.pk]
+    assert not AgentRun.objects.filter(pk=idle.pk).exists()
+    assert prune("--older-than", "1d").startswith("deleted 1 run ")
+
+
+@pytest.mark.parametrize("age", ["90", "0d", "0h", "90 days", "-1d", "1w", "36501d", "999999d"])
+def test_an_age_that_is_not_days_or_hours_in_bounds_is_refused(age):
+    with pytest.raises(CommandError, match="give a whole number of days or hours"):
+        prune(f"--older-than={age}")
+
+
+def test_a_batch_past_what_a_statement_can_bind_is_refused():
+    with pytest.raises(CommandError, match="--batch-size must be from 1 to 10000"):
+        prune("--older-than", "1d", "--batch-size", "70000")
+
+
+def test_retention_runs_on_rqs_cron_when_its_age_is_set(settings):
+    from django_rq.cron import DjangoCronScheduler
+
+    old, young = aged(run(scripted(answer())), days=91), aged(run(scripted(answer())), days=89)
+
+    settings.NRLLM_RETENTION_DAYS = 90
+    settings.NRLLM_RETENTION_INTERVAL_SECONDS = 900
+    scheduler = DjangoCronScheduler()
+    scheduler.load_config_from_file("runs.cron")
+    registered = {job.func.__name__: job for job in scheduler.get_jobs()}
+    assert registered["prune_job"].interval == 900
+    assert registered["prune_job"].kwargs == {"days": 90}
+    settings.NRLLM_RETENTION_DAYS = 0
+    scheduler = DjangoCronScheduler()
+    scheduler.load_config_from_file("runs.cron")
+    assert [job.func.__name__ for job in scheduler.get_jobs()] == ["reap_job"]
+    # The age comes with the job, not from the worker's settings: a worker
+    # without them (0) must not prune everything that has ended.
+    assert prune_job(days=0).startswith("retention is off")
+    assert prune_job(**registered["prune_job"].kwargs).startswith("deleted 1 run ")
+    assert list(AgentRun.objects.values_list("pk", flat=True)) == [young.pk]
+    assert old.pk not in AgentRun.objects.values_list("pk", flat=True)
