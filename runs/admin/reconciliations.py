@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from nrllm_ops.admin_site import ReadOnly
-from runs.admin.display import SHORT_ID_CHARS, shortened
+from runs.admin.display import SHORT_CHARS, cut, short_id
 from runs.models import AgentRun, WriteReconciliation
 
 
@@ -44,7 +44,7 @@ class WriteReconciliationAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.display(description="run", ordering="run_id")
     def run_link(self, reconciliation):
-        head = str(reconciliation.run_id)[:SHORT_ID_CHARS]
+        head = short_id(reconciliation.run_id)
         if not reconciliation.run_kept:
             return format_html(
                 '<code title="{}">{}</code> (deleted by retention)', reconciliation.run_id, head
@@ -58,5 +58,4 @@ class WriteReconciliationAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.display(description="note")
     def note_head(self, reconciliation):
-        text = shortened(reconciliation.note)
-        return text["short"] + ("…" if text["cut"] else "")
+        return cut(reconciliation.note, SHORT_CHARS)
