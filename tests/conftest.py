@@ -263,6 +263,11 @@ def operator_client(operator):
 
 
 @pytest.fixture
+def approver_client(approver):
+    return _client_for(approver)
+
+
+@pytest.fixture
 def viewer_client(viewer):
     return _client_for(viewer)
 

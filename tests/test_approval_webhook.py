@@ -1,6 +1,7 @@
 """G14's webhook: ``NRLLM_APPROVAL_WEBHOOK_URL`` is posted once per park,
 through the tools' SSRF guard, to a real local HTTP server. Best effort: a
-refused, failing or hanging receiver never changes the run."""
+refused, failing, hanging, redirecting or flooding receiver never changes
+the run, and neither its secret nor a token in its URL is ever logged."""
 
 import hashlib
 import hmac
@@ -15,6 +16,7 @@ from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus
+from tests.approval_requests import waiting
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import fresh, manage, sqlite_env
 from tools.builtin.http import guarded_get
@@ -212,3 +214,48 @@ def test_a_malformed_webhook_url_stops_start_up_naming_it(tmp_path, value, messa
         assert "pw@" not in result.stderr
     else:
         assert f"NRLLM_APPROVAL_WEBHOOK_URL={value!r}" in result.stderr
+
+
+# --- at its edges: a redirect, a huge answer, secrets in the log ----------------
+
+
+def test_the_webhook_follows_no_redirect(settings, http_server):
+    settings.NRLLM_APPROVAL_WEBHOOK_URL = http_server.url("/redirect-to//hook")
+    settings.NRLLM_APPROVAL_WEBHOOK_SECRET = ""
+    agent_run, _ = waiting(plan=ONE_CALL)
+    assert [post.path for post in http_server.posts()] == ["/redirect-to//hook"]
+    assert [r.path for r in http_server.received if r.path == "/hook"] == []
+    assert fresh(agent_run).status == RunStatus.WAITING_FOR_APPROVAL
+
+
+def test_a_huge_webhook_answer_is_cut_and_the_run_waits(settings, http_server):
+    settings.NRLLM_APPROVAL_WEBHOOK_URL = http_server.url("/huge")
+    settings.NRLLM_APPROVAL_WEBHOOK_SECRET = ""
+    agent_run, _ = waiting(plan=ONE_CALL)
+    assert http_server.body_bytes_sent < 64 * 1024 * 1024
+    assert fresh(agent_run).status == RunStatus.WAITING_FOR_APPROVAL
+
+
+def test_the_webhook_secret_is_never_logged(settings, http_server, caplog):
+    secret = "s3cr3t-signing-key"
+    settings.NRLLM_APPROVAL_WEBHOOK_URL = http_server.url("/status/500")
+    settings.NRLLM_APPROVAL_WEBHOOK_SECRET = secret
+    with caplog.at_level(logging.DEBUG):
+        waiting(plan=ONE_CALL)
+    assert all(secret not in record.getMessage() for record in caplog.records)
+
+
+def test_a_webhook_token_in_the_url_is_not_logged_when_refused(settings, http_server, dns, caplog):
+    """Hook URLs commonly carry their credential in the path or query
+    (``/services/T0/B0/<token>``, ``?token=``); userinfo is refused at
+    start-up because it would be logged, but a token in the query is
+    logged whole by a refusal."""
+    dns.add("hooks.test", ["10.1.2.3"])
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = []
+    settings.NRLLM_APPROVAL_WEBHOOK_URL = "https://hooks.test/hook?token=tok-SECRET-123"
+    with caplog.at_level(logging.DEBUG):
+        agent_run, _ = waiting(plan=ONE_CALL)
+    assert fresh(agent_run).status == RunStatus.WAITING_FOR_APPROVAL
+    assert webhook_log(caplog), "the refusal is logged"
+    assert all("tok-SECRET-123" not in message for message in webhook_log(caplog))
+    assert "'https://hooks.test/…': hooks.test resolves to 10.1.2.3" in webhook_log(caplog)[0]

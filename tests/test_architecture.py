@@ -1,5 +1,6 @@
 """The house (docs/architecture.md): every import points down the layers, no
-module imports itself through others, and every module says what it owns.
+module imports itself through others, every module says what it owns, and
+none is over 400 lines.
 
 Read from the source. Deferred imports (inside a function) count, and so
 does a project module named in a string (``import_string``, a job
@@ -18,6 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("runs", "spend", "tools", "api", "nrllm_ops")
+#: The most lines a module may have (docs/architecture.md, "Small modules").
+MOST_LINES = 400
 
 #: Top to bottom, each layer a set of parts. A module may import its own
 #: part, or any part of a layer below; never a part beside it or above it.
@@ -258,3 +261,15 @@ def test_every_module_says_what_it_owns():
         and not ast.get_docstring(ast.parse(path.read_text()))
     ]
     assert not silent, f"modules without a docstring: {silent}"
+
+
+def test_no_module_is_over_400_lines():
+    """The house's size (docs/architecture.md, "Small modules"): a module
+    past about 400 lines holds more than one job; split it along a seam."""
+    long = [
+        f"{path.relative_to(ROOT)} ({lines} lines)"
+        for path in sorted(modules((*PACKAGES, "bench", "tests")).values())
+        if "migrations" not in path.parts
+        and (lines := len(path.read_text().splitlines())) > MOST_LINES
+    ]
+    assert not long, f"modules over {MOST_LINES} lines: {long}"

@@ -6,5 +6,6 @@ operator decided); ``actions`` are the operator's approve and deny;
 ``notices`` and ``webhook`` tell operators that a run waits. The runtime
 uses the gate and the notices; an approval's decision releases its run
 back to the queue (``runs.dispatch``), never into the runtime directly.
-Parking, deciding and expiring are transitions (``runs.transitions.approvals``).
+Parking and deciding are transitions (``runs.transitions.approvals``), and so
+are expiring and withdrawing (``runs.transitions.unused_approvals``).
 """

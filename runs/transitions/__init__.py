@@ -17,7 +17,6 @@ from runs.transitions.approvals import (
     ParkOutcome,
     WaitingCall,
     decide_approval,
-    expire_approvals,
     wait_for_approval,
 )
 from runs.transitions.ending import (
@@ -70,6 +69,7 @@ from runs.transitions.steps import (
     record_steps,
     skips_the_flush,
 )
+from runs.transitions.unused_approvals import expire_approvals
 
 __all__ = [
     "AUDIT_FAILED",

@@ -23,9 +23,9 @@ from runs.transitions._common import (
     logger,
     reaching_disk,
 )
-from runs.transitions.approvals import withdraw_approvals
 from runs.transitions.step_journal import finish_in_one_statement
 from runs.transitions.steps import _usage_totals, _usage_values, add_spend_through_the_orm
+from runs.transitions.unused_approvals import withdraw_approvals
 from runs.vocabulary import DeadLetterReason, RunStatus, TerminationReason
 from tools.effects import ToolEffect
 

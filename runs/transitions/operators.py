@@ -12,7 +12,7 @@ from runs.transitions._common import (
     db_time,
     reaching_disk,
 )
-from runs.transitions.approvals import void_unused_decisions
+from runs.transitions.unused_approvals import void_unused_decisions
 from runs.vocabulary import RunMode, RunStatus
 
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from tools.effects import ToolEffect
 from tools.mcp import metrics
 from tools.mcp.declaration import FUNCTION_NAME, McpToolset, Undeclared
+from tools.mcp.failures import NotSent, TooLarge
 from tools.mcp.hints import contradictions, hints_of
-from tools.mcp.sessions import NotSent, TooLarge, sessions
+from tools.mcp.sessions import sessions
 from tools.mcp.tool import McpTool
 from tools.validation import check_schema
 

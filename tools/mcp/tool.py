@@ -23,8 +23,9 @@ from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
 from tools.effects import ToolEffect
 from tools.mcp import metrics
 from tools.mcp.declaration import McpToolset
+from tools.mcp.failures import MaybeSent, NotSent, TruncatedAnswer
 from tools.mcp.results import cut_value, error_text, result_value
-from tools.mcp.sessions import MaybeSent, NotSent, TruncatedAnswer, sessions
+from tools.mcp.sessions import sessions
 
 IDEMPOTENCY_KEY_META = "nrllm-ops/idempotencyKey"
 #: How much later than the call's own limit the runtime's stop (SIGALRM,
