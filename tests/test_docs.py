@@ -131,6 +131,38 @@ def test_every_relative_link_resolves_to_a_file_and_heading(document):
     assert not broken, f"{document.relative_to(ROOT)} has broken links:\n" + "\n".join(broken)
 
 
+#: A test cited as `test_file.py::test_name`; a bare `::test_name` is in the
+#: file cited last before it.
+CITATION = re.compile(r"`(test_[a-z0-9_]+\.py)?(?:::(test_[a-z0-9_]+))?`")
+
+
+def names_of_tests_in(file: Path) -> set[str]:
+    tree = ast.parse(file.read_text())
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    }
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_cited_test_exists_in_the_file_cited(document):
+    """The guarantees name the tests that pin them: a test moved or renamed
+    must take its citation along, or the promise reads as pinned by nothing."""
+    cited_file, missing = None, []
+    for file, name in CITATION.findall(document.read_text()):
+        if file:
+            cited_file = file
+            if not (ROOT / "tests" / file).exists():
+                missing.append(f"{file}: no such test file")
+                continue
+        if name and (
+            cited_file is None or name not in names_of_tests_in(ROOT / "tests" / cited_file)
+        ):
+            missing.append(f"{cited_file}::{name}: no such test")
+    assert not missing, f"{document.relative_to(ROOT)} cites:\n" + "\n".join(missing)
+
+
 def test_the_slug_follows_githubs_rules(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(
