@@ -31,9 +31,10 @@ thread: each Redis round trip it makes waits for the GIL again when its
 answer comes, a few milliseconds when the runs keep it busy. So it makes
 few: the jobs for all the slots free are taken off the queue in one round
 trip and fetched in another (RQ's own blocking dequeue waits when the
-queue is empty), the worker's heartbeat and the suspension check go at most
-once a second, and its state only when it changes. RQ's one job at a time
-(eleven round trips) started about 30 runs a second per process.
+queue is empty), even for one slot free; the worker's heartbeat and the
+suspension check go at most once a second, and its state only when it
+changes (busy while any run is in flight). RQ's one job at a time (eleven
+round trips) started about 30 runs a second per process.
 
 SIGTERM (or SIGINT) drains: no job is dequeued after it, the runs in flight
 get ``NRLLM_WORKER_DRAIN_SECONDS`` to finish, and those still in flight are
@@ -75,6 +76,11 @@ class NoDeathPenalty(BaseDeathPenalty):
         pass
 
 
+#: Redis connections beyond one per run: the main thread's, the jobs'
+#: heartbeats, a scheduler's.
+SPARE_REDIS_CONNECTIONS = 10
+
+
 class ConcurrentWorker(SimpleWorker):
     death_penalty_class = NoDeathPenalty
     #: Seconds a blocking dequeue waits before the loop looks round again
@@ -89,6 +95,12 @@ class ConcurrentWorker(SimpleWorker):
     def bootstrap(self, *args, **kwargs):
         load_for_runs()
         self.runs = RunThreads(settings.NRLLM_WORKER_CONCURRENCY)
+        # Each run's thread holds a connection of this pool while RQ keeps
+        # its job's books, and the main thread one while it takes jobs:
+        # redis-py 8 refuses a connection past 100 (MaxConnectionsError)
+        # rather than wait, which would leave a job taken and never run.
+        pool = self.connection.connection_pool
+        pool.max_connections = max(pool.max_connections, self.runs.limit + SPARE_REDIS_CONNECTIONS)
         self._jobs_heartbeat_at = time.monotonic()
         self._heartbeat_at = self._suspension_checked_at = float("-inf")
         self._state_lock = threading.Lock()
@@ -115,25 +127,27 @@ class ConcurrentWorker(SimpleWorker):
     # --- taking jobs ----------------------------------------------------
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
-        """A free slot first, then a job for it. Every other slot free gets
-        a job waiting in the queue too, taken in the same round trip and
-        started here; the first is returned to RQ's loop, which starts it.
-        With no job waiting, RQ's own dequeue waits for one."""
+        """A free slot first, then a job for it, and one for every other
+        slot free: the jobs waiting in the queue are taken without blocking
+        (two round trips however many) and started here, the first returned
+        to RQ's loop, which starts it. With no job waiting, RQ's own dequeue
+        waits for one."""
         if not self._take_slot():
             return None
         taken = 1 + (self.runs.take_free_slots() if self._take_many else 0)
+        # What RQ's own dequeue sends first (at most once a second here).
+        self.heartbeat()
         jobs = []
-        if taken > 1:
-            try:
-                jobs = self._take_waiting_jobs(taken)
-            except RedisError:
-                # RQ's own dequeue, below, waits for Redis to come back. A
-                # move that landed unanswered leaves its job taken and
-                # unstarted: the reaper dispatches its run again (G7).
-                logger.warning("concurrent worker: Redis away while taking jobs", exc_info=True)
-            except BaseException:
-                self.runs.give_back(taken)
-                raise
+        try:
+            jobs = self._take_waiting_jobs(taken)
+        except RedisError:
+            # RQ's own dequeue, below, waits for Redis to come back. A move
+            # that landed unanswered leaves its job taken and unstarted: the
+            # reaper dispatches its run again (G7).
+            logger.warning("concurrent worker: Redis away while taking jobs", exc_info=True)
+        except BaseException:
+            self.runs.give_back(taken)
+            raise
         self.runs.give_back(taken - max(1, len(jobs)))
         if jobs:
             for job, queue in jobs[1:]:
@@ -267,9 +281,18 @@ class ConcurrentWorker(SimpleWorker):
 
     def set_state(self, state, pipeline=None):
         """RQ's worker state, sent only when it changes (each job would send
-        it twice); a Redis blip is logged, as in ``heartbeat``."""
+        it twice); a Redis blip is logged, as in ``heartbeat``. The worker is
+        busy while a run is in flight: RQ's dequeue, which says idle each
+        time it waits, is not heard then."""
         if pipeline is not None:
             return super().set_state(state, pipeline)
+        if (
+            state == WorkerStatus.IDLE
+            and threading.current_thread() is threading.main_thread()
+            and hasattr(self, "runs")
+            and self.runs.count()
+        ):
+            return
         with self._state_lock:
             if state == self._state:
                 return

@@ -40,7 +40,14 @@ JOB_OPTIONS = {"job_timeout": -1, "result_ttl": 3600, "failure_ttl": 86400}
 
 @functools.cache
 def _redis(url: str) -> Redis:
-    return Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    # A concurrent worker's runs dispatch their retries from a thread each:
+    # redis-py 8 refuses a connection past 100 rather than wait.
+    return Redis.from_url(
+        url,
+        socket_connect_timeout=5,
+        socket_timeout=10,
+        max_connections=max(100, settings.NRLLM_WORKER_CONCURRENCY + 10),
+    )
 
 
 def run_queue() -> Queue:

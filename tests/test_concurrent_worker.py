@@ -39,6 +39,21 @@ CONCURRENT = {
 TOOLS = ["search_notes", "send_notification", "post_webhook"]
 
 
+@pytest.fixture
+def own_redis(settings, tmp_path):
+    """A redis-server of the test's own, which it may stop or stall without
+    touching the other tests' (``settings.REDIS_URL`` points at it)."""
+    from tests.harness import _redis
+
+    redis = _redis(tmp_path)
+    redis.start()
+    settings.REDIS_URL = f"redis://127.0.0.1:{redis.port}/0"
+    try:
+        yield redis
+    finally:
+        redis.stop()
+
+
 def unfinished() -> int:
     return AgentRun.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).count()
 
@@ -306,7 +321,7 @@ def test_a_late_outcome_kept_from_an_abandoned_tool_thread_leaves_no_connection_
 
 
 def test_a_redis_outage_lets_the_runs_in_flight_finish_and_the_worker_waits_for_redis(
-    workers, settings, tmp_path
+    workers, settings, own_redis
 ):
     """The runs in flight need Redis for nothing (the run rows are their
     state): Redis stopping under a busy worker neither ends them nor hands
@@ -314,28 +329,55 @@ def test_a_redis_outage_lets_the_runs_in_flight_finish_and_the_worker_waits_for_
     Their slots free together while Redis is away, so the worker's next turn
     takes jobs for several slots at once, and fails: it waits for Redis,
     and takes the next run once Redis is back."""
-    from tests.harness import _redis
+    runs = [
+        enqueue(scripted_request(f"outage {i}", [{"answer": "ok", "delay_seconds": 3}], []))
+        for i in range(4)
+    ]
+    # Every slot taken: the worker waits for one, heartbeating meanwhile.
+    worker = workers.start(
+        **{**CONCURRENT, "NRLLM_WORKER_CONCURRENCY": 4}, REDIS_URL=settings.REDIS_URL
+    )
+    assert wait_until(lambda: running() == 4, 20)
+    own_redis.stop()
+    assert wait_until(lambda: unfinished() == 0, 30)
+    assert {AgentRun.objects.get(pk=run.pk).status for run in runs} == {"completed"}
+    time.sleep(2)  # the worker's turns meanwhile find Redis away
+    own_redis.start()
+    after = enqueue(scripted_request("after the outage", [{"answer": "ok"}], []))
+    assert wait_until(lambda: AgentRun.objects.get(pk=after.pk).status == "completed", 30)
+    assert worker.poll() is None
 
-    redis = _redis(tmp_path)
-    redis.start()
-    try:
-        settings.REDIS_URL = f"redis://127.0.0.1:{redis.port}/0"
-        runs = [
-            enqueue(scripted_request(f"outage {i}", [{"answer": "ok", "delay_seconds": 3}], []))
-            for i in range(4)
-        ]
-        # Every slot taken: the worker waits for one, heartbeating meanwhile.
-        worker = workers.start(
-            **{**CONCURRENT, "NRLLM_WORKER_CONCURRENCY": 4}, REDIS_URL=settings.REDIS_URL
+
+def test_more_runs_than_redis_pys_default_pool_keep_their_jobs_books_through_a_redis_stall(
+    workers, drifting_model, settings, own_redis
+):
+    """redis-py 8 refuses a 101st connection of a pool rather than wait for
+    one. A worker of 110 slots whose runs all end while Redis stalls has
+    each run's thread hold a connection for RQ's books (and the main thread
+    one for its heartbeat): its pool is sized to its slots, so every job is
+    finished in RQ's books once Redis answers again, none failed."""
+    from redis import Redis
+    from rq.job import Job
+
+    from runs.dispatch import job_id_for
+
+    runs = [
+        enqueue(openai_request(f"stall {i}", [{"answer": "ok", "delay_seconds": 6}], []))
+        for i in range(110)
+    ]
+    workers.start(
+        **{**CONCURRENT, "NRLLM_WORKER_CONCURRENCY": 110, "NRLLM_LEASE_SECONDS": 10},
+        REDIS_URL=settings.REDIS_URL,
+    )
+    assert wait_until(lambda: running() == 110, 30)
+    connection = Redis(port=own_redis.port)
+    # Writes wait from now until after the last run has ended.
+    connection.execute_command("CLIENT", "PAUSE", 8000, "WRITE")
+    assert wait_until(lambda: unfinished() == 0, 30)
+
+    def books() -> Counter:
+        return Counter(
+            Job.fetch(job_id_for(run.pk, 0), connection=connection).get_status() for run in runs
         )
-        assert wait_until(lambda: running() == 4, 20)
-        redis.stop()
-        assert wait_until(lambda: unfinished() == 0, 30)
-        assert {AgentRun.objects.get(pk=run.pk).status for run in runs} == {"completed"}
-        time.sleep(2)  # the worker's turns meanwhile find Redis away
-        redis.start()
-        after = enqueue(scripted_request("after the outage", [{"answer": "ok"}], []))
-        assert wait_until(lambda: AgentRun.objects.get(pk=after.pk).status == "completed", 30)
-        assert worker.poll() is None
-    finally:
-        redis.stop()
+
+    assert wait_until(lambda: books() == {"finished": 110}, 20), books()

@@ -26,6 +26,19 @@ def test_a_queued_run_completes_on_a_real_rqworker(workers, queue):
 
 
 @pytest.mark.worker
+def test_rqs_own_line_per_job_follows_log_level(workers, queue):
+    """django-rq sets RQ's worker logger from ``-v`` alone, INFO by default:
+    a line or two per job. Left at its default, ``-v`` follows LOG_LEVEL,
+    which quiets RQ as it quiets every other logger."""
+    enqueue(scripted(answer("told")))
+    told = workers.run_burst()
+    enqueue(scripted(answer("quiet")))
+    quiet = workers.run_burst(LOG_LEVEL="WARNING")
+    assert "Successfully completed" in told
+    assert "Successfully completed" not in quiet
+
+
+@pytest.mark.worker
 @pytest.mark.parametrize(
     ("worker_class", "forks"),
     [("runs.worker.Worker", True), ("rq.worker.Worker", True), ("rq.worker.SimpleWorker", False)],

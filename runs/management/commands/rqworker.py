@@ -1,7 +1,11 @@
 """``manage.py rqworker``: django-rq's, but it refuses to start on a database
 that cannot make a commit durable (``nrllm_ops.durability``), naming why: every
-run it executed there could run a write twice after a server crash."""
+run it executed there could run a write twice after a server crash. RQ's own
+log lines follow ``LOG_LEVEL`` as every other logger does."""
 
+import logging
+
+from django.conf import settings
 from django.core.management.base import CommandError
 from django_rq.management.commands.rqworker import Command as RQWorkerCommand
 
@@ -15,7 +19,24 @@ def refuse_a_non_durable_database(command: str) -> None:
         raise CommandError(f"{command} not started: {problem}")
 
 
+def verbosity_from_log_level(options: dict) -> dict:
+    """django-rq sets RQ's worker logger from ``-v`` alone (1: INFO, a line
+    or two for every job). Left at its default, ``-v`` follows ``LOG_LEVEL``
+    instead: WARNING or above quiets RQ as it quiets the rest, DEBUG is
+    ``-v 2``. An explicit ``-v 0`` or ``-v 2`` wins."""
+    if options.get("verbosity") != 1:
+        return options
+    level = logging.getLevelName(str(settings.LOGGING["root"]["level"]).upper())
+    if not isinstance(level, int):
+        return options
+    if level >= logging.WARNING:
+        return {**options, "verbosity": 0}
+    if level <= logging.DEBUG:
+        return {**options, "verbosity": 2}
+    return options
+
+
 class Command(RQWorkerCommand):
     def handle(self, *args, **options):
         refuse_a_non_durable_database("rqworker")
-        return super().handle(*args, **options)
+        return super().handle(*args, **verbosity_from_log_level(options))
