@@ -196,10 +196,13 @@ def test_a_cancel_reaches_a_run_in_a_thread(workers, drifting_model, operator):
     assert AgentRun.objects.get(pk=agent_run.pk).termination_reason == TerminationReason.CANCELLED
 
 
-def test_a_hung_tool_delays_no_other_run_a_read_is_a_tool_error_a_write_in_doubt(workers, settings):
+def test_a_hung_tool_delays_no_other_run_a_read_is_a_tool_error_a_write_in_doubt(
+    workers, settings, operator_client
+):
     """A tool past its limit cannot be interrupted in a thread: its run stops
     counting on it — a read is a tool error, a write is in doubt — while the
-    process's other runs go on; the write's late result is recorded."""
+    process's other runs go on; the write's late result is recorded, and
+    shown beside the write in question to the operator who reconciles it."""
     settings.NRLLM_TOOLS = ["tests.tools_for_tests.SlowTool", "tests.tools_for_tests.SlowWrite"]
     hung_read = enqueue(
         scripted_request(
@@ -243,6 +246,11 @@ def test_a_hung_tool_delays_no_other_run_a_read_is_a_tool_error_a_write_in_doubt
     assert wait_until(lambda: write.steps.filter(kind=StepKind.LATE_RESULT).exists(), 10)
     late = write.steps.get(kind=StepKind.LATE_RESULT)
     assert late.result == {"slept": True} and late.tool_name == "slow_write"
+    page = operator_client.get(f"/admin/runs/agentrun/{write.pk}/change/").content.decode()
+    assert (
+        f"It returned after its time limit (step {late.sequence}): "
+        '<code class="wraps">{ &quot;slept&quot;: true }</code>'
+    ) in page
 
 
 def test_an_exhausted_connection_pool_is_a_retryable_failure_not_a_hang(workers, settings):

@@ -14,7 +14,7 @@ from django.contrib import admin
 from django.core.paginator import Paginator
 
 from runs.admin import aftermath, approval_rows, console
-from runs.admin.display import cut, effect_badge, moment, position_in_words, shortened
+from runs.admin.display import as_text, cut, effect_badge, moment, position_in_words, shortened
 from runs.admin.run_columns import error_text, ran_for, why_so
 from runs.admin.run_spend import turn_spend_text
 from runs.models import AgentRun, RunStep
@@ -28,6 +28,8 @@ STEPS_PER_PAGE = 50
 WIDE_FIELDS = ("prompt", "error_message", "output")
 #: A model's answer in its step's sentence (all of it in the record).
 ANSWER_CHARS = 300
+#: A write's late result beside the write in question (all of it in its step).
+LATE_RESULT_CHARS = 300
 #: Failed model calls are recorded so: the provider's error, classified (G8).
 PROVIDER_ERROR = "ProviderError"
 
@@ -95,11 +97,33 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "attempts": attempts,
         "reconciliation": run.reconciliation,
         "write_in_question": write_in_question(run),
+        "late_result": late_result(run),
         "dead_letters": run.dead_letters.select_related("resolved_by").order_by("-created_at"),
         "approvals": approvals,
         "can_requeue": model_admin.has_requeue_permission(request),
         "can_cancel": model_admin.has_cancel_permission(request) and not run.is_terminal,
         "can_reconcile": model_admin.has_reconcile_permission(request),
+    }
+
+
+def late_result(run: AgentRun) -> dict | None:
+    """What the write in question returned after its run had stopped
+    counting on it (a ``late_result`` step, G15): the operator who
+    reconciles it reads it where they decide. None if it never returned."""
+    key = (run.pending_call or {}).get("idempotency_key")
+    if not key:
+        return None
+    step = (
+        run.steps.filter(kind=StepKind.LATE_RESULT, idempotency_key=key)
+        .order_by("-sequence")
+        .first()
+    )
+    if step is None:
+        return None
+    return {
+        "sequence": step.sequence,
+        "error": step.error,
+        "outcome": cut(step.error or as_text(step.result), LATE_RESULT_CHARS),
     }
 
 
