@@ -77,7 +77,7 @@ class NoDeathPenalty(BaseDeathPenalty):
 
 
 #: Redis connections beyond one per run: the main thread's, the jobs'
-#: heartbeats, a scheduler's.
+#: heartbeats, RQ's pub/sub thread's (stop-job and suspend commands).
 SPARE_REDIS_CONNECTIONS = 10
 
 
@@ -137,6 +137,11 @@ class ConcurrentWorker(SimpleWorker):
         taken = 1 + (self.runs.take_free_slots() if self._take_many else 0)
         # What RQ's own dequeue sends first (at most once a second here).
         self.heartbeat()
+        if self._stop_requested:
+            # Stopped during the heartbeat, which may not be interrupted:
+            # no job is taken after a stop request.
+            self.runs.give_back(taken)
+            return None
         jobs = []
         try:
             jobs = self._take_waiting_jobs(taken)
@@ -208,11 +213,15 @@ class ConcurrentWorker(SimpleWorker):
         with self.connection.pipeline(transaction=False) as pipeline:
             for job_id in job_ids:
                 pipeline.hgetall(self.job_class.key_for(job_id))
-            stored = pipeline.execute()
+            # A reply that is an error (a key that is not a hash) is that
+            # job's alone: the others taken with it are started.
+            stored = pipeline.execute(raise_on_error=False)
         taken = []
         for job_id, fields in zip(job_ids, stored, strict=True):
             job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
             try:
+                if isinstance(fields, Exception):
+                    raise fields
                 if not fields:
                     raise NoSuchJobError(job_id)
                 job.restore(fields)
@@ -267,6 +276,7 @@ class ConcurrentWorker(SimpleWorker):
                 logger.warning("concurrent worker: heartbeat not sent to Redis")
                 return
             self._heartbeat_at = time.monotonic()
+            self._reconcile_state()
         if self.is_horse or not hasattr(self, "runs"):
             return
         if time.monotonic() - self._jobs_heartbeat_at < self.job_monitoring_interval:
@@ -301,6 +311,19 @@ class ConcurrentWorker(SimpleWorker):
             except RedisError:
                 self._state = None  # unknown: sent again next time
                 logger.warning("concurrent worker: state %s not sent to Redis", state)
+
+    def _reconcile_state(self) -> None:
+        """With the heartbeat: busy while a run is in flight, idle when none
+        is. The runs' threads say idle as the last one ends, but two that end
+        together can each see the other in flight, and a state Redis did not
+        take is sent again only here."""
+        if not hasattr(self, "runs") or self._stop_requested:
+            return
+        if self._state in (WorkerStatus.SUSPENDED, WorkerStatus.STARTED):
+            return
+        wanted = WorkerStatus.BUSY if self.runs.count() else WorkerStatus.IDLE
+        if self._state != wanted:
+            self.set_state(wanted)
 
     def check_for_suspension(self, burst):
         """``rq suspend``, looked for at most once a second."""
