@@ -231,7 +231,11 @@ def _steady_state(spans: list[tuple]) -> dict:
     first run's end to the last run's start, when every slot ended is taken
     again (the ideal's premise). Before it the slots fill, after it they
     drain with nothing to take: the whole round's figure counts both. Also
-    the runs in flight then, on average (a look every 0.1 s)."""
+    the runs in flight then, on average (a look every 0.1 s).
+
+    Biased high, so no target rests on it: the window opens as the first
+    wave ends, and a wave that ends together counts whole in it (one run
+    per process reads 1.2-1.8 of the ideal)."""
     first_end = min(end for _, end in spans)
     last_start = max(start for start, _ in spans)
     seconds = (last_start - first_end).total_seconds()
@@ -351,6 +355,7 @@ def latency_rows(figures: list[dict]) -> list[dict]:
                 "value": f"{figure['runs_per_second']:.2f} runs/s",
                 "baseline": f"{figure['ideal_runs_per_second']:.2f} runs/s ideal",
                 "ratio": figure["ratio_to_ideal"],
+                **({"target": CONCURRENT_RATIO_AT_LEAST} if concurrency > 1 else {}),
             }
         )
         if figure.get("steady_runs_per_second"):
@@ -363,7 +368,6 @@ def latency_rows(figures: list[dict]) -> list[dict]:
                     "value": f"{figure['steady_runs_per_second']:.2f} runs/s",
                     "baseline": f"{figure['ideal_runs_per_second']:.2f} runs/s ideal",
                     "ratio": figure["steady_ratio_to_ideal"],
-                    **({"target": CONCURRENT_RATIO_AT_LEAST} if concurrency > 1 else {}),
                 }
             )
         rows.append(
