@@ -91,7 +91,10 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
         )
         assert approved.returncode == 0, approved.stderr[-2000:]
         assert approved.stdout.splitlines()[-1] == "approved"
-        wait_until(lambda: ("waiting_for_approval", "") not in outcomes(), what="the approved run")
+        # Approved, it is queued, then run by the embedded worker: waited for to its end.
+        wait_until(
+            lambda: outcomes().count(("completed", "completed")) == 5, what="the approved run"
+        )
     assert outcomes().count(("completed", "completed")) == 5
     assert decisions()[seed_demo.WAITING["prompt"]] == "approved by admin"
     assert sent(seed_demo.WAITING) == 1
