@@ -6,7 +6,7 @@ processes of one class drain ``runs`` such runs; measured while they do:
 
 - throughput against the ideal (runs in flight / the two turns' latency),
   from the commit that makes the runs' jobs go out to the last run's end,
-  and in steady state: while runs still waited for a slot;
+  and in steady state: while every slot freed was taken again;
 - runs in flight per worker process, at the peak;
 - PSS (``/proc/PID/smaps_rollup``: shared pages count once) of the workers
   and their work horses, per run in flight, at the peak;
@@ -15,7 +15,6 @@ processes of one class drain ``runs`` such runs; measured while they do:
 - enqueue → start and enqueue → end, p50 and p99 (the run rows' times).
 """
 
-import os
 import statistics
 import subprocess
 import sys
@@ -27,8 +26,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from bench.measuring import ROOT
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from bench.processes import (
+    cpu_seconds,
+    family,
+    host_loop_milliseconds,
+    idle_cpu_seconds,
+    parent_of,
+    pss_kb,
+)
 
 
 class ModelServer:
@@ -52,42 +57,6 @@ class ModelServer:
         self.process.wait(timeout=10)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User and system time of ``pid`` and of the children it has reaped."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
-    return (utime + stime + cutime + cstime) / _CLOCK_TICKS
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rpartition(")")[2].split()[1])
-    except OSError:
-        return None
-
-
-def _pss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass  # a horse that exited between the listing and the read
-    return 0
-
-
-def _family(workers: set[int]) -> set[int]:
-    """The worker processes and their live children (work horses)."""
-    family = set(workers)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _parent_of(int(entry)) in workers:
-            family.add(int(entry))
-    return family
-
-
 def _in_flight_by_worker(workers: set[int]) -> dict[int, int]:
     """Runs ``running`` now, by the worker process executing them (a horse's
     runs count for its parent)."""
@@ -96,7 +65,7 @@ def _in_flight_by_worker(workers: set[int]) -> dict[int, int]:
     counts = dict.fromkeys(workers, 0)
     for owner in AgentRun.objects.filter(status="running").values_list("lease_owner", flat=True):
         pid = int(owner.split(":")[1])
-        worker = pid if pid in workers else _parent_of(pid)
+        worker = pid if pid in workers else parent_of(pid)
         if worker in counts:
             counts[worker] += 1
     return counts
@@ -147,7 +116,7 @@ def model_latency_round(
             )
         pids = {worker.pid for worker in workers}
         wait_for_workers(processes)
-        cpu_before = _idle_cpu_seconds(pids)
+        cpu_before = idle_cpu_seconds(pids)
         host_loop_ms = host_loop_milliseconds()
         prompt = f"latency {latency} {worker_class} {time.time()}"
         request = {
@@ -173,16 +142,16 @@ def model_latency_round(
             in_flight = _in_flight_by_worker(pids)
             total = sum(in_flight.values())
             if total and total >= peak_in_flight:
-                pss = sum(_pss_kb(pid) for pid in _family(pids)) / total
+                pss = sum(pss_kb(pid) for pid in family(pids)) / total
                 if total > peak_in_flight:
                     peak_in_flight, peak_per_worker, pss_per_run_kb = total, 0, 0.0
                 peak_per_worker = max(peak_per_worker, *in_flight.values())
                 pss_per_run_kb = max(pss_per_run_kb, pss)
             time.sleep(0.2)
         reaped_by = time.monotonic() + 30
-        while _family(pids) != pids and time.monotonic() < reaped_by:
+        while family(pids) != pids and time.monotonic() < reaped_by:
             time.sleep(0.1)  # a horse's CPU counts for its worker once reaped
-        cpu_after = sum(_cpu_seconds(pid) for pid in pids)
+        cpu_after = sum(cpu_seconds(pid) for pid in pids)
     finally:
         for worker in workers:
             worker.terminate()
@@ -195,7 +164,7 @@ def model_latency_round(
         raise RuntimeError(
             f"{worker_class}: {runs - len(completed)} of {runs} runs did not complete"
         )
-    steady = _steady_state([(row[2], row[3]) for row in rows])
+    steady = _steady_state([(row[2], row[3]) for row in rows], processes * concurrency)
     wall = (max(row[3] for row in rows) - committing_at).total_seconds()
     to_start = [(row[2] - row[1]).total_seconds() for row in rows if row[2]]
     to_end = [(row[3] - row[1]).total_seconds() for row in rows]
@@ -226,47 +195,41 @@ def model_latency_round(
     }
 
 
-def _steady_state(spans: list[tuple]) -> dict:
-    """Runs ended per second while runs still waited for a slot: from the
-    first run's end to the last run's start, when every slot ended is taken
-    again (the ideal's premise). Before it the slots fill, after it they
-    drain with nothing to take: the whole round's figure counts both. Also
-    the runs in flight then, on average (a look every 0.1 s).
-
-    Biased high, so no target rests on it: the window opens as the first
-    wave ends, and a wave that ends together counts whole in it (one run
-    per process reads 1.2-1.8 of the ideal)."""
-    first_end = min(end for _, end in spans)
-    last_start = max(start for start, _ in spans)
-    seconds = (last_start - first_end).total_seconds()
+def _steady_state(spans: list[tuple], slots: int) -> dict:
+    """Runs ended per second while every slot freed was taken again at once
+    (the ideal's premise, ``slots`` in flight): from the ``slots``-th run's
+    end to the (runs - ``slots``)-th's, when a run was still waiting for
+    each slot that freed. Before it the slots fill, after it they drain with
+    nothing to take: the whole round's figure counts both. Counted end to
+    end, the window holds whole generations of runs however they bunch (the
+    runs that start together end together: a window from the first end
+    would count one wave more than it spans). Also the runs in flight then,
+    on average (a look every 0.1 s)."""
+    ends = sorted(end for _, end in spans)
+    if len(ends) <= 2 * slots:
+        return {"runs_per_second": None, "in_flight": None, "seconds": 0.0}
+    opens, closes = ends[slots - 1], ends[len(ends) - slots - 1]
+    seconds = (closes - opens).total_seconds()
     if seconds <= 0:
         return {"runs_per_second": None, "in_flight": None, "seconds": 0.0}
-    ended = sum(1 for _, end in spans if first_end <= end <= last_start)
-    looks = [first_end + timedelta(seconds=0.1 * k) for k in range(int(seconds * 10) + 1)]
+    looks = [opens + timedelta(seconds=0.1 * k) for k in range(int(seconds * 10) + 1)]
     in_flight = [sum(1 for start, end in spans if start <= look < end) for look in looks]
     return {
-        "runs_per_second": ended / seconds,
+        "runs_per_second": (len(ends) - 2 * slots) / seconds,
         "in_flight": sum(in_flight) / len(in_flight),
         "seconds": seconds,
     }
 
 
+def _ordinal(number: int) -> str:
+    if 10 <= number % 100 <= 20:
+        return f"{number}th"
+    suffix = {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
 def _p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
-
-
-def host_loop_milliseconds() -> float:
-    """How fast this host runs Python now: a fixed loop's time (the best of
-    three). A shared host's speed changes from minute to minute, and the
-    runs' CPU and throughput change with it; this says how fast it was."""
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        total = 0
-        for number in range(2_000_000):
-            total += number
-        best = min(best, time.perf_counter() - started)
-    return best * 1000
 
 
 def wait_for_workers(count: int) -> None:
@@ -281,18 +244,6 @@ def wait_for_workers(count: int) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError("the workers did not start within 120 s")
         time.sleep(0.2)
-
-
-def _idle_cpu_seconds(pids: set[int]) -> float:
-    """The workers' CPU time once it stops growing: their start-up (which
-    goes on after they register) is not the runs' cost."""
-    previous, quiet = sum(_cpu_seconds(pid) for pid in pids), 0
-    while quiet < 2:  # two half-seconds in a row with (almost) nothing done
-        time.sleep(0.5)
-        now = sum(_cpu_seconds(pid) for pid in pids)
-        quiet = quiet + 1 if now - previous < 0.05 else 0
-        previous = now
-    return previous
 
 
 #: The worker classes measured on the real workload, one run in flight per
@@ -347,6 +298,11 @@ def latency_rows(figures: list[dict]) -> list[dict]:
             f"{figure['processes']} rqworkers ({figure['worker_class']}{each}), a model "
             f"answering in {figure['latency_seconds']:g} s, {figure['runs']} two-turn runs"
         )
+        steady = figure.get("steady_runs_per_second")
+        # The target is the ideal's own premise, every slot in flight: the
+        # steady state's, when measured (the whole round adds the slots
+        # filling and draining, which more runs per slot would dilute).
+        target = {"target": CONCURRENT_RATIO_AT_LEAST} if concurrency > 1 else {}
         rows.append(
             {
                 "figure": f"runs waiting on a model: {where} "
@@ -355,19 +311,22 @@ def latency_rows(figures: list[dict]) -> list[dict]:
                 "value": f"{figure['runs_per_second']:.2f} runs/s",
                 "baseline": f"{figure['ideal_runs_per_second']:.2f} runs/s ideal",
                 "ratio": figure["ratio_to_ideal"],
-                **({"target": CONCURRENT_RATIO_AT_LEAST} if concurrency > 1 else {}),
+                **({} if steady else target),
             }
         )
-        if figure.get("steady_runs_per_second"):
+        if steady:
+            slots = figure["processes"] * concurrency
             rows.append(
                 {
-                    "figure": f"the same runs in steady state ({where}): while runs waited for "
-                    f"a slot, the {figure['steady_seconds']:.1f} s from the first run's end to "
-                    f"the last run's start, {figure['steady_in_flight']:.0f} in flight on "
-                    "average (the whole round adds the slots filling and draining)",
-                    "value": f"{figure['steady_runs_per_second']:.2f} runs/s",
+                    "figure": f"the same runs in steady state ({where}): while every slot freed "
+                    f"was taken again, the {figure['steady_seconds']:.1f} s from the "
+                    f"{_ordinal(slots)} run's end to the {_ordinal(figure['runs'] - slots)}'s, "
+                    f"{figure['steady_in_flight']:.0f} in flight on average (the whole round "
+                    "adds the slots filling and draining)",
+                    "value": f"{steady:.2f} runs/s",
                     "baseline": f"{figure['ideal_runs_per_second']:.2f} runs/s ideal",
                     "ratio": figure["steady_ratio_to_ideal"],
+                    **target,
                 }
             )
         rows.append(

@@ -1,0 +1,69 @@
+"""What the bench reads of worker processes in ``/proc``: CPU time, PSS,
+their children (work horses), and how fast the host runs Python now."""
+
+import os
+import time
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system time of ``pid`` and of the children it has reaped."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
+    return (utime + stime + cutime + cstime) / _CLOCK_TICKS
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rpartition(")")[2].split()[1])
+    except OSError:
+        return None
+
+
+def pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass  # a horse that exited between the listing and the read
+    return 0
+
+
+def family(workers: set[int]) -> set[int]:
+    """The worker processes and their live children (work horses)."""
+    family = set(workers)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and parent_of(int(entry)) in workers:
+            family.add(int(entry))
+    return family
+
+
+def host_loop_milliseconds() -> float:
+    """How fast this host runs Python now: a fixed loop's time (the best of
+    three). A shared host's speed changes from minute to minute, and the
+    runs' CPU and throughput change with it; this says how fast it was."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        total = 0
+        for number in range(2_000_000):
+            total += number
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+def idle_cpu_seconds(pids: set[int]) -> float:
+    """The workers' CPU time once it stops growing: their start-up (which
+    goes on after they register) is not the runs' cost."""
+    previous, quiet = sum(cpu_seconds(pid) for pid in pids), 0
+    while quiet < 2:  # two half-seconds in a row with (almost) nothing done
+        time.sleep(0.5)
+        now = sum(cpu_seconds(pid) for pid in pids)
+        quiet = quiet + 1 if now - previous < 0.05 else 0
+        previous = now
+    return previous
