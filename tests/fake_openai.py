@@ -17,6 +17,9 @@ class Reply:
     body: dict | None = None
     headers: dict = field(default_factory=dict)
     delay_seconds: float = 0
+    #: Sent as it is instead of ``body``: what a broken proxy answers.
+    raw: bytes | None = None
+    content_type: str = "application/json"
 
 
 def completion(content="", tool_calls=(), model="fake-model", finish_reason=None):
@@ -93,10 +96,10 @@ def _handler(fake: FakeOpenAI):
             reply = fake.next_reply(body) if self.path == "/v1/chat/completions" else error(404)
             if reply.delay_seconds:
                 time.sleep(reply.delay_seconds)
-            data = json.dumps(reply.body or {}).encode()
+            data = reply.raw if reply.raw is not None else json.dumps(reply.body or {}).encode()
             try:
                 self.send_response(reply.status)
-                self.send_header("content-type", "application/json")
+                self.send_header("content-type", reply.content_type)
                 self.send_header("content-length", str(len(data)))
                 for name, value in reply.headers.items():
                     self.send_header(name, value)

@@ -123,6 +123,47 @@ def test_each_http_failure_maps_to_its_class(fake_openai, status, failure_class)
     assert (agent_run.status, agent_run.failure_class) == ("failed", failure_class)
 
 
+@pytest.mark.parametrize(
+    ("reply", "named"),
+    [
+        (Reply(raw=b"<html>502 Bad Gateway</html>", content_type="text/html"), "not JSON"),
+        (Reply(raw=b'{"choices": [', content_type="application/json"), "not JSON"),
+        (Reply(raw=b"null"), "the body is missing, not an object"),
+        (Reply(body={"id": "x"}), "'choices' is missing, not a list"),
+        (Reply(body={"choices": [{"index": 0}]}), "choices[0].message is missing"),
+        (
+            Reply(body={"choices": [{"message": {"content": ["a"]}}]}),
+            "choices[0].message.content is a list, not a string",
+        ),
+        (
+            Reply(body={"choices": [{"message": {"tool_calls": [{"id": "c1"}]}}]}),
+            "choices[0].message.tool_calls[0].function is missing",
+        ),
+    ],
+)
+def test_a_200_that_is_not_a_chat_completion_is_a_server_error_naming_what_is_wrong(
+    fake_openai, settings, reply, named
+):
+    """Retried with backoff as a server's failure (the queued run is back in
+    the queue, nothing recorded of the turn), never read as an answer; and a
+    circuit's trial answered so has failed."""
+    settings.NRLLM_RETRY_BACKOFF_SECONDS = 60
+    fake_openai.script(reply)
+    agent_run = enqueue(request())
+    agent_run.refresh_from_db()
+    assert (agent_run.status, agent_run.requeue_count) == ("queued", 1)
+    assert agent_run.failure_class == "server_error"
+    assert agent_run.error_message.endswith(named) or named in agent_run.error_message
+    assert "the provider's answer is not a chat completion" in agent_run.error_message
+    assert not agent_run.steps.filter(kind="llm").exists()
+
+    settings.NRLLM_CIRCUIT_FAILURES = 1
+    ProviderCircuit.objects.update(state="open", opened_at=timezone.now() - timedelta(hours=1))
+    fake_openai.script(reply)
+    assert run(request()).failure_class == "server_error"  # the trial
+    assert transitions()[-2:] == [("open", "half_open"), ("half_open", "open")]
+
+
 def test_the_table_has_a_row_for_connections_and_5xx():
     described = {what for what, _, _ in FAILURE_TABLE}
     assert {"connection error or timeout", "HTTP 5xx"} <= described

@@ -25,7 +25,8 @@ from django.dispatch import receiver
 
 from nrllm_ops.database import release_connection
 from runs.providers import circuit
-from runs.providers.base import ProviderError, ToolCall, Turn
+from runs.providers.base import ProviderError, Turn
+from runs.providers.openai_answer import MalformedAnswer, turn_of
 from runs.vocabulary import FailureClass
 
 
@@ -73,7 +74,6 @@ class OpenAIChatProvider:
 
     def next_turn(self, messages: list[dict], tool_specs: list[dict]) -> Turn:
         import openai
-        from openai.types.chat import ChatCompletion
 
         from runs.providers.openai_failures import to_provider_error
 
@@ -88,19 +88,27 @@ class OpenAIChatProvider:
         try:
             # The SDK's documented way to send a body as it is: the same
             # client, auth (as ``chat.completions.create`` asks for it),
-            # timeouts, errors and parsing, without ``create``'s check and
-            # transform of every argument against its typed parameters —
-            # more CPU than the rest of the turn, for plain JSON built here.
-            completion = self.client.post(
-                "/chat/completions", body=body, cast_to=ChatCompletion, options=_BEARER_AUTH
-            )
-        except openai.OpenAIError as error:
-            failure = to_provider_error(error)
+            # timeouts and errors, without ``create``'s check and transform
+            # of every argument against its typed parameters, and the answer
+            # as parsed JSON (``openai_answer`` reads it): either typed step
+            # cost more CPU than the rest of the turn.
+            try:
+                answer = self.client.post(
+                    "/chat/completions", body=body, cast_to=object, options=_BEARER_AUTH
+                )
+            except json.JSONDecodeError as error:
+                # Sent as JSON, and not: the SDK's parse of the body.
+                raise MalformedAnswer(f"not JSON ({error.msg})") from None
+            turn = turn_of(answer, latency_ms=int((time.monotonic() - started) * 1000))
+        except (openai.OpenAIError, ProviderError) as error:
+            failure = error if isinstance(error, ProviderError) else to_provider_error(error)
             circuit.record_failure(self.circuit_key, failure.failure_class)
             raise failure from None
+        # Only an answer read whole closes a circuit: a trial answered with
+        # a body that is not one failed.
         if trial:
             circuit.record_success(self.circuit_key)
-        return _turn(completion, latency_ms=int((time.monotonic() - started) * 1000))
+        return turn
 
 
 #: The request options ``chat.completions.create`` sends: the API key as a
@@ -191,51 +199,3 @@ def _forget_clients(setting, **kwargs):
     if setting.startswith("NRLLM_OPENAI_"):
         with _clients_lock:
             _clients.clear()
-
-
-def _turn(completion, *, latency_ms: int) -> Turn:
-    if not completion.choices:
-        raise ProviderError("the provider returned no choices", failure_class=FailureClass.UNKNOWN)
-    choice = completion.choices[0]
-    usage = completion.usage
-    meta = {
-        "model": completion.model,
-        "finish_reason": choice.finish_reason,
-        "usage": _usage(usage),
-        "latency_ms": latency_ms,
-    }
-    calls = [_tool_call(call) for call in choice.message.tool_calls or []]
-    return Turn(content=choice.message.content or "", tool_calls=calls, meta=meta)
-
-
-def _usage(usage) -> dict | None:
-    """The turn's tokens; ``cached_tokens`` (of the prompt's, served from the
-    provider's cache and priced apart, G17) only when the provider says.
-    None when it reports none (some servers and proxies omit it): the
-    turn's tokens and cost are unknown, never 0."""
-    if usage is None:
-        return None
-    recorded = {
-        "prompt_tokens": usage.prompt_tokens if usage else 0,
-        "completion_tokens": usage.completion_tokens if usage else 0,
-    }
-    details = getattr(usage, "prompt_tokens_details", None) if usage else None
-    cached = getattr(details, "cached_tokens", None)
-    if cached:
-        recorded["cached_tokens"] = cached
-    return recorded
-
-
-def _tool_call(call) -> ToolCall:
-    name = call.function.name
-    try:
-        arguments = json.loads(call.function.arguments or "{}")
-    except json.JSONDecodeError as error:
-        return ToolCall(
-            name=name,
-            arguments=None,
-            id=call.id,
-            problem=f"the arguments of this call are not valid JSON ({error.msg}); "
-            "send them again as a JSON object",
-        )
-    return ToolCall(name=name, arguments=arguments, id=call.id)
