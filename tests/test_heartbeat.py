@@ -6,11 +6,13 @@ Real PostgreSQL; the attempts run in this process (a thread where a test
 needs to watch them), the reaper is called as its cron job calls it.
 """
 
+import dataclasses
 import threading
 import time
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from runs import transitions
 from runs.models import AgentRun
@@ -127,3 +129,43 @@ def test_a_handed_back_attempt_settles_nothing_and_lets_its_lease_lapse(settings
     assert agent_run.status == RunStatus.RUNNING  # not settled as if it ended
     assert lease_left(agent_run.pk) <= 0  # the model's turn recorded, the lease let go
     assert list(agent_run.steps.values_list("kind", flat=True)) == ["request", "llm"]
+
+
+def test_one_keeper_pass_renews_every_due_lease_in_one_statement_each_to_its_own_deadline():
+    """Eight attempts in flight, one pass, one UPDATE: each due lease is
+    carried to its own operation's deadline; a lease with more left than its
+    renewal would give, one taken by another token, one past its deadline
+    and one handed back are left as they are."""
+    keeper = heartbeat._Keeper()  # its thread not started: the test is the tick
+    keeper.tick = 10  # renewed when less than 20 s (or the beat's seconds) is left
+
+    def attempt(lease_seconds: float, *, deadline: float) -> heartbeat.Heartbeat:
+        agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
+        lease = transitions.claim(agent_run.pk, "keeper-worker", 1).lease
+        transitions.heartbeat(lease, lease_seconds)
+        beat = heartbeat.Heartbeat(lease, 30)
+        beat.until(deadline)
+        keeper.beats.add(beat)
+        return beat
+
+    long_call = attempt(1, deadline=25)
+    short_call = attempt(1, deadline=8)
+    long_call_due = attempt(15, deadline=25)  # 15 s left: less than 20
+    short_call_not_due = attempt(15, deadline=8)  # 15 s left: more than its 8
+    renewed_further = attempt(60, deadline=25)
+    taken = attempt(1, deadline=25)
+    taken.lease = dataclasses.replace(taken.lease, token=taken.lease.token + 1)
+    past_deadline = attempt(1, deadline=-1)
+    handed_back = attempt(1, deadline=25)
+    handed_back.handed_back = True
+
+    with CaptureQueriesContext(connection) as queries:
+        assert keeper.renew_due() == 3
+    assert [query["sql"].split()[0] for query in queries] == ["UPDATE"]
+    assert 24 < lease_left(long_call.lease.run_id) <= 25
+    assert 7 < lease_left(short_call.lease.run_id) <= 8
+    assert 24 < lease_left(long_call_due.lease.run_id) <= 25
+    assert 14 < lease_left(short_call_not_due.lease.run_id) <= 15  # never shortened
+    assert 59 < lease_left(renewed_further.lease.run_id) <= 60
+    for beat in (taken, past_deadline, handed_back):
+        assert lease_left(beat.lease.run_id) <= 1

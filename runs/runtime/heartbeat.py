@@ -3,8 +3,9 @@
 A lease is short (``NRLLM_LEASE_SECONDS``, 30 s as shipped), so that a worker
 that dies is noticed in about a lease. An attempt that lives on renews it at
 every step, and between steps — a model call, a tool — one keeper thread per
-process wakes every third of a lease and renews each attempt's lease that has
-less than two thirds left (so a run that steps often costs it nothing).
+process wakes every third of a lease and renews, in one statement, each
+attempt's lease that has less than two thirds left (so a run that steps
+often costs it nothing).
 
 The keeper never carries a lease past the deadline of what the attempt is
 doing now (``Heartbeat.until``): a model call's own timeout, a tool's time
@@ -124,36 +125,42 @@ class _Keeper:
             self.tick = min((beat.lease_seconds for beat in beats), default=30) / 3
             self.wake.wait(max(self.tick, _SHORTEST_TICK_SECONDS))
             self.wake.clear()
-            beats = self.in_flight()
-            # Under the lock a hand-back takes: no renewal lands after it.
-            with self.renewing:
-                for beat in beats:
-                    # Renewed when less than two ticks are left: a lease a
-                    # record renewed since is left alone, one about to lapse
-                    # is not. A failed renewal ends the pass: the database is
-                    # away for the others too (next tick, again).
-                    if not _renew(beat, when_left=2 * self.tick):
-                        break
-            if beats:
+            if self.in_flight():
+                self.renew_due()
                 # Not held between ticks: a worker's connections serve runs
                 # (and a pool, DATABASE_POOL_MAX_SIZE, gets this one back).
                 transitions.recover_connection(discard=True)
 
-
-def _renew(beat: Heartbeat, *, when_left: float) -> bool:
-    """Renew ``beat``'s lease if it is due; False if the database failed."""
-    seconds = beat.renewal_seconds()
-    if seconds <= 0 or beat.handed_back:
-        return True  # past its operation's deadline: the lease lapses
-    try:
-        transitions.keep_lease(beat.lease, seconds, when_left=when_left)
-    except Exception:
-        # Whatever it was (the database away, a connection refused), the
-        # keeper lives on: its thread keeps every lease of the process.
-        logger.warning("run=%s heartbeat failed; trying again next tick", beat.lease.run_id)
-        transitions.recover_connection(discard=True)
-        return False
-    return True
+    def renew_due(self) -> int:
+        """One pass: renew, in one statement, the lease of every attempt in
+        flight that has less than two ticks left, each up to its own
+        operation's deadline; one past it, or handed back, lapses. Returns
+        how many were renewed; a failure is logged and counts none."""
+        beats = self.in_flight()
+        # Under the lock a hand-back takes: no renewal lands after it.
+        with self.renewing:
+            renewals = [
+                (beat.lease, seconds)
+                for beat in beats
+                if not beat.handed_back and (seconds := beat.renewal_seconds()) > 0
+            ]
+            if not renewals:
+                return 0
+            try:
+                # Less than two ticks left: a lease a record renewed since is
+                # left alone, one about to lapse is not.
+                return transitions.keep_leases(renewals, when_left=2 * self.tick)
+            except Exception:
+                # Whatever it was (the database away, a connection refused),
+                # the keeper lives on: its thread keeps every lease of the
+                # process. One line for the pass: the others failed with it.
+                logger.warning(
+                    "heartbeat of %d runs failed (run=%s first); trying again next tick",
+                    len(renewals),
+                    renewals[0][0].run_id,
+                )
+                transitions.recover_connection(discard=True)
+                return 0
 
 
 _keeper = _Keeper()

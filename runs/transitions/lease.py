@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import DurationField, ExpressionWrapper, F, Q
+from django.db.models import Case, DurationField, ExpressionWrapper, F, Q, When
 from django.db.models.functions import Now
 
 from runs.models import AgentRun, RunStep
@@ -304,6 +304,52 @@ def keep_lease(lease: Lease, lease_seconds: float, *, when_left: float | None = 
         _owned(lease)
         .filter(lease_expires_at__lt=_expiry(left))
         .update(lease_expires_at=_expiry(lease_seconds))
+    )
+
+
+#: At most this many renewals in one statement: each costs 7 parameters,
+#: and SQLite may allow as few as 999 in a statement (Django's
+#: ``max_query_params`` says how many this backend takes).
+_RENEWALS_PER_STATEMENT = 500
+_PARAMETERS_PER_RENEWAL = 7
+
+
+def keep_leases(renewals: list[tuple[Lease, float]], *, when_left: float) -> int:
+    """``keep_lease`` for many attempts in one conditional UPDATE (G16): each
+    ``(lease, seconds)`` carries its lease to ``seconds`` from now by the
+    database's clock if the run is still that lease's and less than
+    ``min(when_left, seconds)`` of it is left; any other row is untouched,
+    and no lease is shortened. More renewals than a statement takes are
+    split over as few statements as needed. Returns how many leases it
+    renewed; raises what the database raised."""
+    most = connection.features.max_query_params
+    per_statement = _RENEWALS_PER_STATEMENT
+    if most:
+        per_statement = max(1, min(per_statement, (most - 1) // _PARAMETERS_PER_RENEWAL))
+    renewed = 0
+    for start in range(0, len(renewals), per_statement):
+        renewed += _keep_leases(renewals[start : start + per_statement], when_left)
+    return renewed
+
+
+def _keep_leases(renewals: list[tuple[Lease, float]], when_left: float) -> int:
+    due, expiries = Q(), []
+    for lease, seconds in renewals:
+        # ``_owned``'s guard (its status term is shared, below), and
+        # ``keep_lease``'s: less than ``left`` is left, so never shortened.
+        due |= Q(
+            pk=lease.run_id,
+            lease_owner=lease.owner,
+            lease_token=lease.token,
+            lease_expires_at__lt=_expiry(min(when_left, seconds)),
+        )
+        # A row the WHERE matched for this (run, token) is this lease's: a
+        # token names one attempt, so no other renewal's When can match it.
+        expiries.append(When(pk=lease.run_id, lease_token=lease.token, then=_expiry(seconds)))
+    if not expiries:
+        return 0
+    return AgentRun.objects.filter(due, status=RunStatus.RUNNING).update(
+        lease_expires_at=Case(*expiries, default=F("lease_expires_at"))
     )
 
 
