@@ -135,7 +135,8 @@ def test_one_keeper_pass_renews_every_due_lease_in_one_statement_each_to_its_own
     """Eight attempts in flight, one pass, one UPDATE: each due lease is
     carried to its own operation's deadline; a lease with more left than its
     renewal would give, one taken by another token, one past its deadline
-    and one handed back are left as they are."""
+    and one handed back are left as they are. Attempts whose own records
+    just renewed their leases cost no statement at all."""
     keeper = heartbeat._Keeper()  # its thread not started: the test is the tick
     keeper.tick = 10  # renewed when less than 20 s (or the beat's seconds) is left
 
@@ -169,3 +170,14 @@ def test_one_keeper_pass_renews_every_due_lease_in_one_statement_each_to_its_own
     assert 59 < lease_left(renewed_further.lease.run_id) <= 60
     for beat in (taken, past_deadline, handed_back):
         assert lease_left(beat.lease.run_id) <= 1
+
+    # Attempts whose own records renewed their leases since cost no statement.
+    keeper.beats.clear()
+    for _ in range(2):
+        beat = attempt(1, deadline=25)
+        sent_at = time.monotonic()
+        transitions.heartbeat(beat.lease, 30)  # as a record renews it
+        beat.renewed(30, sent_at)
+    with CaptureQueriesContext(connection) as queries:
+        assert keeper.renew_due() == 0
+    assert not queries

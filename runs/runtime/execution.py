@@ -69,6 +69,8 @@ class LeasedExecution(CallLease):
         self._renewed_for: tuple[PlannedCall, str] | None = None
         #: What the attempt recorded, and what it still owes the journal.
         self.ledger = StepLedger(lease, recorded_steps)
+        if heartbeat is not None:
+            self.ledger.renewed = heartbeat.renewed
         #: The final answer's record settled the run (``finish``).
         self.settled = False
         #: The budget checks before each model call (G17); None: none.

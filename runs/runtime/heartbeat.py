@@ -4,8 +4,10 @@ A lease is short (``NRLLM_LEASE_SECONDS``, 30 s as shipped), so that a worker
 that dies is noticed in about a lease. An attempt that lives on renews it at
 every step, and between steps — a model call, a tool — one keeper thread per
 process wakes every third of a lease and renews, in one statement, each
-attempt's lease that has less than two thirds left (so a run that steps
-often costs it nothing).
+attempt's lease that has less than two thirds left. A run that steps often
+costs it nothing: each record tells its heartbeat how long the lease runs
+at least (``Heartbeat.renewed``), and the keeper leaves out the leases
+that are not due.
 
 The keeper never carries a lease past the deadline of what the attempt is
 doing now (``Heartbeat.until``): a model call's own timeout, a tool's time
@@ -45,6 +47,10 @@ class Heartbeat:
         self.lease_seconds = lease_seconds
         self.operation_margin = operation_margin
         self._deadline = time.monotonic() + lease_seconds
+        #: The lease runs at least until then (monotonic), as the attempt's
+        #: own last record renewed it: the keeper sends nothing for it
+        #: before it is due (``due``).
+        self._lease_at_least_until = float("-inf")
         #: Set when the worker handed the attempt back: it stops at its next
         #: step boundary and settles nothing.
         self.handed_back = False
@@ -72,6 +78,18 @@ class Heartbeat:
     def tool_call(self, time_limit: float) -> None:
         """A tool call stopped counting on at ``time_limit``, plus the margin."""
         self.until(time_limit + self.operation_margin)
+
+    def renewed(self, seconds: float, sent_at: float) -> None:
+        """A record of the attempt, sent at ``sent_at`` (monotonic), renewed
+        its lease for ``seconds``: by the database's clock from a moment no
+        earlier, so the lease runs at least until ``sent_at + seconds``."""
+        self._lease_at_least_until = sent_at + seconds
+
+    def due(self, when_left: float) -> bool:
+        """Whether the lease may have less than ``when_left`` left: a lease
+        the attempt's records renew often never is, and costs the keeper no
+        statement (the statement's own guard decides the rest)."""
+        return self._lease_at_least_until - time.monotonic() < when_left
 
     def renewal_seconds(self) -> float:
         """How long the next renewal carries the lease: a lease, or what is
@@ -137,19 +155,22 @@ class _Keeper:
         operation's deadline; one past it, or handed back, lapses. Returns
         how many were renewed; a failure is logged and counts none."""
         beats = self.in_flight()
+        # Less than two ticks left: a lease a record renewed since is left
+        # alone, one about to lapse is not.
+        when_left = 2 * self.tick
         # Under the lock a hand-back takes: no renewal lands after it.
         with self.renewing:
             renewals = [
                 (beat.lease, seconds)
                 for beat in beats
-                if not beat.handed_back and (seconds := beat.renewal_seconds()) > 0
+                if not beat.handed_back
+                and (seconds := beat.renewal_seconds()) > 0
+                and beat.due(min(when_left, seconds))
             ]
             if not renewals:
                 return 0
             try:
-                # Less than two ticks left: a lease a record renewed since is
-                # left alone, one about to lapse is not.
-                return transitions.keep_leases(renewals, when_left=2 * self.tick)
+                return transitions.keep_leases(renewals, when_left=when_left)
             except Exception:
                 # Whatever it was (the database away, a connection refused),
                 # the keeper lives on: its thread keeps every lease of the

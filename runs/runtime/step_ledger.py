@@ -25,6 +25,7 @@ record means for the run.
 
 import json
 import logging
+import time
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -46,6 +47,9 @@ UNFLUSHED_STEPS_KEPT = 32
 class StepLedger:
     def __init__(self, lease: Lease, recorded: int = 0):
         self.lease = lease
+        #: Told ``(seconds, sent_at)`` when a record renewed the lease
+        #: (``Heartbeat.renewed``); None: nobody keeps count.
+        self.renewed = None
         #: Steps this attempt has recorded (the claim's request step included).
         self.recorded = recorded
         #: The most it ever had: a server crash that lost steps lowers
@@ -170,6 +174,7 @@ class StepLedger:
         waits = len(self.unflushed) >= UNFLUSHED_STEPS_KEPT or not transitions.skips_the_flush(
             steps, clear_fence=clear_fence, next_call=next_call
         )
+        sent_at = time.monotonic()
         with metrics.STEP_RECORD_SECONDS.time():
             outcome = transitions.record_steps(
                 self.lease,
@@ -181,6 +186,8 @@ class StepLedger:
                 wait_for_flush=waits,
                 tally=self.tally,
             )
+        if outcome.persisted and self.renewed is not None:
+            self.renewed(lease_seconds, sent_at)
         return outcome, waits
 
     def restore_lost_steps(self, count: int | None = None) -> None:
