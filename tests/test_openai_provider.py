@@ -95,6 +95,17 @@ def test_a_malformed_tool_call_is_fed_back_as_a_tool_error(fake_openai):
     assert agent_run.status == "completed"
 
 
+def test_arguments_nested_past_the_parsers_recursion_are_the_models_mistake(fake_openai):
+    fake_openai.script(
+        Reply(body=completion(tool_calls=[("c1", "read_note", "[" * 100_000)])),
+        Reply(body=completion("sorry")),
+    )
+    agent_run = run(request())
+    assert agent_run.status == "completed"
+    error = agent_run.steps.get(kind="tool").error
+    assert "not valid JSON (nested too deeply)" in error
+
+
 def test_a_run_naming_an_unconfigured_provider_is_refused_at_enqueue(settings):
     settings.NRLLM_OPENAI_API_KEY = ""
     with pytest.raises(InvalidRunRequest, match="not configured: set NRLLM_OPENAI_API_KEY"):
@@ -128,7 +139,11 @@ def test_each_http_failure_maps_to_its_class(fake_openai, status, failure_class)
     [
         (Reply(raw=b"<html>502 Bad Gateway</html>", content_type="text/html"), "not JSON"),
         (Reply(raw=b'{"choices": [', content_type="application/json"), "not JSON"),
+        (Reply(raw=b'{"choices": "\xff"}'), "not JSON (not UTF-8)"),
+        (Reply(raw=b"[" * 100_000), "not JSON (nested too deeply)"),
+        (Reply(raw=b"[" * 100_000, content_type="text/plain"), "not JSON"),
         (Reply(raw=b"null"), "the body is missing, not an object"),
+        (Reply(body={**completion("x"), "choices": []}), "'choices' is empty"),
         (Reply(body={"id": "x"}), "'choices' is missing, not a list"),
         (Reply(body={"choices": [{"index": 0}]}), "choices[0].message is missing"),
         (

@@ -33,14 +33,16 @@ def turn_of(data, *, latency_ms: int) -> Turn:
         # read it as JSON too.
         try:
             data = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise MalformedAnswer(f"not JSON ({_excerpt(data)})") from None
     answer = _object(data, "the body")
     choices = answer.get("choices")
     if not isinstance(choices, list):
         raise MalformedAnswer(f"'choices' is {_kind(choices)}, not a list")
     if not choices:
-        raise ProviderError("the provider returned no choices", failure_class=FailureClass.UNKNOWN)
+        # No answer to read: a trial answered so must not leave its circuit
+        # half-open (an ``unknown`` neither closes nor reopens it).
+        raise MalformedAnswer("'choices' is empty")
     choice = _object(choices[0], "choices[0]")
     message = _object(choice.get("message"), "choices[0].message")
     content = message.get("content")
@@ -99,13 +101,13 @@ def _tool_call(call, where: str) -> ToolCall:
         return ToolCall(name=name, arguments=arguments, id=call_id)  # sent as an object
     try:
         return ToolCall(name=name, arguments=json.loads(arguments or "{}"), id=call_id)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
         # The model's mistake, not the server's: told to the model.
         return ToolCall(
             name=name,
             arguments=None,
             id=call_id,
-            problem=f"the arguments of this call are not valid JSON ({_reason(error)}); "
+            problem=f"the arguments of this call are not valid JSON ({unparsed(error)}); "
             "send them again as a JSON object",
         )
 
@@ -129,8 +131,15 @@ def _kind(value) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def _reason(error: Exception) -> str:
-    return error.msg if isinstance(error, json.JSONDecodeError) else "not a string"
+def unparsed(error: Exception) -> str:
+    """Why a JSON parse failed, in a few words."""
+    if isinstance(error, json.JSONDecodeError):
+        return error.msg
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    if isinstance(error, UnicodeDecodeError):
+        return "not UTF-8"
+    return "not a string"
 
 
 def _excerpt(text: str) -> str:

@@ -26,7 +26,7 @@ from django.dispatch import receiver
 from nrllm_ops.database import release_connection
 from runs.providers import circuit
 from runs.providers.base import ProviderError, Turn
-from runs.providers.openai_answer import MalformedAnswer, turn_of
+from runs.providers.openai_answer import MalformedAnswer, turn_of, unparsed
 from runs.vocabulary import FailureClass
 
 
@@ -96,9 +96,11 @@ class OpenAIChatProvider:
                 answer = self.client.post(
                     "/chat/completions", body=body, cast_to=object, options=_BEARER_AUTH
                 )
-            except json.JSONDecodeError as error:
-                # Sent as JSON, and not: the SDK's parse of the body.
-                raise MalformedAnswer(f"not JSON ({error.msg})") from None
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+                # Sent as JSON, and not: the SDK's parse of the body (a body
+                # not UTF-8, or nested past the parser's recursion, is not a
+                # ``JSONDecodeError``).
+                raise MalformedAnswer(f"not JSON ({unparsed(error)})") from None
             turn = turn_of(answer, latency_ms=int((time.monotonic() - started) * 1000))
         except (openai.OpenAIError, ProviderError) as error:
             failure = error if isinstance(error, ProviderError) else to_provider_error(error)
