@@ -9,15 +9,18 @@ needs to watch them), the reaper is called as its cron job calls it.
 import dataclasses
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
 from runs import transitions
 from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
 from runs.runtime import heartbeat, run
+from runs.runtime.step_ledger import StepLedger
 from runs.transitions import RecordOutcome
 from runs.vocabulary import RunStatus
 from tests.helpers import answer, scripted, stored
@@ -181,3 +184,35 @@ def test_one_keeper_pass_renews_every_due_lease_in_one_statement_each_to_its_own
     with CaptureQueriesContext(connection) as queries:
         assert keeper.renew_due() == 0
     assert not queries
+
+
+def test_a_renewal_a_server_crash_may_lose_leaves_the_keeper_renewing():
+    """A record that did not wait for the flush renewed the lease, and a
+    server crash lost its commit (G12): the lease is where an earlier
+    statement left it. The keeper does not count on the lost renewal."""
+    keeper = heartbeat._Keeper()
+    keeper.tick = 10
+    agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
+    lease = transitions.claim(agent_run.pk, "keeper-worker", 30).lease
+    beat = heartbeat.Heartbeat(lease, 30)
+    beat.model_call(120)
+    keeper.beats.add(beat)
+    ledger = StepLedger(lease, recorded=1)
+    ledger.renewed = beat.renewed
+    turn = {"kind": "llm", "tool_name": "", "effect": "", "arguments": None}
+    turn |= {"result": {"content": "x"}, "error": "", "idempotency_key": ""}
+    assert ledger.record([turn], 30, None) is RecordOutcome.PERSISTED
+    # The crash: the lease as the claim, 25 s ago, left it.
+    AgentRun.objects.filter(pk=lease.run_id).update(lease_expires_at=Now() + timedelta(seconds=5))
+    assert keeper.renew_due() == 1
+    assert lease_left(lease.run_id) > 29
+
+
+def test_one_pass_never_gives_a_lease_the_expiry_of_another_attempt_under_its_token():
+    """A token a server crash handed out twice names two attempts: the row
+    one's guard matched is renewed by that one, never shortened by the other."""
+    agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
+    lease = transitions.claim(agent_run.pk, "current", 10).lease
+    previous = dataclasses.replace(lease, owner="previous")
+    assert transitions.keep_leases([(previous, 1), (lease, 30)], when_left=20) == 1
+    assert lease_left(lease.run_id) > 29

@@ -186,7 +186,10 @@ class StepLedger:
                 wait_for_flush=waits,
                 tally=self.tally,
             )
-        if outcome.persisted and self.renewed is not None:
+        # Only a commit that waited for the flush: a server crash may lose
+        # one that did not (G12), and with it the renewal the keeper would
+        # count on, leaving the lease where an earlier statement put it.
+        if outcome.persisted and waits and self.renewed is not None:
             self.renewed(lease_seconds, sent_at)
         return outcome, waits
 

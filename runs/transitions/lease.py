@@ -307,11 +307,11 @@ def keep_lease(lease: Lease, lease_seconds: float, *, when_left: float | None = 
     )
 
 
-#: At most this many renewals in one statement: each costs 7 parameters,
+#: At most this many renewals in one statement: each costs 9 parameters,
 #: and SQLite may allow as few as 999 in a statement (Django's
 #: ``max_query_params`` says how many this backend takes).
 _RENEWALS_PER_STATEMENT = 500
-_PARAMETERS_PER_RENEWAL = 7
+_PARAMETERS_PER_RENEWAL = 9
 
 
 def keep_leases(renewals: list[tuple[Lease, float]], *, when_left: float) -> int:
@@ -337,15 +337,17 @@ def _keep_leases(renewals: list[tuple[Lease, float]], when_left: float) -> int:
     for lease, seconds in renewals:
         # ``_owned``'s guard (its status term is shared, below), and
         # ``keep_lease``'s: less than ``left`` is left, so never shortened.
-        due |= Q(
+        guard = Q(
             pk=lease.run_id,
             lease_owner=lease.owner,
             lease_token=lease.token,
             lease_expires_at__lt=_expiry(min(when_left, seconds)),
         )
-        # A row the WHERE matched for this (run, token) is this lease's: a
-        # token names one attempt, so no other renewal's When can match it.
-        expiries.append(When(pk=lease.run_id, lease_token=lease.token, then=_expiry(seconds)))
+        due |= guard
+        # The whole guard again, not the run and token alone: a token a
+        # server crash handed out twice (``StepLedger``) names two attempts,
+        # and a row matched by one's guard must not get the other's expiry.
+        expiries.append(When(guard, then=_expiry(seconds)))
     if not expiries:
         return 0
     return AgentRun.objects.filter(due, status=RunStatus.RUNNING).update(
