@@ -216,3 +216,35 @@ def test_one_pass_never_gives_a_lease_the_expiry_of_another_attempt_under_its_to
     previous = dataclasses.replace(lease, owner="previous")
     assert transitions.keep_leases([(previous, 1), (lease, 30)], when_left=20) == 1
     assert lease_left(lease.run_id) > 29
+
+
+def test_the_statement_other_databases_get_renews_as_postgresqls_does():
+    """``keep_leases`` sends PostgreSQL its leases as arrays and other
+    databases (SQLite: the embedded default) a term per lease: the same
+    renewals, each run here under both, end the same."""
+    from runs.transitions import kept_leases
+
+    def leases(seconds_left: list[float]) -> list:
+        claimed = []
+        for left in seconds_left:
+            agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
+            lease = transitions.claim(agent_run.pk, "keeper-worker", 1).lease
+            transitions.heartbeat(lease, left)
+            claimed.append(lease)
+        return claimed
+
+    # (lease left now, the renewal's seconds): due and renewed to 25; due
+    # and capped at 8; 15 left of an 8 s renewal (never shortened); 60 left;
+    # another attempt under the token; another owner.
+    cases = [(1, 25), (1, 8), (15, 8), (60, 25), (1, 25), (1, 25)]
+    results = []
+    for keep in (kept_leases._keep_leases_as_arrays, kept_leases._keep_leases_term_by_term):
+        claimed = leases([left for left, _ in cases])
+        claimed[4] = dataclasses.replace(claimed[4], token=claimed[4].token + 1)
+        claimed[5] = dataclasses.replace(claimed[5], owner="another-worker")
+        renewed = keep(
+            [(lease, seconds) for lease, (_, seconds) in zip(claimed, cases, strict=True)],
+            20,
+        )
+        results.append((renewed, [round(lease_left(lease.run_id)) for lease in claimed]))
+    assert results[0] == results[1] == (2, [25, 8, 15, 60, 1, 1])

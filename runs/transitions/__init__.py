@@ -29,6 +29,7 @@ from runs.transitions.ending import (
     requeue_for_retry,
     settle,
 )
+from runs.transitions.kept_leases import keep_lease, keep_leases
 from runs.transitions.lease import (
     AUDIT_FAILED,
     ClaimedRun,
@@ -38,8 +39,6 @@ from runs.transitions.lease import (
     create_queued_run,
     hand_back,
     heartbeat,
-    keep_lease,
-    keep_leases,
     mark_audit_failed,
     renew_lease,
     seconds_until_due,

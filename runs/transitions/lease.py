@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Case, DurationField, ExpressionWrapper, F, Q, When
+from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 
 from runs.models import AgentRun, RunStep
@@ -289,70 +289,6 @@ AUDIT_FAILED = "audit_failed"
 def heartbeat(lease: Lease, lease_seconds: float) -> bool:
     """Extend the lease at a step boundary; False if the lease is lost."""
     return bool(_owned(lease).update(lease_expires_at=_expiry(lease_seconds)))
-
-
-def keep_lease(lease: Lease, lease_seconds: float, *, when_left: float | None = None) -> bool:
-    """The background heartbeat's renewal (G16): the lease runs until
-    ``lease_seconds`` from now by the database's clock — if less than
-    ``when_left`` seconds of it are left (default: if that is later), so a
-    run whose records renew it often costs no renewal of its own. Never
-    shortened: a record that renewed further is not undone. False when it
-    changed nothing: the lease is lost, or has that long left (the
-    attempt's next record tells which)."""
-    left = lease_seconds if when_left is None else min(when_left, lease_seconds)
-    return bool(
-        _owned(lease)
-        .filter(lease_expires_at__lt=_expiry(left))
-        .update(lease_expires_at=_expiry(lease_seconds))
-    )
-
-
-#: At most this many renewals in one statement: each costs 9 parameters,
-#: and SQLite may allow as few as 999 in a statement (Django's
-#: ``max_query_params`` says how many this backend takes).
-_RENEWALS_PER_STATEMENT = 500
-_PARAMETERS_PER_RENEWAL = 9
-
-
-def keep_leases(renewals: list[tuple[Lease, float]], *, when_left: float) -> int:
-    """``keep_lease`` for many attempts in one conditional UPDATE (G16): each
-    ``(lease, seconds)`` carries its lease to ``seconds`` from now by the
-    database's clock if the run is still that lease's and less than
-    ``min(when_left, seconds)`` of it is left; any other row is untouched,
-    and no lease is shortened. More renewals than a statement takes are
-    split over as few statements as needed. Returns how many leases it
-    renewed; raises what the database raised."""
-    most = connection.features.max_query_params
-    per_statement = _RENEWALS_PER_STATEMENT
-    if most:
-        per_statement = max(1, min(per_statement, (most - 1) // _PARAMETERS_PER_RENEWAL))
-    renewed = 0
-    for start in range(0, len(renewals), per_statement):
-        renewed += _keep_leases(renewals[start : start + per_statement], when_left)
-    return renewed
-
-
-def _keep_leases(renewals: list[tuple[Lease, float]], when_left: float) -> int:
-    due, expiries = Q(), []
-    for lease, seconds in renewals:
-        # ``_owned``'s guard (its status term is shared, below), and
-        # ``keep_lease``'s: less than ``left`` is left, so never shortened.
-        guard = Q(
-            pk=lease.run_id,
-            lease_owner=lease.owner,
-            lease_token=lease.token,
-            lease_expires_at__lt=_expiry(min(when_left, seconds)),
-        )
-        due |= guard
-        # The whole guard again, not the run and token alone: a token a
-        # server crash handed out twice (``StepLedger``) names two attempts,
-        # and a row matched by one's guard must not get the other's expiry.
-        expiries.append(When(guard, then=_expiry(seconds)))
-    if not expiries:
-        return 0
-    return AgentRun.objects.filter(due, status=RunStatus.RUNNING).update(
-        lease_expires_at=Case(*expiries, default=F("lease_expires_at"))
-    )
 
 
 def hand_back(lease: Lease) -> bool:
