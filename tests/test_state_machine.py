@@ -124,7 +124,7 @@ class RunLifecycle(RuleBasedStateMachine):
         lease = self.leases.get(worker)
         if lease is None:
             return
-        kept = transitions.keep_lease(lease, LEASE * 2)
+        kept = transitions.keep_leases([(lease, LEASE * 2)], when_left=LEASE * 2) == 1
         assert kept == self._current(worker)
         if kept:
             self.expired = False

@@ -4,10 +4,11 @@ A lease is short (``NRLLM_LEASE_SECONDS``, 30 s as shipped), so that a worker
 that dies is noticed in about a lease. An attempt that lives on renews it at
 every step, and between steps — a model call, a tool — one keeper thread per
 process wakes every third of a lease and renews, in one statement, each
-attempt's lease that has less than two thirds left. A run that steps often
-costs it nothing: each record tells its heartbeat how long the lease runs
-at least (``Heartbeat.renewed``), and the keeper leaves out the leases
-that are not due.
+attempt's lease that has less than two thirds left. A record whose commit
+waited for the flush tells its heartbeat how long the lease runs at least
+(``Heartbeat.renewed``), and the keeper leaves that lease out until it is
+due; one that did not wait is not counted on (a server crash may lose it,
+G12), so the statement's own guard decides.
 
 The keeper never carries a lease past the deadline of what the attempt is
 doing now (``Heartbeat.until``): a model call's own timeout, a tool's time

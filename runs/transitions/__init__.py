@@ -29,7 +29,7 @@ from runs.transitions.ending import (
     requeue_for_retry,
     settle,
 )
-from runs.transitions.kept_leases import keep_lease, keep_leases
+from runs.transitions.kept_leases import keep_leases
 from runs.transitions.lease import (
     AUDIT_FAILED,
     ClaimedRun,
@@ -100,7 +100,6 @@ __all__ = [
     "finish",
     "hand_back",
     "heartbeat",
-    "keep_lease",
     "keep_leases",
     "mark_audit_failed",
     "note_redispatch",

@@ -6,25 +6,8 @@ from django.db import connection
 from django.db.models import Case, F, Q, When
 
 from runs.models import AgentRun
-from runs.transitions._common import Lease, _expiry, _owned
+from runs.transitions._common import Lease, _expiry
 from runs.vocabulary import RunStatus
-
-
-def keep_lease(lease: Lease, lease_seconds: float, *, when_left: float | None = None) -> bool:
-    """The background heartbeat's renewal (G16): the lease runs until
-    ``lease_seconds`` from now by the database's clock — if less than
-    ``when_left`` seconds of it are left (default: if that is later), so a
-    run whose records renew it often costs no renewal of its own. Never
-    shortened: a record that renewed further is not undone. False when it
-    changed nothing: the lease is lost, or has that long left (the
-    attempt's next record tells which)."""
-    left = lease_seconds if when_left is None else min(when_left, lease_seconds)
-    return bool(
-        _owned(lease)
-        .filter(lease_expires_at__lt=_expiry(left))
-        .update(lease_expires_at=_expiry(lease_seconds))
-    )
-
 
 #: Elsewhere than PostgreSQL, at most this many renewals in one statement:
 #: each costs 9 parameters, and SQLite may allow as few as 999 (Django's
@@ -34,8 +17,8 @@ _PARAMETERS_PER_RENEWAL = 9
 
 
 def keep_leases(renewals: list[tuple[Lease, float]], *, when_left: float) -> int:
-    """``keep_lease`` for many attempts in one conditional UPDATE (G16): each
-    ``(lease, seconds)`` carries its lease to ``seconds`` from now by the
+    """The keeper's renewal of many attempts' leases in one conditional
+    UPDATE (G16): each ``(lease, seconds)`` carries its lease to ``seconds`` from now by the
     database's clock if the run is still that lease's and less than
     ``min(when_left, seconds)`` of it is left; any other row is untouched,
     and no lease is shortened. Returns how many leases it renewed; raises
@@ -62,7 +45,7 @@ def _keep_leases_term_by_term(renewals: list[tuple[Lease, float]], when_left: fl
     due, expiries = Q(), []
     for lease, seconds in renewals:
         # ``_owned``'s guard (its status term is shared, below), and
-        # ``keep_lease``'s: less than ``left`` is left, so never shortened.
+        # less than ``left`` is left, so never shortened.
         guard = Q(
             pk=lease.run_id,
             lease_owner=lease.owner,
