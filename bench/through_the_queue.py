@@ -18,9 +18,10 @@ from bench.measuring import ROOT, median_by
 from bench.tools import FLOOR_TABLES
 
 WORKER_CLASSES = {
-    # The default: RQ's worker, forking a work horse per job (a new database
-    # connection each); without PROMETHEUS_MULTIPROC_DIR it is RQ's own.
-    "runs.worker.Worker": {},
+    # RQ's worker, forking a work horse per job (a new database connection
+    # each, unpooled: a pool would be the horse's alone); without
+    # PROMETHEUS_MULTIPROC_DIR it is RQ's own.
+    "runs.worker.Worker": {"DATABASE_POOL_MAX_SIZE": "0"},
     # Jobs in the worker itself, on a database connection kept between jobs.
     "rq.worker.SimpleWorker": {"DATABASE_CONN_MAX_AGE": "600"},
 }

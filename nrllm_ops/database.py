@@ -4,8 +4,19 @@ The app's settings and the test settings both build theirs here, so the
 suite runs on the connection options production uses.
 """
 
+import select
+
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+#: The pool a process on PostgreSQL gets when DATABASE_POOL_MAX_SIZE is not
+#: set: a connection per five runs in flight of a concurrent worker at its
+#: default NRLLM_WORKER_CONCURRENCY (100), the share the bench measured at
+#: 0.82 of the ideal with a model answering in 1 s (a run holds its
+#: connection only for its statements). A web process or a SimpleWorker
+#: borrows one at a time and finds it open for its next request or job; a
+#: forking worker's horse opens a pool of its own (runs/worker.py).
+DEFAULT_POOL_MAX_SIZE = 20
 
 
 def database_from_url(
@@ -13,11 +24,14 @@ def database_from_url(
     *,
     conn_max_age: int,
     prepared_statements: bool,
-    pool_max_size: int = 0,
+    pool_max_size: int | None = 0,
     pool_timeout: float = 10,
 ) -> dict:
     """Raises ``ImproperlyConfigured`` naming DATABASE_URL if ``url`` is not
-    usable, and the pool's variables if they cannot apply to it."""
+    usable, and the pool's variables if they cannot apply to it.
+    ``pool_max_size=None`` (DATABASE_POOL_MAX_SIZE unset) is the default:
+    ``DEFAULT_POOL_MAX_SIZE`` on PostgreSQL unless ``conn_max_age`` keeps
+    connections instead (the two exclude each other), no pool on SQLite."""
     try:
         database = dj_database_url.parse(
             url,
@@ -39,6 +53,9 @@ def database_from_url(
         # transaction mode before 1.21); so does
         # DATABASE_PREPARED_STATEMENTS=false.
         options.update(server_side_binding=True, prepare_threshold=5)
+    if pool_max_size is None:
+        postgresql = database["ENGINE"] == "django.db.backends.postgresql"
+        pool_max_size = DEFAULT_POOL_MAX_SIZE if postgresql and not conn_max_age else 0
     if pool_max_size:
         if database["ENGINE"] != "django.db.backends.postgresql":
             raise ImproperlyConfigured("DATABASE_POOL_MAX_SIZE needs a PostgreSQL DATABASE_URL")
@@ -50,16 +67,15 @@ def database_from_url(
         # Django's own pool (psycopg_pool): each thread borrows a connection
         # for its statements and gives it back while it waits on a model
         # (``release_connection``), so a worker's N runs in flight share
-        # ``pool_max_size`` connections. No check on borrowing (a round trip
-        # each time): a broken connection fails its statement, and the
-        # runtime's recovery drops it. A run that finds the pool exhausted
-        # for ``pool_timeout`` seconds fails as a database error would:
-        # a connection failure, retryable (G8).
+        # ``pool_max_size`` connections. Lending one costs no round trip
+        # unless the server closed it (``closed_by_the_server``). A run that
+        # finds the pool exhausted for ``pool_timeout`` seconds fails as a
+        # database error would: a connection failure, retryable (G8).
         options["pool"] = {
             "min_size": 1,
             "max_size": pool_max_size,
             "timeout": pool_timeout,
-            "check": None,
+            "check": closed_by_the_server,
         }
     if database["ENGINE"] == "django.db.backends.sqlite3":
         # The embedded default has two writing processes (the web server,
@@ -81,6 +97,23 @@ def database_from_url(
         options["transaction_mode"] = "IMMEDIATE"
         options["init_command"] = "PRAGMA journal_mode=WAL"
     return database
+
+
+def closed_by_the_server(pooled) -> None:
+    """The pool's check as it lends ``pooled``: raises if the server closed
+    it. An idle connection has nothing to read, so a readable socket means
+    the server spoke unasked — it closed the connection (a restart or crash
+    ends every backend), or sent a notice — and only then a round trip asks.
+    Without it, after a server crash each idle connection was lent once and
+    failed its first statement: the step ledger, asking after a record in
+    doubt whether its steps landed, got a dead connection where an unpooled
+    process reconnects (it then left its run unsettled, for the reaper).
+    ``ConnectionPool.check_connection`` would pay the round trip at every
+    lending, that is at every step of a concurrent worker's runs."""
+    poller = select.poll()
+    poller.register(pooled.fileno(), select.POLLIN)
+    if poller.poll(0):
+        pooled.execute("")
 
 
 def release_connection() -> None:

@@ -95,7 +95,9 @@ DATABASES = {
         env_str("DATABASE_URL") or _default_database_url,
         conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
         prepared_statements=env_bool("DATABASE_PREPARED_STATEMENTS", True),
-        pool_max_size=env_int("DATABASE_POOL_MAX_SIZE", 0, minimum=0),
+        # Unset: a pool of 20 on PostgreSQL unless DATABASE_CONN_MAX_AGE keeps
+        # connections instead; 0 turns it off (nrllm_ops/database.py).
+        pool_max_size=env_int("DATABASE_POOL_MAX_SIZE", None, minimum=0),
         pool_timeout=env_int("DATABASE_POOL_TIMEOUT_SECONDS", 10, minimum=1),
     )
 }
@@ -117,21 +119,22 @@ NRLLM_QUEUE_NAME = "default"
 RQ_QUEUES = {
     NRLLM_QUEUE_NAME: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0"},
 }
-# The default, runs.worker.Worker, is RQ's forking worker (a work horse per
-# job) that also folds each horse's Prometheus files (nrllm_ops/metrics_files.py).
-# Each horse opens a new database connection to a cold server backend;
-# ``runs.worker.SimpleWorker`` (RQ's SimpleWorker, loading what runs need at
-# its start) runs jobs in the worker itself and, with DATABASE_CONN_MAX_AGE,
-# keeps its connection warm (bench/results.md compares both). The lease and
-# the reaper cover a worker that dies either way.
+# The default, runs.worker.ConcurrentWorker, keeps up to
+# NRLLM_WORKER_CONCURRENCY runs in flight, each in a thread of its process,
+# sharing the database pool (G15): a run spends nearly all its life waiting on
+# a model. runs.worker.Worker (RQ's forking worker, a work horse per job, that
+# also folds each horse's Prometheus files, nrllm_ops/metrics_files.py) and
+# runs.worker.SimpleWorker (RQ's SimpleWorker, loading what runs need at its
+# start) execute one run at a time a process (bench/results.md compares
+# them). The lease and the reaper cover a worker that dies, whichever it is.
 # django-rq would also mount its dashboard inside the admin
 # (/admin/django_rq/dashboard/), with its mutating views open to any staff
 # user; it is mounted once instead, behind nrllm_ops.queue_dashboard.
 RQ_SHOW_ADMIN_LINK = False
-RQ = {"WORKER_CLASS": env_str("NRLLM_WORKER_CLASS", "runs.worker.Worker")}
+RQ = {"WORKER_CLASS": env_str("NRLLM_WORKER_CLASS", "runs.worker.ConcurrentWorker")}
 # runs.worker.ConcurrentWorker executes up to this many runs at once, each in
-# a thread of its process (G15); with more than a few, set
-# DATABASE_POOL_MAX_SIZE so that they share a bounded set of connections.
+# a thread of its process (G15), sharing the process's DATABASE_POOL_MAX_SIZE
+# connections (with DATABASE_CONN_MAX_AGE instead, each thread keeps its own).
 NRLLM_WORKER_CONCURRENCY = env_int("NRLLM_WORKER_CONCURRENCY", 100, minimum=1)
 # On SIGTERM a ConcurrentWorker claims no more runs and waits this long for
 # the runs in flight; the rest are handed back to the reaper, unsettled.

@@ -17,9 +17,9 @@ in the forking worker. What threads cannot have, and what stands in for it:
   heartbeat, G16), and stopped by a cancel (G9).
 - A tool's time limit cannot interrupt a thread: the run stops counting on
   the tool at its limit (``tools.deadline.call_within``).
-- Each thread's database connection is its own; with
-  ``DATABASE_POOL_MAX_SIZE`` they come from Django's pool and go back
-  while their run waits on a model.
+- Each thread's database connection is its own; on PostgreSQL they come
+  from Django's pool (``DATABASE_POOL_MAX_SIZE``, 20 unless set) and go
+  back while their run waits on a model.
 
 A slot is taken before a job is dequeued, so a job never waits in this
 process for a slot. RQ keeps one job's bookkeeping on the worker (its

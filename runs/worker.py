@@ -1,6 +1,8 @@
 """The RQ worker classes ``NRLLM_WORKER_CLASS`` names.
 
-``Worker``, the default: RQ's forking worker, loading what runs need before
+``ConcurrentWorker`` (``runs.concurrent_worker``), the default: up to
+``NRLLM_WORKER_CONCURRENCY`` runs at once, each in a thread of its process.
+``Worker``: RQ's forking worker, loading what runs need before
 its first fork (``runs.jobs.load_for_runs``), folding each finished work
 horse's metric files (``nrllm_ops.metrics_files``) when
 ``PROMETHEUS_MULTIPROC_DIR`` is set, and having each horse export its
@@ -8,9 +10,7 @@ spans before it exits when traces are on (``nrllm_ops.tracing``).
 ``SimpleWorker``: RQ's worker that runs jobs in its own process, loading
 the same at its start rather than in its first run, and exporting its
 spans as it stops, within ``NRLLM_TRACES_EXIT_SECONDS`` (a worker of
-``rqworker-pool`` leaves by ``os._exit``). ``ConcurrentWorker``
-(``runs.concurrent_worker``): up to ``NRLLM_WORKER_CONCURRENCY`` runs at
-once, each in a thread of its process.
+``rqworker-pool`` leaves by ``os._exit``).
 """
 
 import logging

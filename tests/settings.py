@@ -17,6 +17,9 @@ except KeyError as missing:
         "PostgreSQL and Redis for them"
     ) from None
 
+# Unpooled (pool_max_size=0) in the suite's own process; the worker, web and
+# command processes the tests start read nrllm_ops.settings, and get the
+# shipped default pool.
 DATABASES = {"default": database_from_url(_database_url, conn_max_age=0, prepared_statements=True)}
 
 # Each xdist worker gets a Redis database of its own.

@@ -142,8 +142,9 @@ def test_two_workers_spending_one_submitters_last_budget_overshoot_only_by_the_t
         enqueue(a_request(drifting_model, plan, ["search_notes"]), submitted_by=operator)
         for _ in range(4)
     ]
-    workers.start()
-    workers.start()
+    # One run at a time a process (the forking worker): two turns in flight.
+    workers.start(NRLLM_WORKER_CLASS="runs.worker.Worker")
+    workers.start(NRLLM_WORKER_CLASS="runs.worker.Worker")
     wait_until(
         lambda: all(fresh(run).is_terminal for run in runs), timeout=90, what="every run ended"
     )

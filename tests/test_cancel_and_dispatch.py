@@ -259,11 +259,13 @@ def test_a_run_whose_retry_could_not_be_dispatched_while_redis_was_down_complete
     start_redis, stop_redis = own_redis
     settings.NRLLM_REDISPATCH_AFTER_SECONDS = 1
     agent_run = enqueue(failing_first_turn(model, "rate_limit", 429))
+    # The forking worker: its horse's end says the dispatch was tried.
     worker = workers.start(
         burst=True,
         with_scheduler=True,
         REDIS_URL=settings.REDIS_URL,
         NRLLM_RETRY_BACKOFF_SECONDS=1,
+        NRLLM_WORKER_CLASS="runs.worker.Worker",
     )
     if model is None:
         wait_until(lambda: fresh(agent_run).status == "running", what="the attempt")

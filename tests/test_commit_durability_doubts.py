@@ -121,6 +121,14 @@ def _crashed_while_the_model_answers(server_url, workers, worker_env, after_the_
             # No heartbeat tick inside the scenario: its statement would
             # meet the refused connections the final record must meet.
             NRLLM_LEASE_SECONDS=900,
+            # Unpooled: each question opens a connection, which the proxy
+            # refuses. A pool retries refused connections in the background
+            # until its timeout, and its borrower does not see them.
+            DATABASE_POOL_MAX_SIZE=0,
+            # A burst that runs the retry its own run enqueued: the forking
+            # worker looks at the queue again after each run; a concurrent
+            # one stops taking jobs once the queue is empty.
+            NRLLM_WORKER_CLASS="runs.worker.Worker",
         )
         wait_until(lambda: _run(server_url, run_id, "status")["status"] == "running", what="claim")
         flush_another_commit(server_url)  # the claim is on disk

@@ -146,7 +146,10 @@ def test_a_connection_terminated_between_a_write_and_its_audit_is_never_retried(
     workers, http_server, queue
 ):
     agent_run = enqueue_held_webhook(http_server, "post_webhook")
-    worker = workers.start(burst=True, **SHORT_LEASE)
+    # Unpooled, the attempt holds its connection through the write, and the
+    # audit meets the termination. (A pooled attempt gives its connection
+    # back while the tool runs, and its audit goes out on a live one.)
+    worker = workers.start(burst=True, DATABASE_POOL_MAX_SIZE=0, **SHORT_LEASE)
     assert http_server.held.wait(timeout=30)
     with connection.cursor() as cursor:
         cursor.execute(

@@ -40,9 +40,9 @@ def test_the_server_killed_during_a_write_dead_letters_the_run_and_the_write_nev
 ):
     tracker = server.tracker
     agent_run = enqueue(server.request(model, [HELD_CREATE], ANSWER))
-    # One worker throughout: each job it takes runs in a work horse of its
-    # own, a process with no MCP session yet (a stdio server of its own).
-    workers.start(**tracker.env)
+    # One forking worker throughout: each job it takes runs in a work horse
+    # of its own, a process with no MCP session yet (a stdio server of its own).
+    workers.start(NRLLM_WORKER_CLASS="runs.worker.Worker", **tracker.env)
     held = tracker.held()
     server.kill(held)
     wait_until(lambda: fresh(agent_run).is_terminal, timeout=60, what="the attempt to end")
@@ -134,15 +134,14 @@ def test_a_model_turn_failing_after_a_write_is_retried_and_each_write_reaches_th
 
 
 @pytest.mark.parametrize("model", MODELS, indirect=True)
-# Over stdio, where the server dies with the work horse (its child). Over
-# HTTP the retry above already carries each key to the remote server.
+# Over stdio, where the server dies with the worker (its child). Over HTTP
+# the retry above already carries each key to the remote server.
 @pytest.mark.parametrize("server", ["stdio"], indirect=True)
 def test_a_worker_killed_after_a_write_was_recorded_resumes_and_each_write_reaches_the_server_once(
     model, server, workers
 ):
-    # The model is thinking about turn 2 when the worker and its work horse
-    # (and the stdio server, their child) are SIGKILLed; the new issue is
-    # recorded.
+    # The model is thinking about turn 2 when the worker (and the stdio
+    # server, its child) is SIGKILLed; the new issue is recorded.
     if model is not None:
         model.hold_turn(2)
     thinking = {"error": "server_error", "attempts": 1, "delay_seconds": 60}

@@ -62,13 +62,18 @@ def test_a_scrape_in_progress_holds_folding_back(tmp_path):
 
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("worker_class", ["runs.worker.Worker", "rq.worker.SimpleWorker"])
+@pytest.mark.parametrize(
+    "worker_class", ["runs.worker.ConcurrentWorker", "runs.worker.Worker", "rq.worker.SimpleWorker"]
+)
 def test_a_worker_leaves_only_folded_files(
     workers, queue, settings, tmp_path, monkeypatch, worker_class
 ):
     """The forking worker folds each work horse as it ends; a worker process
-    folds its own files as it exits (with SimpleWorker they hold the jobs')."""
-    assert settings.RQ["WORKER_CLASS"] == "runs.worker.Worker"  # the default: the first case
+    folds its own files as it exits (with the concurrent worker and
+    SimpleWorker they hold the jobs')."""
+    assert (
+        settings.RQ["WORKER_CLASS"] == "runs.worker.ConcurrentWorker"
+    )  # the default: the first case
     runs = [enqueue(scripted(answer("x"))) for _ in range(4)]
     worker = workers.start(
         burst=True, PROMETHEUS_MULTIPROC_DIR=str(tmp_path), NRLLM_WORKER_CLASS=worker_class

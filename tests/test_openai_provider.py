@@ -294,7 +294,13 @@ def test_client_errors_do_not_count_towards_the_breaker(fake_openai, settings):
 def test_the_breaker_is_shared_by_two_worker_processes(fake_openai, workers, settings):
     fake_openai.default = error(500)
     runs = [enqueue(request()) for _ in range(8)]
-    env = {"NRLLM_CIRCUIT_FAILURES": 3, "NRLLM_MAX_REQUEUES": 0}
+    # One run at a time a process (the forking worker): the bound below
+    # counts one call in flight per worker.
+    env = {
+        "NRLLM_CIRCUIT_FAILURES": 3,
+        "NRLLM_MAX_REQUEUES": 0,
+        "NRLLM_WORKER_CLASS": "runs.worker.Worker",
+    }
     pair = [workers.start(burst=True, **env), workers.start(burst=True, **env)]
     for worker in pair:
         worker.communicate(timeout=60)

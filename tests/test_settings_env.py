@@ -66,6 +66,8 @@ def test_the_defaults(settings):
     assert app_settings.NRLLM_WORKER_DRAIN_SECONDS == 30
     assert app_settings.NRLLM_TOOL_TIME_LIMIT_SECONDS == 300
     assert app_settings.NRLLM_EXECUTE_IN_CALLER is False
+    assert app_settings.RQ["WORKER_CLASS"] == "runs.worker.ConcurrentWorker"
+    # The embedded default, SQLite: no pool (test_worker_defaults.py has PostgreSQL's).
     assert "pool" not in app_settings.DATABASES["default"]["OPTIONS"]
     assert app_settings.NRLLM_MAX_REQUEUES == 3
     assert app_settings.NRLLM_MAX_ITERATIONS == 20
@@ -102,7 +104,7 @@ def test_prepared_statements_are_on_unless_switched_off(worker_env, value, prepa
 def test_a_pool_is_built_for_postgresql_and_refused_where_it_cannot_apply():
     from django.core.exceptions import ImproperlyConfigured
 
-    from nrllm_ops.database import database_from_url
+    from nrllm_ops.database import closed_by_the_server, database_from_url
 
     pooled = database_from_url(
         "postgres://u@db/n", conn_max_age=0, prepared_statements=True, pool_max_size=20
@@ -111,7 +113,7 @@ def test_a_pool_is_built_for_postgresql_and_refused_where_it_cannot_apply():
         "min_size": 1,
         "max_size": 20,
         "timeout": 10,
-        "check": None,
+        "check": closed_by_the_server,
     }
     with pytest.raises(ImproperlyConfigured, match="DATABASE_POOL_MAX_SIZE needs a PostgreSQL"):
         database_from_url(

@@ -30,11 +30,11 @@ WORKER_ENV = {
     "NRLLM_OPERATION_MARGIN_SECONDS": 1,
     "NRLLM_MAX_REQUEUES": 5,
 }
-# The worker classes docs/operations.md describes: RQ's forking default, jobs
+# The worker classes docs/operations.md describes: RQ's forking worker, jobs
 # run in the worker itself on a kept database connection, and many runs in
 # flight in one process, a thread each, on Django's pool (G15).
 WORKER_KINDS = [
-    {},
+    {"NRLLM_WORKER_CLASS": "runs.worker.Worker"},
     {"NRLLM_WORKER_CLASS": "rq.worker.SimpleWorker", "DATABASE_CONN_MAX_AGE": 60},
     {
         "NRLLM_WORKER_CLASS": "runs.worker.ConcurrentWorker",

@@ -3,6 +3,8 @@ and its log level."""
 
 import importlib
 
+from django.db import connections
+
 from runs.management.commands.rqworker import (
     refuse_a_non_durable_database,
     verbosity_from_log_level,
@@ -12,7 +14,22 @@ from runs.management.commands.rqworker import (
 _pool = importlib.import_module("django_rq.management.commands.rqworker-pool")
 
 
+def close_pools_before_forking() -> None:
+    """The check opened the database's pool (the default on PostgreSQL).
+    django-rq closes the connections before it forks the workers, which
+    gives them back to the pool; the pool itself would go with every worker:
+    its threads do not survive a fork, so a worker's pool never grows past
+    the connection it inherited (its runs waited for it in turn, and timed
+    out), and that connection would be every worker's. Each worker opens a
+    pool of its own instead."""
+    for connection in connections.all():
+        if connection.settings_dict["OPTIONS"].get("pool"):
+            connection.close()
+            connection.close_pool()
+
+
 class Command(_pool.Command):
     def handle(self, *args, **options):
         refuse_a_non_durable_database("rqworker-pool")
+        close_pools_before_forking()
         return super().handle(*args, **verbosity_from_log_level(options))
