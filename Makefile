@@ -67,7 +67,7 @@ bench: dev-venv $(DBOS_VENV)/.installed
 ## make screenshots: refresh docs/screenshots/ from the browser test.
 screenshots: dev-venv
 	scripts/install-system-deps
-	NRLLM_UPDATE_SCREENSHOTS=1 $(PY) -m tests.harness $(PY) -m pytest -n0 tests/test_browser.py tests/test_browser_approvals.py tests/test_browser_mcp_tools.py tests/test_browser_overview.py tests/test_browser_laptop.py
+	NRLLM_UPDATE_SCREENSHOTS=1 $(PY) -m tests.harness $(PY) -m pytest -n0 tests/test_browser.py tests/test_browser_approvals.py tests/test_browser_mcp_tools.py tests/test_browser_overview.py tests/test_browser_laptop.py tests/test_browser_agents.py
 
 clean:
 	rm -rf $(VENV) $(DBOS_VENV) var .pytest_cache .ruff_cache

@@ -3,6 +3,7 @@ checked by the runtime's own validation (``parse_run_request``) or by the
 small explicit serializers below."""
 
 from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from runs.models import EFFECT_CHOICES, AgentRun, ApprovalRequest, DeadLetter, RunStep
@@ -31,7 +32,7 @@ def with_run_relations(runs):
     once per page (the submitter, reconciliations, pending approvals),
     not once per run."""
     pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).only("id", "run_id")
-    return runs.select_related("submitted_by").prefetch_related(
+    return runs.select_related("submitted_by", "agent_version__agent").prefetch_related(
         "reconciliations__operator",
         Prefetch("approvals", queryset=pending.order_by("pk"), to_attr=PENDING_APPROVALS_ATTR),
     )
@@ -46,8 +47,18 @@ def _blank_or(choices, help_text: str = ""):
     )
 
 
+class RunAgentSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    version = serializers.IntegerField(help_text="the version's number (1, 2, …)")
+    version_id = serializers.IntegerField()
+
+
 class RunSerializer(serializers.ModelSerializer):
     write_in_doubt = serializers.SerializerMethodField()
+    agent = serializers.SerializerMethodField(
+        help_text="the agent version the run started from (G18); null for a run whose "
+        "request was given whole"
+    )
     termination_reason = _blank_or(TerminationReason.choices, "empty until the run ends")
     failure_class = _blank_or(FailureClass.choices, "empty unless it failed")
     pending_effect = _blank_or(EFFECT_CHOICES, "the write fence (G6): empty when none stands")
@@ -87,6 +98,7 @@ class RunSerializer(serializers.ModelSerializer):
             "mode",
             "submitted_by",
             "submitted_via",
+            "agent",
             "request",
             "output",
             "lease_owner",
@@ -111,6 +123,13 @@ class RunSerializer(serializers.ModelSerializer):
             "finished_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(RunAgentSerializer(allow_null=True))
+    def get_agent(self, run) -> dict | None:
+        version = run.agent_version
+        if version is None:
+            return None
+        return {"name": version.agent.name, "version": version.number, "version_id": version.pk}
 
     def get_cost(self, run) -> str | None:
         known = run.known_cost
@@ -365,12 +384,3 @@ class ToolSerializer(serializers.Serializer):
             "approval": setting.approval,
             "approval_required": requires_approval(view.effect, setting.approval),
         }
-
-
-class RunRequestSerializer(serializers.Serializer):
-    """For the schema: the body ``POST /api/runs/`` takes (``enqueue_run``'s format)."""
-
-    prompt = serializers.CharField()
-    tools = serializers.ListField(child=serializers.CharField(), required=False)
-    provider = serializers.JSONField(help_text='{"kind": "scripted", "turns": [...]}')
-    max_iterations = serializers.IntegerField(min_value=1, required=False)

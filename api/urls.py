@@ -3,7 +3,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from api.views import approvals, audits, providers, runs, tools, usage
+from api.views import agents, approvals, audits, providers, runs, tools, usage, webhooks
 
 urlpatterns = [
     path("runs/", runs.RunListCreate.as_view(), name="api-runs"),
@@ -12,6 +12,21 @@ urlpatterns = [
     path("runs/<str:pk>/cancel/", runs.RunCancel.as_view(), name="api-run-cancel"),
     path("runs/<str:pk>/requeue/", runs.RunRequeue.as_view(), name="api-run-requeue"),
     path("runs/<str:pk>/restart/", runs.RunRestart.as_view(), name="api-run-restart"),
+    path(
+        "runs/<str:pk>/webhook-deliveries/",
+        webhooks.RunWebhookDeliveries.as_view(),
+        name="api-run-webhook-deliveries",
+    ),
+    path("agents/", agents.AgentListCreate.as_view(), name="api-agents"),
+    path("agents/<str:name>/", agents.AgentDetail.as_view(), name="api-agent"),
+    path(
+        "agents/<str:name>/versions/", agents.AgentVersionList.as_view(), name="api-agent-versions"
+    ),
+    path(
+        "agents/<str:name>/versions/<int:number>/",
+        agents.AgentVersionDetail.as_view(),
+        name="api-agent-version",
+    ),
     path("approvals/", approvals.ApprovalList.as_view(), name="api-approvals"),
     path("approvals/<str:pk>/", approvals.ApprovalDetail.as_view(), name="api-approval"),
     path(

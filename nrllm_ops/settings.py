@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "knox",
     "tools",
     "spend",
+    "agents",
     "api",
 ]
 
@@ -219,6 +220,32 @@ NRLLM_APPROVAL_WEBHOOK_TIMEOUT_SECONDS = env_int(
     "NRLLM_APPROVAL_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1
 )
 
+# --- The run-ended webhook (G19) ---------------------------------------------------
+# A run's request may name a "webhook" (http(s), to a host NRLLM_HTTP_ALLOWED_HOSTS
+# allows): it is told, at least once, each time the run ends or starts to wait
+# for approval (runs.run_webhooks).
+# When set, each POST carries X-Nrllm-Signature-256: sha256=<HMAC-SHA256 of the body>.
+NRLLM_RUN_WEBHOOK_SECRET = env_str("NRLLM_RUN_WEBHOOK_SECRET")
+# The whole POST (connect, send, answer) ends by then.
+NRLLM_RUN_WEBHOOK_TIMEOUT_SECONDS = env_int(
+    "NRLLM_RUN_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1, maximum=60
+)
+# After a failed attempt the event is due again after this, doubling with
+# each attempt up to the maximum.
+NRLLM_RUN_WEBHOOK_BACKOFF_SECONDS = env_int("NRLLM_RUN_WEBHOOK_BACKOFF_SECONDS", 10, minimum=1)
+NRLLM_RUN_WEBHOOK_BACKOFF_MAX_SECONDS = env_int(
+    "NRLLM_RUN_WEBHOOK_BACKOFF_MAX_SECONDS", 3600, minimum=1
+)
+# Attempts before an event is given up (gave_up_at, logged, counted).
+NRLLM_RUN_WEBHOOK_MAX_ATTEMPTS = env_int(
+    "NRLLM_RUN_WEBHOOK_MAX_ATTEMPTS", 12, minimum=1, maximum=100
+)
+# Events one reaper pass tries at most (it starts none after half the
+# reaper's interval, either).
+NRLLM_RUN_WEBHOOK_BATCH_SIZE = env_int(
+    "NRLLM_RUN_WEBHOOK_BATCH_SIZE", 100, minimum=1, maximum=10000
+)
+
 # --- The OpenAI-compatible provider ------------------------------------------------
 # Endpoint and key come from here only: never from a request, never stored.
 # Checked as the webhook's is: a malformed one stops start-up, naming it (the
@@ -302,6 +329,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     # The MCP SDK's HTTP client logs every request's URL at INFO, and an
-    # MCP server's URL may hold a credential (userinfo, a token in the query).
-    "loggers": {"httpx2": {"level": "WARNING"}},
+    # MCP server's URL may hold a credential (userinfo, a token in the query);
+    # so does httpx, for the webhooks' POSTs (a hook's token in its path or query).
+    "loggers": {"httpx2": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }

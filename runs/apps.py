@@ -1,7 +1,10 @@
 """The Django app that holds runs, their steps, approvals and dead letters.
-Its start sets up the process's traces, when the settings turn them on."""
+Its start sets up the process's traces, when the settings turn them on;
+on SQLite, ``migrate`` puts the run-ended webhook's triggers back after
+any table rebuild (``runs/migrations/_run_events.py``)."""
 
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate, pre_migrate
 
 
 class RunsConfig(AppConfig):
@@ -15,3 +18,35 @@ class RunsConfig(AppConfig):
         # Here, before the first request loads the middleware: the request
         # spans' middleware is added to it (nrllm_ops.otel_sdk).
         tracing.start_from_settings()
+        pre_migrate.connect(_sqlite_triggers_dropped, sender=self)
+        post_migrate.connect(_sqlite_triggers_created, sender=self)
+
+
+def _sqlite_triggers_dropped(sender, using, **kwargs) -> None:
+    """Before a SQLite migrate: no rebuild then trips over the triggers."""
+    from django.apps import apps
+    from django.db import connections
+
+    from runs.migrations import _run_events
+
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        with connection.schema_editor() as schema_editor:
+            _run_events.drop_triggers(apps, schema_editor)
+
+
+def _sqlite_triggers_created(sender, using, **kwargs) -> None:
+    """After a SQLite migrate that leaves the events' table (0026) in place."""
+    from django.apps import apps
+    from django.db import connections
+
+    from runs.migrations import _run_events
+
+    connection = connections[using]
+    if connection.vendor != "sqlite":
+        return
+    tables = set(connection.introspection.table_names())
+    needed = {apps.get_model("runs", name)._meta.db_table for name in _run_events.MODELS}
+    if needed <= tables:
+        with connection.schema_editor() as schema_editor:
+            _run_events.create_triggers(apps, schema_editor)

@@ -54,6 +54,12 @@ APPROVAL_WEBHOOKS = Counter(
     "(refused by the guard, or no answer)",
     ["outcome"],
 )
+RUN_WEBHOOKS = Counter(
+    "nrllm_run_webhook_deliveries_total",
+    "Run-ended webhook attempts (G19): delivered (2xx), rejected (another status), failed "
+    "(refused by the guard, or no answer); gave_up: events given up after the last attempt",
+    ["outcome"],
+)
 TOKENS = Counter(
     "nrllm_tokens_total",
     "Model tokens of recorded turns: input (cached_input: the part served from the "

@@ -98,6 +98,15 @@ class AgentRun(models.Model):
     #: again because they replayed recorded turns instead of asking anew.
     tokens_saved_by_replay = models.PositiveIntegerField(default=0)
 
+    #: The agent version the run was started from (G18), or None for a run
+    #: whose request was given whole. The request holds what it defined.
+    agent_version = models.ForeignKey(
+        "agents.AgentVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
+    #: The request's ``webhook``, told when the run ends (G19): a column, so
+    #: that the database trigger that records the event reads it cheaply.
+    webhook_url = models.CharField(max_length=2000, blank=True, default="", db_default="")
+
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -357,43 +366,8 @@ class ApprovalRequest(models.Model):
         return f"{self.tool_name} at {self.position} of run {self.run_id} ({self.status})"
 
 
-class ProviderCircuit(models.Model):
-    """The circuit breaker of one provider endpoint and model, shared by all
-    workers: ``closed`` (calls go through), ``open`` (calls fail fast with
-    ``circuit_open``), ``half_open`` (one trial call decides)."""
-
-    key = models.CharField(max_length=500, unique=True)  # "<base url> <model>"
-    state = models.CharField(max_length=16, default="closed")
-    failures = models.PositiveIntegerField(default=0)
-    window_started_at = models.DateTimeField(null=True, blank=True)
-    opened_at = models.DateTimeField(null=True, blank=True)
-    trial_started_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["key"]
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.state}"
-
-
-class CircuitTransition(models.Model):
-    """Each change of a circuit's state, for operators."""
-
-    circuit = models.ForeignKey(
-        ProviderCircuit, on_delete=models.CASCADE, related_name="transitions"
-    )
-    from_state = models.CharField(max_length=16)
-    to_state = models.CharField(max_length=16)
-    reason = models.CharField(max_length=300)
-    at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-at"]
-
-    def __str__(self) -> str:
-        return f"{self.from_state} → {self.to_state}"
-
-
-# The periodic processes' last passes: a model of its own module.
+# Models of modules of their own: the provider circuits, the periodic
+# processes' last passes, the run-ended webhook's outbox.
+from runs.circuits import CircuitTransition, ProviderCircuit  # noqa: E402, F401
 from runs.liveness import LastPass  # noqa: E402, F401
+from runs.run_events import RunEvent  # noqa: E402, F401

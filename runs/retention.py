@@ -16,7 +16,8 @@ world) and the daily spend (G17's totals).
 
 ``prune_runs`` deletes only ended runs with no open question: a write in
 doubt not reconciled, a dead letter not resolved, a call waiting for
-approval. It works in batches, each its own short transaction.
+approval, a run-ended webhook still being retried (G19). It works in
+batches, each its own short transaction.
 """
 
 import logging
@@ -29,7 +30,7 @@ from django.db import connection, models, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
+from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunEvent, RunStep
 from runs.selectors import without_writes_in_doubt, writes_in_doubt
 from runs.vocabulary import ApprovalStatus, RunStatus
 
@@ -93,6 +94,7 @@ OPEN_QUESTIONS = {
     "write_in_doubt": "writes in doubt",
     "open_dead_letter": "open dead letters",
     "pending_approval": "pending approvals",
+    "webhook_due": "run-ended webhooks not yet delivered",
 }
 
 
@@ -108,6 +110,13 @@ def _open_question(name: str):
     """The condition that a run has the open question ``name``."""
     if name == "open_dead_letter":
         return Exists(DeadLetter.objects.filter(run=OuterRef("pk"), resolved_at__isnull=True))
+    if name == "webhook_due":
+        # Still being retried (G19): neither delivered nor given up.
+        return Exists(
+            RunEvent.objects.filter(
+                run=OuterRef("pk"), delivered_at__isnull=True, gave_up_at__isnull=True
+            )
+        )
     return Exists(ApprovalRequest.objects.filter(run=OuterRef("pk"), status=ApprovalStatus.PENDING))
 
 
@@ -127,6 +136,7 @@ def prunable(cutoff: datetime):
         without_writes_in_doubt(ended_before(cutoff))
         .exclude(_open_question("open_dead_letter"))
         .exclude(_open_question("pending_approval"))
+        .exclude(_open_question("webhook_due"))
     )
 
 

@@ -186,9 +186,17 @@ OPERATOR_PERMISSIONS = [
     "tools.change_toolsetting",
     "tools.relax_approval",
     "runs.approve_write",
+    "agents.view_agent",
+    "agents.add_agent",
+    "agents.change_agent",
 ]
 APPROVER_PERMISSIONS = ["runs.view_agentrun", "runs.approve_write"]
-VIEWER_PERMISSIONS = ["runs.view_agentrun", "runs.view_deadletter", "tools.view_toolsetting"]
+VIEWER_PERMISSIONS = [
+    "runs.view_agentrun",
+    "runs.view_deadletter",
+    "tools.view_toolsetting",
+    "agents.view_agent",
+]
 
 
 def _user(username, *, staff, permissions):

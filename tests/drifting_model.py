@@ -77,7 +77,9 @@ class DriftingModel:
     def __call__(self, body: dict) -> Reply:
         messages = body["messages"]
         turn = sum(1 for message in messages if message["role"] == "assistant")
-        _, _, plan = messages[0]["content"].partition(PLAN_MARK)
+        # The plan is in the user's prompt (a system message may come first).
+        prompt = next(message for message in messages if message["role"] == "user")
+        _, _, plan = prompt["content"].partition(PLAN_MARK)
         plan = json.loads(plan) if plan else []
         with self._lock:
             take = next(self._takes)

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("runs", "spend", "tools", "api", "nrllm_ops")
+PACKAGES = ("runs", "spend", "tools", "agents", "api", "nrllm_ops")
 #: The most lines a module may have (docs/architecture.md, "Small modules").
 MOST_LINES = 400
 
@@ -39,6 +39,7 @@ LAYERS = (
             "tools.admin_display",
             "spend.admin",
             "spend.management",
+            "agents.admin",
             # The composition root: settings and the app config name the
             # worker class, the tools, the admin site and the schema's enums.
             "nrllm_ops.settings",
@@ -54,10 +55,14 @@ LAYERS = (
     },
     {
         "reaper": ("runs.reaper",),
+        # Definitions and starts by name: expanded into a run's request.
+        "agents": ("agents.definitions", "agents.versions", "agents.starting"),
         "operators": ("runs.operators",),
         "tool settings": ("tools.approval_settings", "tools.operator_view"),
     },
     {"runtime": ("runs.runtime",)},
+    # Told by the runtime and the reaper; posts as the approval webhook does.
+    {"run webhooks": ("runs.run_webhooks",)},
     {"approvals": ("runs.approvals",)},
     {"queue": ("runs.dispatch",)},
     {"providers": ("runs.providers",)},
@@ -72,8 +77,15 @@ LAYERS = (
             "runs.metrics",
             "runs.faults",
             "runs.action_result",
+            "runs.run_events",
             "runs.apps",
             "runs.migrations",
+            # A run names its agent version ("agents.AgentVersion"): the
+            # agents' tables are record.
+            "agents",
+            "agents.models",
+            "agents.apps",
+            "agents.migrations",
         ),
     },
     {"spend": ("spend",)},

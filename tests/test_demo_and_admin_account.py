@@ -65,6 +65,19 @@ def test_seed_demo_executes_the_nine_scenarios_once(settings, required_for):
     assert resumed.steps.filter(kind="resume").count() == 2  # after its approval, its retry
     assert OutboxNotification.objects.filter(run_id=resumed.pk).count() == 1
 
+    # Two agents; two runs started from them, each keeping the version it
+    # started from (on-call was changed after its run parked: version 2).
+    started = AgentRun.objects.filter(agent_version__isnull=False)
+    assert sorted((r.agent_version.agent.name, r.agent_version.number) for r in started) == [
+        ("on-call", 1),
+        ("release-notes", 1),
+    ]
+    assert seeded(seed_demo.WAITING).agent_version.agent.latest.number == 2
+    assert (
+        seeded(seed_demo.COMPLETED).request["instructions"]
+        == (seed_demo.AGENTS["release-notes"][1])
+    )
+
     out = io.StringIO()
     call_command("seed_demo", stdout=out)
     assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 9

@@ -16,7 +16,14 @@ from django.test import Client
 from api.models import RunCreationKey
 from runs import transitions
 from runs.jobs import prune_job
-from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep, WriteReconciliation
+from runs.models import (
+    AgentRun,
+    ApprovalRequest,
+    DeadLetter,
+    RunEvent,
+    RunStep,
+    WriteReconciliation,
+)
 from runs.operators import actions as operator_actions
 from runs.runtime import enqueue, run
 from runs.vocabulary import ApprovalStatus
@@ -87,20 +94,32 @@ def test_only_ended_runs_without_an_open_question_go_whole_in_batches(operator, 
     aged(stray_approval)
     recent = run(scripted(answer("recent")))
     queued = aged(transitions.create_queued_run({"prompt": "p", "tools": []}, "p"))
-    gone = {completed.pk, dismissed.pk, reconciled.pk}
-    kept = {in_doubt.pk, dead_lettered.pk, waiting_run.pk, stray_approval.pk, recent.pk, queued.pk}
+    # Cancelled with a run-ended webhook (G19): kept while it is retried.
+    told, telling = (
+        transitions.create_queued_run({"prompt": "p", "webhook": "http://hooks.test/"}, "p")
+        for _ in range(2)
+    )
+    for cancelled in (told, telling):
+        transitions.cancel(cancelled.pk)
+        aged(cancelled)
+    RunEvent.objects.filter(run=told).update(delivered_at=F("occurred_at"))
+    gone = {completed.pk, dismissed.pk, reconciled.pk, told.pk}
+    kept = {
+        *(in_doubt.pk, dead_lettered.pk, waiting_run.pk, stray_approval.pk),
+        *(recent.pk, queued.pk, telling.pk),
+    }
     steps_of_gone = RunStep.objects.filter(run_id__in=gone).count()
 
     dry = prune("--older-than", "90d", "--dry-run")
-    assert dry.startswith(f"would delete 3 runs ({steps_of_gone} steps) that ended before ")
+    assert dry.startswith(f"would delete 4 runs ({steps_of_gone} steps) that ended before ")
     assert (
-        "kept, with a question open: writes in doubt 1, open dead letters 1, pending approvals 1"
-        in dry
+        "kept, with a question open: writes in doubt 1, open dead letters 1, pending approvals 1, "
+        "run-ended webhooks not yet delivered 1" in dry
     )
     assert set(AgentRun.objects.values_list("pk", flat=True)) == gone | kept
 
     done = prune("--older-than", "90d", "--batch-size", "2")
-    assert done.startswith(f"deleted 3 runs ({steps_of_gone} steps) that ended before ")
+    assert done.startswith(f"deleted 4 runs ({steps_of_gone} steps) that ended before ")
     assert " in 2 batches;" in done
     assert set(AgentRun.objects.values_list("pk", flat=True)) == kept
     assert not RunStep.objects.filter(run_id__in=gone).exists()

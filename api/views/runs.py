@@ -9,21 +9,23 @@ from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
     OpenApiResponse,
+    PolymorphicProxySerializer,
     extend_schema,
 )
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
+from agents.starting import enqueue
 from api import permissions
 from api.errors import BudgetSpent, Conflict, Unprocessable
 from api.filters import RunFilter
 from api.models import RunCreationKey
 from api.pagination import TimeCursorPagination
+from api.run_start_serializers import RunRequestSerializer, RunStartByAgentSerializer
 from api.serializers import (
     ActionResultSerializer,
     NoteSerializer,
-    RunRequestSerializer,
     RunSerializer,
     StepPageSerializer,
     StepSerializer,
@@ -34,7 +36,6 @@ from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from runs.models import AgentRun
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
-from runs.runtime import enqueue
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
 from runs.vocabulary import SubmittedVia
@@ -93,8 +94,17 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
     @extend_schema(
-        request=RunRequestSerializer,
+        request=PolymorphicProxySerializer(
+            component_name="RunStart",
+            serializers=[RunRequestSerializer, RunStartByAgentSerializer],
+            resource_type_field_name=None,
+        ),
         examples=[
+            OpenApiExample(
+                "a run of an agent, by name (the demo's)",
+                request_only=True,
+                value={"agent": "release-notes", "input": "Note that v2 shipped; tell the team."},
+            ),
             OpenApiExample(
                 "a scripted run that reads and notifies",
                 request_only=True,

@@ -12,6 +12,8 @@ the run's error fields, at the end of the step timeline.
 
 from django.contrib import admin
 from django.core.paginator import Paginator
+from django.urls import reverse
+from django.utils.html import format_html
 
 from runs.admin import aftermath, approval_rows, console
 from runs.admin.display import as_text, cut, effect_badge, moment, position_in_words, shortened
@@ -21,6 +23,7 @@ from runs.models import AgentRun, RunStep
 from runs.operators.actions import write_in_question
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety, restart_safety
+from runs.run_webhooks import deliveries_of
 from runs.vocabulary import RunStatus, StepKind
 
 STEPS_PER_PAGE = 50
@@ -53,6 +56,16 @@ class RunPageFields:
     @admin.display(description="lease expires")
     def lease_expires_shown(self, run: AgentRun) -> str:
         return moment(run.lease_expires_at) or "-"
+
+    @admin.display(description="agent")
+    def agent_shown(self, run: AgentRun) -> str:
+        """The agent version it started from (G18), linked to that version
+        as it was saved; "-" for a run whose request was given whole."""
+        if run.agent_version_id is None:
+            return "-"
+        version = run.agent_version
+        url = reverse("admin:agents_agentversion_change", args=[version.pk])
+        return format_html('<a href="{}">{} v{}</a>', url, version.agent.name, version.number)
 
 
 def run_page_context(model_admin, request, run: AgentRun) -> dict:
@@ -100,6 +113,7 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "late_result": late_result(run),
         "dead_letters": run.dead_letters.select_related("resolved_by").order_by("-created_at"),
         "approvals": approvals,
+        "webhook_deliveries": deliveries_of(run.pk),  # G19
         "can_requeue": model_admin.has_requeue_permission(request),
         "can_cancel": model_admin.has_cancel_permission(request) and not run.is_terminal,
         "can_reconcile": model_admin.has_reconcile_permission(request),

@@ -77,7 +77,10 @@ class AgentRunAdmin(
     list_per_page = 50
     actions = ["requeue_selected", "restart_selected", "cancel_selected"]
     fieldsets = [
-        ("Request", {"fields": ["prompt", "id", "mode", "submitted_by", "submitted_via"]}),
+        (
+            "Request",
+            {"fields": ["prompt", "id", "agent_shown", "mode", "submitted_by", "submitted_via"]},
+        ),
         (
             "Outcome",
             {

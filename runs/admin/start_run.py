@@ -1,6 +1,9 @@
 """Start a run from the console: a form that builds the same request
 ``POST /api/runs/`` takes and hands it to the same ``enqueue``, so the same
 checks refuse it with the same words and nothing is stored when they do.
+Picking an agent starts a run of its latest version with the prompt as its
+input (``{"agent": ..., "input": ...}``); the tools, provider and
+instructions then come from the agent, and the limits may only lower its.
 The operator who submits it is the run's submitter: their budget applies,
 and they may not approve its writes where four eyes are required."""
 
@@ -14,8 +17,9 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from agents.models import Agent
+from agents.starting import enqueue
 from runs.providers import PROVIDER_KINDS
-from runs.runtime import enqueue
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
 from runs.vocabulary import SubmittedVia
@@ -26,8 +30,22 @@ from tools.registry import effect_for, get_registry
 
 
 class StartRunForm(forms.Form):
+    agent = forms.ChoiceField(
+        required=False,
+        help_text="an agent's latest version: its instructions, tools and provider "
+        "(the fields below them are then not used)",
+    )
     prompt = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 5, "cols": 80}), max_length=100_000
+        label="Input",
+        widget=forms.Textarea(attrs={"rows": 5, "cols": 80}),
+        max_length=100_000,
+        help_text="what the user asks: the run's first message",
+    )
+    instructions = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        max_length=100_000,
+        help_text="the system message, sent before the input (without an agent)",
     )
     tools = forms.MultipleChoiceField(
         required=False, widget=forms.CheckboxSelectMultiple, help_text="what the model may call"
@@ -52,6 +70,10 @@ class StartRunForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.fields["agent"].choices = [("", "— none: the request below —")] + [
+            (name, name)
+            for name in Agent.objects.filter(latest__isnull=False).values_list("name", flat=True)
+        ]
         self.fields["tools"].choices = [(tool.name, tool.label) for tool in tool_choices()]
         configured = [
             kind for kind, cls in PROVIDER_KINDS.items() if cls.configuration_problem() is None
@@ -75,16 +97,22 @@ class StartRunForm(forms.Form):
     def run_request(self) -> dict:
         """The request ``POST /api/runs/`` would take; ``enqueue`` checks it."""
         data = self.cleaned_data
+        limits = {
+            name: data[name]
+            for name in ("max_iterations", "max_total_tokens", "max_cost")
+            if data[name] not in (None, "")
+        }
+        if data["agent"]:
+            return {"agent": data["agent"], "input": data["prompt"], **limits}
         provider = {"kind": data["provider"]}
         if data["model"]:
             provider["model"] = data["model"]
         if data["turns"] is not None:
             provider["turns"] = data["turns"]
         request = {"prompt": data["prompt"], "tools": data["tools"], "provider": provider}
-        for name in ("max_iterations", "max_total_tokens", "max_cost"):
-            if data[name] not in (None, ""):
-                request[name] = data[name]
-        return request
+        if data["instructions"]:
+            request["instructions"] = data["instructions"]
+        return {**request, **limits}
 
 
 class ToolChoice:

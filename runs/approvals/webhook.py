@@ -52,12 +52,18 @@ def notify(run_id, approvals: list) -> None:
     url = settings.NRLLM_APPROVAL_WEBHOOK_URL
     try:
         body = json.dumps(event(run_id, approvals), separators=(",", ":")).encode()
-        status, answer = _post(url, body, _headers(body))
+        status, answer = post(
+            url,
+            body,
+            _headers(body),
+            seconds=settings.NRLLM_APPROVAL_WEBHOOK_TIMEOUT_SECONDS,
+            host_allowed=True,
+        )
     except (ToolError, httpx.HTTPError) as error:
         APPROVAL_WEBHOOKS.labels("failed").inc()
         # The guard's refusal quotes the URL, whose path or query is often
         # the receiver's credential (a hook token): the log shows its origin.
-        shown = str(error).replace(url, _origin(url))
+        shown = str(error).replace(url, origin(url))
         logger.warning("run=%s approval webhook not delivered: %s", run_id, shown)
         return
     except Exception:
@@ -117,7 +123,7 @@ def _shortened(prompt) -> str:
     return text if len(text) <= PROMPT_CHARS else text[: PROMPT_CHARS - 1] + "…"
 
 
-def _origin(url: str) -> str:
+def origin(url: str) -> str:
     """``url`` without its path and query, which may hold a token."""
     try:
         parsed = httpx.URL(url)
@@ -144,12 +150,14 @@ def _headers(body: bytes) -> dict[str, str]:
     return headers
 
 
-def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
-    """POST ``body`` once to ``url`` as checked by the guard; the status and
-    the start of the answer. Raises ``ToolError`` (refused: nothing sent)
-    or ``httpx.HTTPError``."""
-    target = check_url(url, host_allowed=True)
-    seconds = settings.NRLLM_APPROVAL_WEBHOOK_TIMEOUT_SECONDS
+def post(
+    url: str, body: bytes, headers: dict[str, str], *, seconds: float, host_allowed: bool
+) -> tuple[int, str]:
+    """POST ``body`` once to ``url`` as checked by the guard (``host_allowed``:
+    ``check_url``'s), within ``seconds``; the status and the start of the
+    answer. Raises ``ToolError`` (refused: nothing sent) or ``httpx.HTTPError``.
+    The run-ended webhook (``runs.run_webhooks``) posts through it too."""
+    target = check_url(url, host_allowed=host_allowed)
     # The deadline bounds the whole exchange (each connect, write and read
     # within what remains of it): a receiver that trickles its answer ends
     # with it. Resolving the name, before, is the system resolver's.

@@ -8,6 +8,10 @@ Any turn may add ``"delay_seconds"``, and an answer ``"usage"`` (the
 tokens it reports, as a model's provider would: ``prompt_tokens``,
 ``completion_tokens``, ``cached_tokens``); without it a turn reports none.
 
+It records the system message it was sent (an agent's instructions, G18)
+in each turn's meta, as ``instructions`` (its first ``INSTRUCTIONS_SHOWN``
+characters), so a test or an operator can see what the model was told.
+
 Like a model, it answers the conversation it is given: the turn it plays is
 the one after the assistant turns already in it, so an attempt that resumed
 from the journal (G12) goes on with the script where the journal ends.
@@ -17,6 +21,9 @@ import time
 
 from runs.providers.base import ProviderError, ToolCall, Turn
 from runs.vocabulary import FailureClass
+
+#: Of the system message, what a scripted turn's meta records.
+INSTRUCTIONS_SHOWN = 200
 
 _DELAY = {"type": "number", "minimum": 0, "maximum": 3600}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": 10**8}
@@ -116,6 +123,8 @@ class ScriptedProvider:
                 retry_after=turn.get("retry_after"),
             )
         meta = {"usage": dict(turn["usage"])} if "usage" in turn else {}
+        if messages and messages[0]["role"] == "system":
+            meta["instructions"] = messages[0]["content"][:INSTRUCTIONS_SHOWN]
         if "tool_calls" in turn:
             return Turn(
                 tool_calls=[

@@ -9,10 +9,14 @@ still within it holds no lease and is left alone (G14).
 Every mutation is a transition that re-checks staleness inside its UPDATE,
 so running two reapers at once, or racing a slow-but-alive worker, changes
 each run at most once. Time is the database's.
+
+Then the pass delivers the run-ended webhooks that are due (G19): retries,
+and events a worker died before sending.
 """
 
 import functools
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -35,6 +39,7 @@ from runs.reaper.decisions import (
     decide_reap,
 )
 from runs.reaper.liveness import Beat, record_pass
+from runs.run_webhooks import DeliveryReport, deliver_due
 from runs.transitions import Reaping, StaleLease, db_time
 from runs.vocabulary import RunMode, RunStatus, StepKind
 
@@ -46,6 +51,8 @@ class ReapReport:
     decisions: dict = field(default_factory=dict)  # run id -> "action: reason"
     #: Stale when looked at, renewed (or taken) before the reaper's UPDATE.
     lost_races: int = 0
+    #: The run-ended webhooks this pass tried (G19).
+    webhooks: DeliveryReport = field(default_factory=DeliveryReport)
 
     def count(self, action: str) -> int:
         return sum(1 for outcome in self.decisions.values() if outcome.startswith(action))
@@ -53,7 +60,7 @@ class ReapReport:
     def summary(self) -> str:
         actions = (REQUEUE, DEAD_LETTER, CANCEL, ABANDON, REDISPATCH, EXPIRE)
         counts = ", ".join(f"{action} {self.count(action)}" for action in actions)
-        return f"{counts}, left to a live worker {self.lost_races}"
+        return f"{counts}, left to a live worker {self.lost_races}, {self.webhooks.summary()}"
 
 
 #: Stale runs reaped per transaction: one commit and one Redis pipeline per
@@ -104,6 +111,11 @@ def reap_stale_runs(
         # no sign of life: recorded, a future one would show a dead reaper
         # alive until that time.
         record_pass(beat or Beat(REAPER, settings.NRLLM_REAPER_INTERVAL_SECONDS))
+    # Last, after every run is decided: a slow receiver delays no reaping.
+    # Each event's claim re-checks that it is still due (G19).
+    report.webhooks = deliver_due(
+        as_of=as_of, deadline=time.monotonic() + settings.NRLLM_REAPER_INTERVAL_SECONDS / 2
+    )
     return report
 
 

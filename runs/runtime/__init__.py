@@ -9,19 +9,13 @@ parked for approval, or ended as a failed attempt (``failed_attempts``,
 flight its lease is kept in the background (``heartbeat``); a process that
 keeps many runs in flight keeps them in ``run_threads``.
 
-Start here: ``enqueue`` stores a queued run and dispatches its job,
+Start here (``starting``): ``enqueue`` stores a queued run and dispatches its job,
 ``run_queued`` is what the job does, ``run`` executes an interactive run
 inline. The runtime writes no status itself: every change goes through
 ``runs.transitions``.
 """
 
-from runs.runtime.attempt import (
-    CallerInterrupted,
-    claim_queued,
-    enqueue,
-    execute_claimed,
-    run,
-    run_queued,
-)
+from runs.runtime.attempt import claim_queued, execute_claimed, run_queued
+from runs.runtime.starting import CallerInterrupted, enqueue, run
 
 __all__ = ["CallerInterrupted", "claim_queued", "enqueue", "execute_claimed", "run", "run_queued"]

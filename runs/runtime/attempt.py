@@ -1,35 +1,28 @@
-"""Starting runs and executing one attempt of a run under its lease.
+"""Executing one attempt of a run under its lease.
 
-``enqueue`` stores a queued run and dispatches its job after commit;
-``run_queued`` is what a job does (claim, then execute); ``run`` executes an
-interactive run inline. ``_execute`` drives the agent loop, observed by
-``LeasedExecution``, and ends the attempt: settled, parked for approval,
-or handed to ``failed_attempts``.
+``run_queued`` is what a job does (claim, then execute); ``execute_attempt``
+drives the agent loop, observed by ``LeasedExecution``, and ends the
+attempt: settled, parked for approval, or handed to ``failed_attempts``.
+Runs are started in ``starting``.
 """
 
-import contextlib
 import logging
 import os
 import secrets
-import signal
 import socket
-import threading
 import time
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
 
 from runs import transitions
 from runs.approvals import notices as approval_notices
 from runs.approvals.gate import ApprovalGate, Decisions
-from runs.dispatch import dispatch_or_fail
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
-from runs.models import AgentRun
 from runs.providers import build_provider
+from runs.run_webhooks import deliver_new_events_of
 from runs.runtime import heartbeat, spans
 from runs.runtime.budget_watch import BudgetWatch
-from runs.runtime.enqueue_spend import check_spend_at_enqueue
 from runs.runtime.errors import AwaitingApproval, LeaseLost, RunCancelled
 from runs.runtime.execution import LeasedExecution
 from runs.runtime.failed_attempts import (
@@ -39,17 +32,11 @@ from runs.runtime.failed_attempts import (
 )
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.runtime.loop import run_agent_loop
-from runs.runtime.run_request import (
-    InvalidRunRequest,
-    RunRequest,
-    parse_run_request,
-    parse_stored_request,
-)
+from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_stored_request
 from runs.transitions import Lease
-from runs.vocabulary import RunMode, RunStatus, StepKind, SubmittedVia, TerminationReason
-from spend.starting import StartingSpend, starting_spend_of
+from runs.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
+from spend.starting import StartingSpend
 from tools.approval_policy import tools_needing_approval
-from tools.enabled import approval_overrides
 from tools.registry import offered_tools, require_available
 
 logger = logging.getLogger(__name__)
@@ -59,30 +46,6 @@ def worker_identity() -> str:
     """Names one execution: host, process and a nonce, so two executions in
     the same process never share a lease owner."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
-def enqueue(
-    request_data, *, submitted_by=None, submitted_via: str = SubmittedVia.COMMAND_LINE
-) -> AgentRun:
-    """Validate and store a ``queued`` run; its job is dispatched after commit.
-    ``submitted_by`` (a user, or None from the command line) and
-    ``submitted_via`` are recorded with it (four-eyes approval reads them).
-
-    Raises ``InvalidRunRequest`` and stores nothing when the request is bad,
-    and ``BudgetRefused`` when its submitter's budget is spent (G17).
-    """
-    run_request = parse_run_request(request_data)
-    check_spend_at_enqueue(run_request, submitted_by)
-    # One INSERT, atomic on its own. Inside a caller's transaction the job
-    # waits for the caller's commit; outside one, Django runs it at once.
-    run = transitions.create_queued_run(
-        run_request.as_json(),
-        run_request.prompt,
-        submitted_by=submitted_by,
-        submitted_via=submitted_via,
-    )
-    transaction.on_commit(lambda: dispatch_or_fail(run.pk, dispatch_count=run.dispatch_count))
-    return run
 
 
 #: A job that comes at most this long before its run is due waits for it;
@@ -122,7 +85,7 @@ def execute_claimed(claimed: transitions.ClaimedRun) -> None:
     """Execute the attempt a claim began. Never raises for a run's outcome."""
     if claimed.request_recorded:
         STEPS.labels(StepKind.REQUEST, "none").inc()
-    _execute(
+    execute_attempt(
         claimed.lease,
         claimed.request,
         RunMode.QUEUED,
@@ -133,86 +96,12 @@ def execute_claimed(claimed: transitions.ClaimedRun) -> None:
         recorded_steps=1 if claimed.request_recorded else 0,
         starting_spend=claimed.spend,
     )
-
-
-def run(
-    request_data, *, submitted_by=None, submitted_via: str = SubmittedVia.COMMAND_LINE
-) -> AgentRun:
-    """Execute an ``interactive`` run inline, under a lease, and return it:
-    ended, or ``waiting_for_approval`` (a worker finishes it once its calls
-    are decided, G14)."""
-    run_request = parse_run_request(request_data)
-    check_spend_at_enqueue(run_request, submitted_by)
-    lease = transitions.begin_interactive(
-        run_request.as_json(),
-        run_request.prompt,
-        worker_identity(),
-        settings.NRLLM_LEASE_SECONDS,
-        submitted_by=submitted_by,
-        submitted_via=submitted_via,
-    )
-    try:
-        # parse_run_request has just refused any disabled tool.
-        _execute(
-            lease,
-            run_request.as_json(),
-            RunMode.INTERACTIVE,
-            requeue_count=0,
-            resumed=False,
-            disabled_tools=frozenset(),
-            approval_overrides=approval_overrides(run_request.tools),
-            starting_spend=starting_spend_of(AgentRun.objects.get(pk=lease.run_id)),
-        )
-    except KeyboardInterrupt as interrupt:
-        # The caller stopped it (Ctrl-C; run_agent turns SIGTERM into this):
-        # nobody finishes the run after it, not even the reaper.
-        with _signals_held():
-            _settle_interrupted(lease)
-        raise CallerInterrupted(lease.run_id) from interrupt
-    return AgentRun.objects.get(pk=lease.run_id)
-
-
-class CallerInterrupted(KeyboardInterrupt):
-    """``run`` was interrupted; ``run_id`` says which run (settled
-    ``cancelled``, unless it had ended already)."""
-
-    def __init__(self, run_id: str):
-        super().__init__(run_id)
-        self.run_id = run_id
-
-
-@contextlib.contextmanager
-def _signals_held():
-    """A second Ctrl-C or SIGTERM while the interrupted run settles must not
-    cut the settle short (main thread only: signals reach no other)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in _STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-
-
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _settle_interrupted(lease: Lease) -> None:
-    """End an interactive run its caller interrupted ``cancelled``, the fence
-    as it stands (a write the interrupt may have cut short stays in doubt).
-    If the database cannot be reached, the reaper ends it ``abandoned``."""
-    logger.warning("run=%s interrupted by its caller; settling cancelled", lease.run_id)
-    for _ in range(2):
-        # The interrupt may have cut a statement short: a connection in an
-        # unknown state is dropped, and the settle runs on a new one.
-        transitions.recover_connection(discard=True)
-        try:
-            transitions.settle(lease, RunStatus.CANCELLED, TerminationReason.CANCELLED)
-            return
-        except DatabaseError:
-            logger.exception("run=%s interrupted run could not be settled", lease.run_id)
+    # The attempt has ended: settled or parked (committed), or its lease
+    # lost or handed back. The event its end recorded (G19) is tried once
+    # now, holding no lease; a retry, or this process dying first, is the
+    # reaper's. A run without a webhook has none: no statement for it.
+    if claimed.request.get("webhook"):
+        deliver_new_events_of(claimed.lease.run_id)
 
 
 def _stored_request(stored: dict) -> RunRequest:
@@ -226,6 +115,8 @@ def _stored_request(stored: dict) -> RunRequest:
         require_approval=tuple(stored.get("require_approval", [])),
         max_total_tokens=stored.get("max_total_tokens"),
         max_cost=Decimal(stored["max_cost"]) if stored.get("max_cost") is not None else None,
+        instructions=stored.get("instructions", ""),
+        webhook=stored.get("webhook", ""),
     )
 
 
@@ -258,7 +149,7 @@ def _approval_gate(
     )
 
 
-def _execute(
+def execute_attempt(
     lease: Lease,
     stored_request: dict,
     mode: str,
@@ -318,6 +209,7 @@ def _execute(
                 _note_resume(execution, journal)
             outcome = run_agent_loop(
                 prompt=request.prompt,
+                instructions=request.instructions,
                 provider=_DeadlinedProvider(
                     build_provider(request.provider, attempt=lease.token),
                     request.provider["kind"],

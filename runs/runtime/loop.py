@@ -133,6 +133,7 @@ def llm_step_result(turn: Turn) -> dict:
 def run_agent_loop(
     *,
     prompt: str,
+    instructions: str = "",
     provider: Provider,
     tools: Mapping[str, Tool],
     max_iterations: int,
@@ -142,8 +143,12 @@ def run_agent_loop(
     """Drive the conversation, replaying ``journal`` first. Exceptions from
     the provider or the observer propagate: the runtime decides what they
     mean for the run. A replayed final answer ends the loop ``completed``
-    without a call to ``observer.finish`` (it is recorded already)."""
+    without a call to ``observer.finish`` (it is recorded already).
+    ``instructions``, when given, are the system message, sent first: they
+    come from the stored request, so a replay sends the same (G12, G18)."""
     messages: list[dict] = [{"role": "user", "content": prompt}]
+    if instructions:
+        messages.insert(0, {"role": "system", "content": instructions})
     specs = [tool_spec(tool) for tool in tools.values()]
     for iteration in range(1, max_iterations + 1):
         recorded = journal[iteration - 1] if iteration <= len(journal) else None

@@ -1,7 +1,9 @@
 """The request that starts a run: parsed and checked before anything is stored.
 
 A request names ``prompt``, ``tools`` (offered tool names), ``provider`` and
-optionally ``max_iterations``, ``require_approval`` (tools among
+optionally ``instructions`` (the system message the model is sent first),
+``webhook`` (a URL told when the run ends, G19; its host must be allowed
+as for the HTTP tools), ``max_iterations``, ``require_approval`` (tools among
 ``tools`` whose calls wait for an operator's approval although their policy
 does not ask for it: a request may ask for more approvals, never fewer),
 ``max_total_tokens`` and ``max_cost`` (the run's limits over all its
@@ -20,7 +22,9 @@ from django.conf import settings
 from jsonschema.exceptions import best_match
 
 from runs.providers import PROVIDER_KINDS
+from tools.builtin.http_guard import check_url_allowed
 from tools.canonical import storable_text
+from tools.contract import ToolError
 from tools.enabled import disabled_tool_names
 from tools.registry import get_registry
 from tools.validation import UNCHECKABLE, compiled_schema, uncheckable
@@ -40,6 +44,10 @@ class RunRequest:
     #: The run's limits over all its attempts (G17); None: none.
     max_total_tokens: int | None = None
     max_cost: Decimal | None = None
+    #: The system message (an agent's instructions, G18); "": none.
+    instructions: str = ""
+    #: Told when the run ends (G19); "": nobody.
+    webhook: str = ""
 
     def as_json(self) -> dict:
         stored = {
@@ -56,6 +64,12 @@ class RunRequest:
             # A decimal string: a JSON number would not keep it exact. Fixed
             # point ("0.0000005", never "5E-7"), as the stored form is read.
             stored["max_cost"] = format(self.max_cost, "f")
+        # Stored only when given: a request stored before they existed reads
+        # the same, and so does its journal (G12).
+        if self.instructions:
+            stored["instructions"] = self.instructions
+        if self.webhook:
+            stored["webhook"] = self.webhook
         return stored
 
 
@@ -63,6 +77,8 @@ _REQUEST_SCHEMA = {
     "type": "object",
     "properties": {
         "prompt": {"type": "string", "minLength": 1, "maxLength": 100_000},
+        "instructions": {"type": "string", "maxLength": 100_000},
+        "webhook": {"type": "string", "maxLength": 2000},
         "tools": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
         "provider": {
             "type": "object",
@@ -71,7 +87,8 @@ _REQUEST_SCHEMA = {
         },
         "max_iterations": {"type": "integer", "minimum": 1},
         "require_approval": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
-        "max_total_tokens": {"type": "integer", "minimum": 1},
+        # At most what a JSON number holds exactly (and a version's column).
+        "max_total_tokens": {"type": "integer", "minimum": 1, "maximum": 2**53},
         "max_cost": {"type": ["number", "string"]},
     },
     "required": ["prompt", "provider"],
@@ -139,7 +156,22 @@ def parse_run_request(data) -> RunRequest:
         require_approval=require_approval,
         max_total_tokens=_max_total_tokens(data, settings.NRLLM_RUN_MAX_TOTAL_TOKENS),
         max_cost=_max_cost(data, settings.NRLLM_RUN_MAX_COST),
+        instructions=data.get("instructions", ""),
+        webhook=_webhook(data.get("webhook", "")),
     )
+
+
+def _webhook(url: str) -> str:
+    """``url`` if the run-ended webhook may be sent there: http(s), to a
+    host and port ``NRLLM_HTTP_ALLOWED_HOSTS`` allows, as for the HTTP tools
+    (each delivery resolves and checks its addresses again, G19)."""
+    if not url:
+        return ""
+    try:
+        check_url_allowed(url)
+    except ToolError as error:
+        raise InvalidRunRequest(f"webhook: {error}") from None
+    return url
 
 
 def _max_total_tokens(data: dict, default: int | None) -> int | None:
@@ -233,6 +265,8 @@ def parse_stored_request(data) -> RunRequest:
         require_approval=tuple(data.get("require_approval", [])),
         max_total_tokens=_max_total_tokens(data, None),
         max_cost=_max_cost(data, None, stored=True),
+        instructions=data.get("instructions", ""),
+        webhook=data.get("webhook", ""),
     )
 
 

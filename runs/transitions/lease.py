@@ -28,12 +28,17 @@ from tools.enabled import approval_overrides, disabled_tool_names
 
 
 def create_queued_run(
-    request: dict, prompt: str, *, submitted_by=None, submitted_via: str = ""
+    request: dict, prompt: str, *, submitted_by=None, submitted_via: str = "", agent_version=None
 ) -> AgentRun:
-    """Store a ``queued`` run; the caller dispatches its job after commit."""
+    """Store a ``queued`` run; the caller dispatches its job after commit.
+    The request's ``webhook`` is stored in ``webhook_url`` too (G19)."""
     if connection.vendor == "postgresql":
         return insert_queued_run(
-            request, prompt, submitted_by=submitted_by, submitted_via=submitted_via
+            request,
+            prompt,
+            submitted_by=submitted_by,
+            submitted_via=submitted_via,
+            agent_version=agent_version,
         )
     return AgentRun.objects.create(
         request=request,
@@ -43,6 +48,8 @@ def create_queued_run(
         available_at=db_time(),
         submitted_by=submitted_by,
         submitted_via=submitted_via,
+        agent_version=agent_version,
+        webhook_url=request.get("webhook", ""),
     )
 
 
@@ -55,6 +62,7 @@ def begin_interactive(
     *,
     submitted_by=None,
     submitted_via: str = "",
+    agent_version=None,
 ) -> Lease:
     """Store an ``interactive`` run already running under a first lease."""
     run = AgentRun.objects.create(
@@ -62,6 +70,8 @@ def begin_interactive(
         prompt=prompt,
         submitted_by=submitted_by,
         submitted_via=submitted_via,
+        agent_version=agent_version,
+        webhook_url=request.get("webhook", ""),
         status=RunStatus.RUNNING,
         mode=RunMode.INTERACTIVE,
         lease_owner=owner,

@@ -18,7 +18,15 @@ from runs.models import AgentRun
 from runs.vocabulary import RunMode, RunStatus
 
 #: Columns this statement gives; every other takes its field's default.
-_GIVEN = ("id", "request", "prompt", "submitted_by_id", "submitted_via")
+_GIVEN = (
+    "id",
+    "request",
+    "prompt",
+    "submitted_by_id",
+    "submitted_via",
+    "agent_version_id",
+    "webhook_url",
+)
 #: Columns the database's clock sets (one clock for every run time, G5).
 _NOW = ("available_at", "created_at")
 _FIXED = {"status": RunStatus.QUEUED.value, "mode": RunMode.QUEUED.value}
@@ -73,7 +81,9 @@ def _literal(value) -> str:
     return Literal(value).as_string().replace("%", "%%")
 
 
-def insert_queued_run(request: dict, prompt: str, *, submitted_by, submitted_via: str):
+def insert_queued_run(
+    request: dict, prompt: str, *, submitted_by, submitted_via: str, agent_version=None
+):
     """Store a ``queued`` run and return it as the ORM would have, with the
     values the row got."""
     sql, computed, returned = _statement()
@@ -89,6 +99,8 @@ def insert_queued_run(request: dict, prompt: str, *, submitted_by, submitted_via
         prompt=prompt,
         submitted_by_id=submitted_by.pk if submitted_by is not None else None,
         submitted_via=submitted_via,
+        agent_version_id=agent_version.pk if agent_version is not None else None,
+        webhook_url=request.get("webhook", ""),
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -104,6 +116,8 @@ def insert_queued_run(request: dict, prompt: str, *, submitted_by, submitted_via
         prompt=prompt,
         submitted_by=submitted_by,
         submitted_via=submitted_via,
+        agent_version=agent_version,
+        webhook_url=request.get("webhook", ""),
         **stored,
     )
     run._state.adding = False

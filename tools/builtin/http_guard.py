@@ -98,6 +98,30 @@ def check_url(url: str | httpx.URL, *, host_allowed: bool = False) -> Target:
     webhook), so its host and port need no entry — which would let the
     tools reach it too; every address it resolves to is checked all the same.
     """
+    parsed, host, port, entries = _allowed(url, host_allowed=host_allowed)
+    shown = str(url)
+    addresses = _addresses_of(shown, host, port)
+    for address in addresses:
+        reason = refusal_reason(address)
+        literal = any(
+            entry.allows(form, port, parsed.scheme) for entry in entries for form in _forms(address)
+        )
+        if reason and not literal:
+            raise ToolError(
+                f"refused {shown!r}: {host} resolves to {address}, {reason}; allow the "
+                f"address itself in NRLLM_HTTP_ALLOWED_HOSTS to reach it"
+            )
+    return Target(parsed, Destination(host, port, addresses))
+
+
+def check_url_allowed(url: str) -> None:
+    """Raise ``ToolError`` unless ``url`` is http(s) to a host and port the
+    allow list names; nothing is resolved (a run's webhook at enqueue: its
+    addresses are checked when it is sent)."""
+    _allowed(url, host_allowed=False)
+
+
+def _allowed(url, *, host_allowed: bool):
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as error:
@@ -112,18 +136,7 @@ def check_url(url: str | httpx.URL, *, host_allowed: bool = False) -> Target:
     entries = allowed_entries()
     if not host_allowed and not any(entry.allows(host, port, parsed.scheme) for entry in entries):
         raise ToolError(f"refused {shown!r}: {_not_allowed(entries, host, port)}")
-    addresses = _addresses_of(shown, host, port)
-    for address in addresses:
-        reason = refusal_reason(address)
-        literal = any(
-            entry.allows(form, port, parsed.scheme) for entry in entries for form in _forms(address)
-        )
-        if reason and not literal:
-            raise ToolError(
-                f"refused {shown!r}: {host} resolves to {address}, {reason}; allow the "
-                f"address itself in NRLLM_HTTP_ALLOWED_HOSTS to reach it"
-            )
-    return Target(parsed, Destination(host, port, addresses))
+    return parsed, host, port, entries
 
 
 def refusal_reason(address: IPAddress) -> str | None:

@@ -2,13 +2,16 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
+from agents.starting import enqueue
 from runs.management.commands._request_file import read_request
-from runs.runtime import enqueue
 from runs.runtime.run_request import InvalidRunRequest
 
 
 class Command(BaseCommand):
-    help = "Enqueue a run from a request JSON file (or - for stdin); prints the run id."
+    help = (
+        "Enqueue a run from a request JSON file (or - for stdin): a whole request, or "
+        '{"agent": "<name>", "input": "..."}; prints the run id.'
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="request JSON file, or - for stdin")

@@ -5,16 +5,18 @@ import signal
 
 from django.core.management.base import BaseCommand, CommandError
 
+from agents.starting import run
 from runs.management.commands._request_file import read_request
 from runs.models import AgentRun
-from runs.runtime import CallerInterrupted, run
+from runs.run_webhooks import deliver_new_events_of
+from runs.runtime import CallerInterrupted
 from runs.runtime.run_request import InvalidRunRequest
 
 
 class Command(BaseCommand):
     help = (
-        "Execute an interactive run from a request JSON file (or - for stdin); "
-        "prints the outcome as JSON."
+        "Execute an interactive run from a request JSON file (or - for stdin): a whole "
+        'request, or {"agent": "<name>", "input": "..."}; prints the outcome as JSON.'
     )
 
     def add_arguments(self, parser):
@@ -45,6 +47,9 @@ class Command(BaseCommand):
         except KeyboardInterrupt:
             raise CommandError("interrupted before the run started", returncode=130) from None
         signal.signal(signal.SIGTERM, previous)
+        # Its end's webhook (G19), tried once here; retries are the reaper's.
+        if agent_run.webhook_url:
+            deliver_new_events_of(agent_run.pk)
         outcome = {
             "id": str(agent_run.pk),
             "status": agent_run.status,

@@ -12,6 +12,11 @@ The scripted model of the demo reports tokens as a real one would, and the
 demo prices it (``DEMO_PRICE``), so the runs, the overview and
 ``/api/usage/`` show spend; one run stops at its own token limit
 (``budget_exhausted``, G17).
+
+Two runs start from agents (G18), as a team would start them: the
+completed one from ``release-notes``, the one left waiting from
+``on-call``, whose instructions the demo then changes (version 2): the
+waiting run keeps version 1.
 """
 
 from django.contrib.auth import get_user_model
@@ -19,12 +24,13 @@ from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from agents.starting import enqueue, run
+from agents.versions import save_agent
 from runs import transitions
 from runs.approvals import actions as approval_actions
 from runs.dispatch import executing_in_caller
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, ApprovalRequest
-from runs.runtime import enqueue, run
 from runs.vocabulary import ApprovalStatus, StepKind
 from spend.models import ModelPrice
 from tools.models import Note
@@ -218,6 +224,28 @@ OVER_BUDGET = _with_usage(
     }
 )
 
+#: The demo's agents (G18): each one's definition is a scenario's request
+#: less its prompt, which each run gives as its input.
+AGENTS = {
+    "release-notes": (
+        "Keeps the release notes and tells the team.",
+        "You maintain the release notes. Read them before you change them, and tell "
+        "the team after every change.",
+        COMPLETED,
+    ),
+    "on-call": (
+        "Tells on-call what they need to know.",
+        "You are the on-call assistant. Tell on-call about planned work; never restart "
+        "production yourself.",
+        WAITING,
+    ),
+}
+#: The change the demo makes to ``on-call`` after its run waits: version 2.
+ON_CALL_V2 = (
+    "You are the on-call assistant. Tell on-call about planned work, with its start "
+    "time in UTC; never restart production yourself."
+)
+
 APPROVED_NOTE = "Checked the recipient and the text."
 DENIED_NOTE = "Not yet: marketing announces v2 on Monday."
 #: The note on the approvals of the stories that are not about approval.
@@ -286,7 +314,16 @@ class Command(BaseCommand):
         approver = demo_approver()
         ModelPrice.objects.get_or_create(provider="scripted", model="scripted", defaults=DEMO_PRICE)
 
-        completed = run(COMPLETED)
+        for name, (description, instructions, scenario) in AGENTS.items():
+            definition = {k: v for k, v in scenario.items() if k != "prompt"}
+            save_agent(
+                name,
+                {**definition, "instructions": instructions},
+                description=description,
+                create=True,
+            )
+
+        completed = run({"agent": "release-notes", "input": COMPLETED["prompt"]})
         _approve_every_write(completed, approver)
         # The write executes (once approved) and the database refuses its
         # step: the run must fail closed, and is dead-lettered as a write in
@@ -312,7 +349,10 @@ class Command(BaseCommand):
         # Left for the operator: the admin's approvals inbox shows it until
         # it expires (NRLLM_APPROVAL_TIMEOUT_SECONDS), when the reaper ends
         # the run failed, approval_expired.
-        waiting = enqueue(WAITING)
+        waiting = enqueue({"agent": "on-call", "input": WAITING["prompt"]})
+        on_call = AGENTS["on-call"][2]
+        definition = {k: v for k, v in on_call.items() if k != "prompt"}
+        save_agent("on-call", {**definition, "instructions": ON_CALL_V2}, create=False)
         over_budget = enqueue(OVER_BUDGET)
 
         for label, agent_run in [

@@ -1,0 +1,1 @@
+"""Agents: named, versioned definitions that runs are started from (G18)."""

@@ -1,0 +1,170 @@
+"""Starting a run of an agent by name (G18).
+
+A start is ``{"agent": "<name>", "input": "…"}``, optionally with
+``"version": N`` (else the latest), ``"webhook"``, and per-run limits
+(``max_iterations``, ``max_total_tokens``, ``max_cost``) that may only
+lower the version's. It is expanded into the version's whole request —
+its instructions, provider, tools, approvals and limits, with the input
+as the prompt — and enqueued or run like any request, recording the
+version: the run's stored request is that version, so no later edit of
+the agent reaches the run, its retries or its resume.
+
+A body without ``agent`` is a whole request, as before.
+"""
+
+import contextlib
+from decimal import Decimal
+
+from django.conf import settings
+
+from agents.models import Agent, AgentVersion
+from runs.runtime import enqueue as enqueue_request
+from runs.runtime import run as run_request
+from runs.runtime.run_request import InvalidRunRequest
+from tools.canonical import storable_text
+
+#: The fields a start by agent may give.
+START_FIELDS = (
+    "agent",
+    "version",
+    "input",
+    "webhook",
+    "max_iterations",
+    "max_total_tokens",
+    "max_cost",
+)
+_LOWER_ONLY = ("max_iterations", "max_total_tokens", "max_cost")
+
+
+def enqueue(data, **recorded):
+    """``runs.runtime.enqueue`` of ``data``: a whole request, or a start by agent."""
+    request, version = expand(data)
+    with _named(data, version):
+        return enqueue_request(request, agent_version=version, **recorded)
+
+
+def run(data, **recorded):
+    """``runs.runtime.run`` (interactive) of ``data``, as ``enqueue`` takes it."""
+    request, version = expand(data)
+    with _named(data, version):
+        return run_request(request, agent_version=version, **recorded)
+
+
+@contextlib.contextmanager
+def _named(data, version: AgentVersion | None):
+    """A refusal of what the version defined (a tool disabled since it was
+    saved, a price gone) names the version; one of what the start gave
+    names its field (``input`` for the prompt)."""
+    try:
+        yield
+    except InvalidRunRequest as error:
+        if version is None:
+            raise
+        field, _, rest = str(error).partition(":")
+        field = field.split("/")[0]
+        if field == "prompt":
+            raise InvalidRunRequest(f"input:{rest}") from None
+        if field in data:
+            raise
+        raise InvalidRunRequest(
+            f"agent {version.agent.name!r} version {version.number}: {error}"
+        ) from None
+
+
+def expand(data) -> tuple[dict, AgentVersion | None]:
+    """The whole request ``data`` starts and the agent version it came
+    from (None: ``data`` is a whole request, returned as it is). Raises
+    ``InvalidRunRequest`` naming the field for a start that cannot be
+    expanded; the request itself is checked when it is enqueued."""
+    if not isinstance(data, dict) or "agent" not in data:
+        return data, None
+    unknown = sorted(set(data) - set(START_FIELDS))
+    if unknown:
+        raise InvalidRunRequest(
+            f"request: unknown field(s) {unknown} for a start by agent; "
+            f"it takes {list(START_FIELDS)}"
+        )
+    version = _version_of(data)
+    prompt = data.get("input")
+    if not isinstance(prompt, str) or not prompt:
+        raise InvalidRunRequest("input: the run's input is required (a non-empty string)")
+    request = {
+        "prompt": prompt,
+        "tools": list(version.tools),
+        "provider": version.provider,
+        "max_iterations": version.max_iterations,
+    }
+    if version.instructions:
+        request["instructions"] = version.instructions
+    if version.require_approval:
+        request["require_approval"] = list(version.require_approval)
+    if version.max_total_tokens is not None:
+        request["max_total_tokens"] = version.max_total_tokens
+    if version.max_cost is not None:
+        request["max_cost"] = format(version.max_cost.normalize(), "f")
+    webhook = data.get("webhook", version.webhook)
+    if webhook:
+        request["webhook"] = webhook
+    for name in _LOWER_ONLY:
+        if name in data:
+            limit = request.get(name, _deployment_default(name))
+            request[name] = _lowered(name, data[name], limit, version, own=name in request)
+    return request, version
+
+
+def _deployment_default(name: str):
+    """The limit a run of a version that leaves ``name`` blank gets when
+    the start gives none either (None: no limit)."""
+    if name == "max_total_tokens":
+        return settings.NRLLM_RUN_MAX_TOTAL_TOKENS
+    if name == "max_cost":
+        return settings.NRLLM_RUN_MAX_COST
+    return None
+
+
+def _version_of(data: dict) -> AgentVersion:
+    name = data["agent"]
+    if not isinstance(name, str) or not name:
+        raise InvalidRunRequest("agent: an agent's name (a string) is required")
+    if storable_text(name) != name:
+        # No agent is named so (a NUL or a lone surrogate), and the database
+        # would refuse the question rather than answer it.
+        raise InvalidRunRequest(f"agent: no agent named {name[:100]!r}")
+    agent = Agent.objects.select_related("latest").filter(name=name).first()
+    if agent is None or agent.latest is None:
+        raise InvalidRunRequest(f"agent: no agent named {name[:100]!r}")
+    if "version" not in data:
+        return agent.latest
+    number = data["version"]
+    if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+        raise InvalidRunRequest(f"version: {number!r} is not a version number (1, 2, …)")
+    version = agent.versions.filter(number=number).first()
+    if version is None:
+        raise InvalidRunRequest(
+            f"version: agent {name!r} has no version {number} (latest: {agent.latest.number})"
+        )
+    return version
+
+
+def _lowered(name: str, value, limit, version: AgentVersion, *, own: bool):
+    """A per-run limit: as the request parser reads it, and never above the
+    ``limit`` a run of the version gets without it (None: none) — the
+    version's own, or (``own`` false) the deployment's default a version
+    that leaves it blank takes."""
+    if limit is None:
+        return value
+    try:
+        above = (Decimal(str(value)) if name == "max_cost" else value) > (
+            Decimal(limit) if name == "max_cost" else limit
+        )
+    except (ArithmeticError, TypeError, ValueError):
+        return value  # malformed: the request parser names it
+    if above:
+        whose = f"agent {version.agent.name!r} version {version.number}'s {limit}"
+        if not own:
+            whose = (
+                f"the deployment's {limit} (NRLLM_RUN_{name.upper()}), which agent "
+                f"{version.agent.name!r} version {version.number} leaves in force"
+            )
+        raise InvalidRunRequest(f"{name}: {value!r} is above {whose}; a run may only lower it")
+    return value
