@@ -78,7 +78,9 @@ def test_a_zombie_whose_lease_was_taken_adds_nothing_after_the_resumed_attempt(
     plan = [{"calls": [NOTIFY]}, {"calls": [NOTIFY_TOO]}, {"answer": "done {take}"}]
     drifting_model.hold_turn(1)
     agent_run = enqueue(openai_request("ship", plan, ["send_notification"]))
-    zombie = workers.start(NRLLM_LEASE_SECONDS=2)
+    # The forking worker, busy with its one run: a concurrent one has slots
+    # free and would take the requeued run itself, the zombie no zombie.
+    zombie = workers.start(NRLLM_LEASE_SECONDS=2, NRLLM_WORKER_CLASS="runs.worker.Worker")
     assert drifting_model.held.wait(timeout=30)
     # The zombie is alive, blocked in the model call for turn 1.
     report = reap_stale_runs(as_of=later())
