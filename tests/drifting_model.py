@@ -58,6 +58,7 @@ class DriftingModel:
         self._lock = threading.Lock()
         self._failures: dict[int, list[Reply]] = defaultdict(list)
         self._holds: set[int] = set()
+        self._held_always: set[int] = set()
         #: Set when a held request arrives; the test sets ``release`` to answer it.
         self.held = threading.Event()
         self.release = threading.Event()
@@ -69,10 +70,11 @@ class DriftingModel:
         with self._lock:
             self._failures[turn].extend(replies)
 
-    def hold_turn(self, turn: int) -> None:
-        """The next request for ``turn`` waits for ``release`` before it is answered."""
+    def hold_turn(self, turn: int, *, every: bool = False) -> None:
+        """The next request for ``turn`` (``every`` one, until released)
+        waits for ``release`` before it is answered."""
         with self._lock:
-            self._holds.add(turn)
+            (self._held_always if every else self._holds).add(turn)
 
     def __call__(self, body: dict) -> Reply:
         messages = body["messages"]
@@ -85,7 +87,7 @@ class DriftingModel:
             take = next(self._takes)
             self.requests_by_turn[turn] += 1
             failure = self._failures[turn].pop(0) if self._failures[turn] else None
-            hold = turn in self._holds
+            hold = turn in self._holds or turn in self._held_always
             self._holds.discard(turn)
         if hold:
             self.held.set()

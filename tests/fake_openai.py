@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.helpers import serve_in_a_thread
+
 
 @dataclass
 class Reply:
@@ -121,5 +123,5 @@ def start_fake_openai() -> FakeOpenAI:
     fake = FakeOpenAI()
     fake.server = _ManyClientsServer(("127.0.0.1", 0), _handler(fake))
     fake.server.daemon_threads = True
-    threading.Thread(target=fake.server.serve_forever, daemon=True).start()
+    serve_in_a_thread(fake.server)
     return fake

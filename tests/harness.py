@@ -80,6 +80,10 @@ def transaction_pooler(workdir: Path, server_port: int):
         f"logfile = {pooler_dir}/pgbouncer.log\n"
         "ignore_startup_parameters = extra_float_digits,options\n"
         "max_client_conn = 200\ndefault_pool_size = 20\n"
+        # A login refused while the server recovers from a crash is tried
+        # again after this many seconds (15 by default: a test behind the
+        # pooler then waited 15 s, or not, as the crash's timing fell).
+        "server_login_retry = 1\n"
     )
     # PgBouncer refuses to run as root.
     as_postgres = {}

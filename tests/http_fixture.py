@@ -15,6 +15,8 @@ import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.helpers import serve_in_a_thread
+
 
 @dataclass
 class ReceivedRequest:
@@ -204,7 +206,7 @@ def start_http_server(
         tls.sni_callback = lambda _socket, name, _context: state.server_names.append(name)
         state.server.socket = tls.wrap_socket(state.server.socket, server_side=True)
     state.server.daemon_threads = True
-    threading.Thread(target=state.server.serve_forever, daemon=True).start()
+    serve_in_a_thread(state.server)
     return state
 
 

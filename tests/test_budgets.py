@@ -82,7 +82,9 @@ def test_a_run_stops_before_the_call_that_would_cross_its_limit_and_a_resume_cou
         agent_run = enqueue(
             a_request(model, plan, tools, scripted_before={1: server_error}, **limit)
         )
-        workers.start(with_scheduler=True, NRLLM_RETRY_BACKOFF_SECONDS=1)
+        # Retried at once (no backoff): test_crash_recovery.py's scheduler
+        # test waits a backoff out.
+        workers.start(NRLLM_RETRY_BACKOFF_SECONDS=0)
     else:
         if model is not None:
             model.hold_turn(1)

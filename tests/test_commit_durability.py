@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from tests.drifting_model import MODELS, NOTIFY, SEARCH, request_for
 from tests.harness import postgres_server, transaction_pooler
-from tests.helpers import answer, call, manage, scripted, wait_until
+from tests.helpers import answer, call, manage, paused, scripted, wait_until
 
 CRASH_TOOL = "tests.tools_for_tests.WriteDuringServerCrash"
 CRASH_TOOLS = (
@@ -156,17 +156,17 @@ def test_a_claim_a_server_crash_lost_leaves_the_run_queued_and_the_reaper_dispat
 ):
     env = _app_env(worker_env, server_url)
     run_id = _manage(
-        env, "enqueue_run", "-", stdin=json.dumps(scripted(answer("after", delay_seconds=5)))
+        env, "enqueue_run", "-", stdin=json.dumps(scripted(answer("after", delay_seconds=2)))
     )
     wal_writer = _stall_wal_writer(server_url)
     worker = workers.start(burst=True, DATABASE_URL=server_url)
     # Other sessions see the claim at once; the WAL has it only in memory.
     wait_until(lambda: _run(server_url, run_id)["status"] == "running", what="the claim")
-    os.kill(wal_writer, signal.SIGKILL)  # the crash, while the provider answers
-    wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
-
-    lost_claim = {"status": "queued", "lease_token": 0, "steps": []}
-    assert _run(server_url, run_id, *lost_claim) == lost_claim
+    with paused(worker):  # the provider answers after the crash and recovery
+        os.kill(wal_writer, signal.SIGKILL)
+        wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
+        lost_claim = {"status": "queued", "lease_token": 0, "steps": []}
+        assert _run(server_url, run_id, *lost_claim) == lost_claim
     # The worker's attempt ends on its broken connection and settles nothing.
     worker.communicate(timeout=60)
     assert _run(server_url, run_id, *lost_claim) == lost_claim
@@ -294,7 +294,7 @@ def test_a_server_crash_while_the_model_answers_loses_nothing_the_answer_came_fr
     plan = [
         {"calls": [NOTIFY]},
         {"calls": [SEARCH]},
-        {"answer": "after {take}", "delay_seconds": 10},
+        {"answer": "after {take}", "delay_seconds": 2},
     ]
     request = request_for(
         "drifting" if model else "scripted", plan, ["send_notification", "search_notes"]
@@ -307,10 +307,11 @@ def test_a_server_crash_while_the_model_answers_loses_nothing_the_answer_came_fr
     wait_until(
         lambda: _run(server_url, run_id, "steps")["steps"] == every_step, what="the read recorded"
     )
-    # The crash, while the model answers: its 10 s leave the server time to
+    # The crash, while the model answers: the worker waits for the server to
     # recover before the final record goes out.
-    os.kill(wal_writer, signal.SIGKILL)
-    wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
+    with paused(worker):
+        os.kill(wal_writer, signal.SIGKILL)
+        wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
     output = _output_of(worker)
     assert REWRITTEN in output
     expected = {

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.db_proxy import FaultProxy, Rule
-from tests.helpers import answer, call, scripted, wait_until
+from tests.helpers import answer, call, paused, scripted, wait_until
 from tests.test_commit_durability import (  # noqa: F401  (server_url: the crashable server)
     CRASH_TOOLS,
     _app_env,
@@ -106,7 +106,7 @@ def _crashed_while_the_model_answers(server_url, workers, worker_env, after_the_
     env = {**_app_env(worker_env, server_url), "NRLLM_TOOLS": TOOLS}
     request = scripted(
         {**call("search_notes", query="one"), "delay_seconds": 2},
-        answer("after", delay_seconds=10),
+        answer("after", delay_seconds=2),
         tools=["search_notes"],
     )
     run_id = _manage(env, "enqueue_run", "-", stdin=json.dumps(request))
@@ -136,9 +136,10 @@ def _crashed_while_the_model_answers(server_url, workers, worker_env, after_the_
             lambda: _run(server_url, run_id, "steps")["steps"] == ["request", "llm", "tool"],
             what="the read recorded",
         )
-        os.kill(wal_writer, signal.SIGKILL)  # the crash, while the model answers
-        wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
-        after_the_crash(proxy)
+        with paused(worker):  # the crash, while the model answers
+            os.kill(wal_writer, signal.SIGKILL)
+            wait_until(lambda: _restarted_without(server_url, wal_writer), what="crash recovery")
+            after_the_crash(proxy)
         output, _ = worker.communicate(timeout=120)
     finally:
         proxy.close()

@@ -214,7 +214,7 @@ def test_a_hung_tool_delays_no_other_run_a_read_is_a_tool_error_a_write_in_doubt
     hung_write = enqueue(
         scripted_request(
             "hung write",
-            [{"calls": [{"name": "slow_write", "arguments": {"seconds": 4}}]}, {"answer": "ok"}],
+            [{"calls": [{"name": "slow_write", "arguments": {"seconds": 2}}]}, {"answer": "ok"}],
             ["slow_write"],
         )
     )
@@ -369,19 +369,26 @@ def test_more_runs_than_redis_pys_default_pool_keep_their_jobs_books_through_a_r
 
     from runs.dispatch import job_id_for
 
-    runs = [
-        enqueue(openai_request(f"stall {i}", [{"answer": "ok", "delay_seconds": 6}], []))
-        for i in range(110)
-    ]
+    # Every run waits on the model until Redis stalls.
+    drifting_model.hold_turn(0, every=True)
+    runs = [enqueue(openai_request(f"stall {i}", [{"answer": "ok"}], [])) for i in range(110)]
+    connection = Redis(port=own_redis.port)
+    clients_before = len(connection.client_list())  # the worker's come on top
     workers.start(
         **{**CONCURRENT, "NRLLM_WORKER_CONCURRENCY": 110, "NRLLM_LEASE_SECONDS": 10},
         REDIS_URL=settings.REDIS_URL,
     )
     assert wait_until(lambda: running() == 110, 30)
-    connection = Redis(port=own_redis.port)
-    # Writes wait from now until after the last run has ended.
-    connection.execute_command("CLIENT", "PAUSE", 8000, "WRITE")
-    assert wait_until(lambda: unfinished() == 0, 30)
+    assert wait_until(lambda: drifting_model.requests_by_turn[0] == 110, 30)
+    # Writes wait from now until every run has ended and each run's thread
+    # holds a connection of its own, waiting to keep its job's books.
+    connection.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    try:
+        drifting_model.release.set()
+        assert wait_until(lambda: unfinished() == 0, 30)
+        assert wait_until(lambda: len(connection.client_list()) >= clients_before + 110, 30)
+    finally:
+        connection.execute_command("CLIENT", "UNPAUSE")
 
     def books() -> Counter:
         return Counter(

@@ -14,7 +14,7 @@ from runs.operators.requeue_safety import requeue_safety
 from runs.runtime import enqueue, run_queued
 from runs.runtime.journal import JournalUnreplayable, read_journal
 from runs.runtime.run_request import parse_run_request
-from tests.helpers import answer, call, fresh, scripted
+from tests.helpers import answer, call, fresh, run_when_due, scripted
 from tools.contract import idempotency_key_for
 from tools.models import ToolSetting
 
@@ -78,7 +78,7 @@ def test_a_journal_that_no_longer_fits_the_world_dead_letters_the_run_naming_why
     settings.NRLLM_TOOLS = ["tests.tools_for_tests.FenceProbe"]
     agent_run = recorded_a_write_then_failed(tool, **arguments)
     change_the_world(agent_run, settings)
-    run_queued(agent_run.pk)
+    run_when_due(agent_run.pk)
 
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.termination_reason) == ("failed", "journal_unreplayable")
@@ -100,7 +100,7 @@ def test_the_write_audit_page_shows_an_unreplayable_journal_that_holds_a_write(
 ):
     agent_run = recorded_a_write_then_failed("upsert_note", slug="a", body="b")
     ToolSetting.objects.update_or_create(name="upsert_note", defaults={"enabled": False})
-    run_queued(agent_run.pk)
+    run_when_due(agent_run.pk)
     page = operator_client.get("/admin/runs/agentrun/write-audits/").content.decode()
     assert str(agent_run.pk) in page and "journal_unreplayable" in page
     assert "which an operator has disabled since" in page

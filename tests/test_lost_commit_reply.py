@@ -24,7 +24,7 @@ from runs.runtime import enqueue, run_queued
 from tests.db_proxy import FaultProxy, Rule, proxied_connection
 from tests.drifting_model import openai_request, scripted_request
 from tests.fake_openai import error
-from tests.helpers import answer, call, cancelled_once, fresh, scripted, wait_until
+from tests.helpers import answer, call, cancelled_once, fresh, run_when_due, scripted, wait_until
 from tests.test_crash_recovery import later
 from tools.models import Note, OutboxNotification
 
@@ -88,7 +88,7 @@ def test_a_read_step_whose_commit_reply_was_lost_is_not_written_twice(proxy, mod
         "llm",
         "tool",
     ]
-    run_queued(agent_run.pk)  # attempt 2: the retry
+    run_when_due(agent_run.pk)  # attempt 2: the retry
     agent_run = fresh(agent_run)
     assert agent_run.status == "completed", agent_run.error_message
     assert OutboxNotification.objects.count() == 1
@@ -122,7 +122,7 @@ def test_a_read_whose_reply_was_lost_is_never_replayed_as_another_calls_outcome(
     run_queued(agent_run.pk)  # attempt 1
     assert second.fired.is_set()
     assert fresh(agent_run).status == "queued"
-    run_queued(agent_run.pk)  # attempt 2
+    run_when_due(agent_run.pk)  # attempt 2
     agent_run = fresh(agent_run)
     assert agent_run.status == "completed", agent_run.error_message
     searches = list(
@@ -142,7 +142,7 @@ def test_a_resume_step_whose_commit_reply_was_lost_is_recorded_and_counted_once(
     run_queued(agent_run.pk)  # attempt 1: turn 0 and its search recorded, turn 1 fails
     assert fresh(agent_run).status == "queued"
     rule = proxy.add(Rule(b"resumed after step", "drop_reply"))
-    run_queued(agent_run.pk)  # attempt 2: resumes
+    run_when_due(agent_run.pk)  # attempt 2: resumes
     assert rule.fired.is_set()
     agent_run = fresh(agent_run)
     assert agent_run.status == "completed"
@@ -269,7 +269,7 @@ def test_a_write_that_never_started_is_never_left_a_write_in_doubt(proxy):
     else:
         assert (agent_run.status, agent_run.error_type) == ("queued", "StepsNotDurable")
         assert agent_run.pending_effect == ""
-        run_queued(agent_run.pk)  # the retry
+        run_when_due(agent_run.pk)  # the retry
         assert fresh(agent_run).status == "completed"
         assert OutboxNotification.objects.count() == 1
 

@@ -127,7 +127,9 @@ def test_a_model_turn_failing_after_a_write_is_retried_and_each_write_reaches_th
     agent_run = enqueue(
         server.request(model, [SEARCH], [CREATE], [LABEL], ANSWER, scripted_before={2: failure})
     )
-    workers.start(with_scheduler=True, NRLLM_RETRY_BACKOFF_SECONDS=1, **server.tracker.env)
+    # Retried at once (no backoff): what the retry does is the subject here;
+    # test_crash_recovery.py's scheduler test waits a backoff out.
+    workers.start(NRLLM_RETRY_BACKOFF_SECONDS=0, **server.tracker.env)
     wait_until(lambda: fresh(agent_run).is_terminal, timeout=60, what="the retry")
 
     completed_on_its_second_attempt(agent_run, server, model)

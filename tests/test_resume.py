@@ -43,7 +43,9 @@ def test_a_write_recorded_before_a_server_error_is_not_repeated_by_the_retry(
         model.fail_turn(1, error(500))
         request = request_for("drifting", plan, tools)
     agent_run = enqueue(request)
-    workers.start(with_scheduler=True, NRLLM_RETRY_BACKOFF_SECONDS=1)
+    # Retried at once (no backoff): what the retry does is the subject here;
+    # test_crash_recovery.py's scheduler test waits a backoff out.
+    workers.start(NRLLM_RETRY_BACKOFF_SECONDS=0)
     wait_until(lambda: fresh(agent_run).status == "completed", timeout=40, what="the retry")
 
     agent_run.refresh_from_db()

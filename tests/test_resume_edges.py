@@ -21,6 +21,7 @@ from tests.helpers import (
     answer,
     call,
     fresh,
+    run_when_due,
     scripted,
 )
 from tools.contract import Tool
@@ -280,7 +281,7 @@ def test_the_pages_escape_model_text_in_an_unreplayable_journal(operator_client,
     AgentRun.objects.filter(pk=agent_run.pk).update(
         request={**fresh(agent_run).request, "prompt": HOSTILE}, prompt=HOSTILE
     )
-    run_queued(agent_run.pk)
+    run_when_due(agent_run.pk)
     agent_run = fresh(agent_run)
     assert agent_run.termination_reason == "journal_unreplayable"
     for url in (

@@ -15,6 +15,7 @@ from tests.helpers import (
     call,
     cancelled_once,
     fresh,
+    run_when_due,
     scripted,
 )
 from tools.contract import Tool
@@ -177,7 +178,7 @@ def test_a_resumed_attempt_tells_the_model_the_turns_it_was_told_live(fake_opena
     )
     run_queued(agent_run.pk)  # attempt 1: the write, then a 500 (retryable)
     assert fresh(agent_run).status == "queued"
-    run_queued(agent_run.pk)  # attempt 2: resumes
+    run_when_due(agent_run.pk)  # attempt 2: resumes
     assert fresh(agent_run).status == "completed"
     live, resumed = (request["body"]["messages"] for request in fake_openai.requests[1:3])
     assert resumed == live

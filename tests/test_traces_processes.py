@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -26,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from nrllm_ops.tracing import exporters_from_env
 from runs.models import AgentRun
 from runs.runtime import enqueue
-from tests.helpers import ROOT, answer, call, scripted
+from tests.helpers import ROOT, answer, call, scripted, serve_in_a_thread
 
 #: Traces on, over OTLP.
 ON = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
@@ -242,7 +241,7 @@ class _Receiver(BaseHTTPRequestHandler):
 def collector():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     server.received = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_a_thread(server)
     yield server
     server.shutdown()
     server.server_close()

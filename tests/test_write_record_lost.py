@@ -22,7 +22,7 @@ import pytest
 
 from tests.drifting_model import request_for
 from tests.harness import postgres_server
-from tests.helpers import manage, wait_until
+from tests.helpers import manage, paused, wait_until
 
 pytestmark = pytest.mark.worker
 
@@ -123,8 +123,9 @@ def test_a_write_whose_fence_a_failover_lost_is_dead_lettered_in_doubt_never_ret
         done = manage("migrate", "--verbosity=0", env=env)
         assert done.returncode == 0, done.stderr
         write = {"name": name, "arguments": {"to": "ops {take}"}}
-        # The model takes 6 s to ask for the write: time for the snapshot.
-        plan = [{"calls": [write], "delay_seconds": 6}, {"answer": "done {take}"}]
+        # The model takes 2 s to ask for the write, the worker stopped
+        # meanwhile for the snapshot.
+        plan = [{"calls": [write], "delay_seconds": 2}, {"answer": "done {take}"}]
         kind = "drifting" if model else "scripted"
         request = request_for(kind, plan, [name])
         done = manage("enqueue_run", "-", env=env, stdin=json.dumps(request))
@@ -141,7 +142,8 @@ def test_a_write_whose_fence_a_failover_lost_is_dead_lettered_in_doubt_never_ret
         wait_until(lambda: _run(url, run_id)["status"] == "running", what="the claim")
         datadir = Path(server.datadir)
         replica = datadir.parent / "replica"  # where the server's user may write
-        _snapshot(server.port, replica)
+        with paused(worker):
+            _snapshot(server.port, replica)
         wait_until(writes.exists, timeout=60, what="the write")
 
         # The failover: the server's place is taken by the copy, which has

@@ -98,7 +98,9 @@ def test_an_idempotent_write_whose_outcome_is_unknown_is_retried_with_the_same_k
     model, unsure_tools, workers
 ):
     agent_run = enqueue(one_call(model, "unsure_idempotent_write", {"slug": "v{take}"}))
-    workers.start(with_scheduler=True, NRLLM_RETRY_BACKOFF_SECONDS=1)
+    # Retried at once (no backoff): what the retry does is the subject here;
+    # test_crash_recovery.py's scheduler test waits a backoff out.
+    workers.start(NRLLM_RETRY_BACKOFF_SECONDS=0)
     wait_until(lambda: fresh(agent_run).is_terminal, timeout=40, what="the retry")
     done = fresh(agent_run)
     assert (done.status, done.requeue_count, done.lease_token) == ("completed", 1, 2)
