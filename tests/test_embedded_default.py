@@ -4,6 +4,7 @@ no PostgreSQL. The set-up commands run as `make run` runs them."""
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -11,10 +12,28 @@ import sys
 import uuid
 from datetime import datetime, timedelta
 
+import pytest
+
 from runs.management.commands import seed_demo
 from tests.drifting_model import openai_request
 from tests.fake_openai import error
 from tests.helpers import ROOT, WorkerProcess, manage, sqlite_env, wait_until
+
+
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory):
+    """``migrated(path)`` puts at ``path`` a copy of a SQLite database
+    migrated once for the module (a process and most of two seconds each):
+    for the tests whose subject comes after the migrations. ``make run``'s
+    own set-up and the migrations themselves are tested from an empty file."""
+    template = tmp_path_factory.mktemp("migrated") / "template.sqlite3"
+    done = manage("migrate", "--noinput", env=sqlite_env(template))
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def copy_to(path):
+        shutil.copyfile(template, path)
+
+    return copy_to
 
 
 def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
@@ -154,11 +173,11 @@ def test_steps_stay_append_only_on_sqlite_through_every_migration(tmp_path):
     assert "1 write reconciliation(s) belong to runs that retention deleted" in back.stderr
 
 
-def test_unwritten_steps_are_written_in_order_with_the_next_one_on_sqlite(tmp_path):
+def test_unwritten_steps_are_written_in_order_with_the_next_one_on_sqlite(tmp_path, migrated):
     """The ORM's version of the multi-step record (G12), on SQLite: steps the
     database refused go in, in order, ahead of the step recorded next."""
+    migrated(tmp_path / "steps.sqlite3")
     env = sqlite_env(tmp_path / "steps.sqlite3")
-    assert manage("migrate", "--noinput", env=env).returncode == 0
     script = (
         "from runs import transitions\n"
         "run = transitions.create_queued_run({'prompt': 'p'}, 'p')\n"
@@ -250,10 +269,10 @@ def embedded_worker(env):
 
 
 def test_a_retry_waits_for_its_backoff_and_the_embedded_worker_runs_it_when_due(
-    tmp_path, fake_openai, drifting_model
+    tmp_path, fake_openai, drifting_model, migrated
 ):
     env = _embedded_env(tmp_path, fake_openai, NRLLM_RETRY_BACKOFF_SECONDS=2)
-    assert manage("migrate", "--noinput", env=env).returncode == 0
+    migrated(tmp_path / "embedded.sqlite3")
     drifting_model.fail_turn(0, error(429, "slow down"))
     request = openai_request("answer", [{"answer": "done (take {take})"}], tools=[])
     with embedded_worker(env):
@@ -281,13 +300,13 @@ def test_a_retry_waits_for_its_backoff_and_the_embedded_worker_runs_it_when_due(
 
 
 def test_the_embedded_worker_reaps_a_run_whose_process_was_killed_and_it_resumes(
-    tmp_path, fake_openai, drifting_model
+    tmp_path, fake_openai, drifting_model, migrated
 ):
     """The embedded worker executing a run (in a thread of its own) is
     SIGKILLed mid-call; the next embedded worker reaps the run and resumes
     it, its recorded write not executed again."""
     env = _embedded_env(tmp_path, fake_openai, NRLLM_LEASE_SECONDS=2)
-    assert manage("migrate", "--noinput", env=env).returncode == 0
+    migrated(tmp_path / "embedded.sqlite3")
     plan = [
         {"calls": [{"name": "upsert_note", "arguments": {"slug": "s", "body": "v{take}"}}]},
         {"answer": "noted (take {take})"},

@@ -44,14 +44,25 @@ def clients(admin_client, viewer_client):
 
 
 def test_a_malformed_id_in_any_admin_url_is_a_404_or_does_not_exist_never_a_500(clients):
-    server_errors = [
-        (method, url, response.status_code)
-        for bad in MALFORMED
-        for url in _admin_urls(bad)
-        for client in clients
-        for method in ("get", "post")
-        if (response := getattr(client, method)(url, follow=True)).status_code >= 500
-    ]
+    """Every redirect is followed, but the admin's "does not exist" one (to
+    its index, which shows the message naming the id): the index is shown
+    once per client and value, with the messages of all its redirects. (It
+    is the console's heaviest page, and was 700 of the 2,100 requests.)"""
+    index = "/admin/"
+    server_errors = []
+    for bad in MALFORMED:
+        for client in clients:
+            for url in _admin_urls(bad):
+                for method in ("get", "post"):
+                    response = getattr(client, method)(url)
+                    while (
+                        response.status_code in (301, 302, 303, 307, 308) and response.url != index
+                    ):
+                        response = client.get(response.url)
+                    if response.status_code >= 500:
+                        server_errors.append((method, url, response.status_code))
+            if (shown := client.get(index)).status_code >= 500:
+                server_errors.append(("get", f"{index} showing {bad!r}", shown.status_code))
     assert server_errors == []
 
 
