@@ -24,6 +24,7 @@ SIZES = {
         "peer_rounds": 5,
         "queue_runs": 2000,
         "queue_rounds": 3,
+        "queue_workers": 2,
         "scale_runs": 1_000_000,
         "steps_per_run": 10,
         "latency_processes": 20,
@@ -43,9 +44,10 @@ SIZES = {
         "peer_rounds": 1,
         "queue_runs": 40,
         "queue_rounds": 1,
+        "queue_workers": 1,
         "scale_runs": 2000,
         "steps_per_run": 10,
-        "latency_processes": 2,
+        "latency_processes": 1,
         "latency_concurrent": (1, 4),
         "latency_workloads": [(0.2, 2)],
         "recovery_runs": 2,
@@ -127,7 +129,9 @@ def main(argv=None) -> int:
         from django.conf import settings
 
         settings.REDIS_URL = redis_url
-        queue = through_the_queue(size["queue_runs"], size["queue_rounds"], worker_env)
+        queue = through_the_queue(
+            size["queue_runs"], size["queue_rounds"], worker_env, workers=size["queue_workers"]
+        )
         print(json.dumps(queue, indent=2))
         return 0
     if args.only == "latency":
@@ -183,12 +187,18 @@ def main(argv=None) -> int:
     # reaper's requeues must not execute in this process.
     settings.REDIS_URL = redis_url
     _part("through the queue")
-    queue = through_the_queue(size["queue_runs"], size["queue_rounds"], worker_env)
+    queue = through_the_queue(
+        size["queue_runs"], size["queue_rounds"], worker_env, workers=size["queue_workers"]
+    )
     # SimpleWorker's again with no commit waiting for the flush: how close the
     # runs come to bare RQ where the disk is not what limits them.
     with commits_not_waiting_for_the_flush():
         flushless_queue = through_the_queue(
-            size["queue_runs"], size["flushless_rounds"], worker_env, (SIMPLE_WORKER,)
+            size["queue_runs"],
+            size["flushless_rounds"],
+            worker_env,
+            (SIMPLE_WORKER,),
+            workers=size["queue_workers"],
         )
     _part("runs waiting on a model")
     latency = model_latency_figures(

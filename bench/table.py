@@ -34,7 +34,8 @@ def results_table(
     for worker_class, figure in queue["worker_classes"].items():
         table.append(
             {
-                "figure": f"through the queue, 2 rqworkers ({worker_class}), "
+                "figure": f"through the queue, {queue.get('workers', 2)} rqworkers "
+                f"({worker_class}), "
                 f"{figure['runs']} one-step runs (median of rounds {figure['rounds']})",
                 "value": f"{figure['runs_per_second']:.1f} runs/s",
                 "baseline": f"{figure['bare_rq_jobs_per_second']:.1f} bare RQ jobs/s",

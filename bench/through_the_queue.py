@@ -55,9 +55,14 @@ def _drain_with_workers(env: dict, workers: int, worker_class: str, job_ids: lis
 
 
 def through_the_queue(
-    runs: int, rounds: int, worker_env: dict, worker_classes: tuple = tuple(WORKER_CLASSES)
+    runs: int,
+    rounds: int,
+    worker_env: dict,
+    worker_classes: tuple = tuple(WORKER_CLASSES),
+    workers: int = 2,
 ) -> dict:
-    """One-step runs drained by 2 rqworkers, next to bare no-op RQ jobs drained
+    """One-step runs drained by ``workers`` rqworkers (2; the smoke bench's
+    1 spares its start-ups), next to bare no-op RQ jobs drained
     by the same worker class right after, for each worker class; ``rounds``
     such pairs, taken in turn. Reported: the round with the median ratio, so
     drift on a shared machine hits both sides of the ratio alike.
@@ -72,7 +77,7 @@ def through_the_queue(
     samples = {worker_class: [] for worker_class in worker_classes}
     for _ in range(rounds):
         for worker_class in worker_classes:
-            samples[worker_class].append(_queue_round(runs, worker_class, worker_env))
+            samples[worker_class].append(_queue_round(runs, worker_class, worker_env, workers))
     figures = {}
     for worker_class, measured in samples.items():
         figures[worker_class] = {
@@ -83,7 +88,7 @@ def through_the_queue(
             "floor_rounds": [round(m["ratio_to_floor"], 3) for m in measured],
         }
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"worker_classes": figures, "worker_peak_rss_mb": peak_kb / 1024}
+    return {"worker_classes": figures, "workers": workers, "worker_peak_rss_mb": peak_kb / 1024}
 
 
 def _enqueue_many(queue, function: str, arguments: list[tuple]) -> list[str]:
@@ -92,7 +97,7 @@ def _enqueue_many(queue, function: str, arguments: list[tuple]) -> list[str]:
     return [job.id for job in jobs]
 
 
-def _queue_round(runs: int, worker_class: str, worker_env: dict) -> dict:
+def _queue_round(runs: int, worker_class: str, worker_env: dict, workers: int) -> dict:
     from runs.dispatch import job_id_for, run_queue
     from runs.models import AgentRun
     from runs.runtime import enqueue
@@ -104,10 +109,10 @@ def _queue_round(runs: int, worker_class: str, worker_env: dict) -> dict:
     done_before = AgentRun.objects.filter(prompt=prompt, status="completed").count()
     with transaction.atomic():  # one commit for the setup; jobs go out after it
         ours_jobs = [job_id_for(enqueue(request).pk, 0) for _ in range(runs)]
-    ours = _drain_with_workers(worker_env, 2, worker_class, ours_jobs)
+    ours = _drain_with_workers(worker_env, workers, worker_class, ours_jobs)
     done = AgentRun.objects.filter(prompt=prompt, status="completed").count() - done_before
     bare_jobs = _enqueue_many(queue, "bench.tools.noop_job", [()] * runs)
-    bare = _drain_with_workers(worker_env, 2, worker_class, bare_jobs)
+    bare = _drain_with_workers(worker_env, workers, worker_class, bare_jobs)
     # The floor is context, and a rate: half as many jobs measure it as well.
     floor_runs = runs // 2
     with connection.cursor() as cursor:
@@ -119,7 +124,7 @@ def _queue_round(runs: int, worker_class: str, worker_env: dict) -> dict:
     floor_jobs = _enqueue_many(
         queue, "bench.tools.durable_floor_job", [(row,) for row in range(1, floor_runs + 1)]
     )
-    floor = _drain_with_workers(worker_env, 2, worker_class, floor_jobs)
+    floor = _drain_with_workers(worker_env, workers, worker_class, floor_jobs)
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM bench_floor_run WHERE status = 'completed'")
         assert cursor.fetchone()[0] == floor_runs, "a floor job did not make its two commits"
