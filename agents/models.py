@@ -67,7 +67,7 @@ class AgentVersion(models.Model):
 
     def definition(self) -> dict:
         """The version as a definition (``agents.definitions``' format)."""
-        defined = {
+        return {
             "instructions": self.instructions,
             "provider": self.provider,
             "tools": list(self.tools),
@@ -77,4 +77,3 @@ class AgentVersion(models.Model):
             "max_cost": None if self.max_cost is None else format(self.max_cost.normalize(), "f"),
             "webhook": self.webhook,
         }
-        return defined

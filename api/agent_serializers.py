@@ -4,6 +4,7 @@ serializers describe them for the schema and shape the answers."""
 
 from rest_framework import serializers
 
+from agents.definitions import FIELDS
 from agents.models import Agent, AgentVersion
 
 
@@ -18,20 +19,8 @@ class AgentVersionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = AgentVersion
-        fields = [
-            "agent",
-            "number",
-            "instructions",
-            "provider",
-            "tools",
-            "require_approval",
-            "max_iterations",
-            "max_total_tokens",
-            "max_cost",
-            "webhook",
-            "created_by",
-            "created_at",
-        ]
+        # A version's definition is agents.definitions.FIELDS, in its order.
+        fields = ["agent", "number", *FIELDS, "created_by", "created_at"]
         read_only_fields = fields
 
 
