@@ -5,5 +5,5 @@ from django.apps import AppConfig
 
 class AgentsConfig(AppConfig):
     name = "agents"
-    verbose_name = "Agents"
+    verbose_name = "Agent definitions"
     default_auto_field = "django.db.models.BigAutoField"

@@ -11,6 +11,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from nrllm_ops import admin_site
+
 logger = logging.getLogger(__name__)
 
 
@@ -103,5 +105,6 @@ def _in_the_api_shape(django_handler, status_code: int, code: str):
     return handler
 
 
+forbidden = _in_the_api_shape(admin_site.forbidden, 403, "permission_denied")
 not_found = _in_the_api_shape(defaults.page_not_found, 404, "not_found")
 bad_request = _in_the_api_shape(defaults.bad_request, 400, "invalid")

@@ -3,12 +3,17 @@ ours and those Django (users, groups) and knox register alike: an action
 whose selection holds something that is not an id of the model is refused
 with a 400 naming it, and does nothing. Its index is the overview, and
 every page's header counts the calls waiting for approval
-(``runs.admin.overview``)."""
+(``runs.admin.overview``); its app list (the sidebar's navigation) has the
+operator pages too (``runs.admin.navigation``), and a 403 is a page in its
+frame (``forbidden``)."""
 
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.core.exceptions import ValidationError
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views import defaults
 
 
 def malformed_selection(model_admin, request) -> str | None:
@@ -87,6 +92,35 @@ class AdminSite(admin.AdminSite):
 
         return super().index(request, {**index_context(request), **(extra_context or {})})
 
+    def get_app_list(self, request, app_label=None):
+        """Django's, with the operator pages that are no model's list (the
+        approvals inbox, the failed write audits) under the runs' app, first, and
+        each entry marked ``current`` when the page shown is its own: the
+        one whose address is the longest start of this page's (Django marks
+        every entry whose address starts the page's — the runs list too, on
+        the inbox under it)."""
+        from runs.admin.navigation import operator_pages
+
+        # The runs' app first: it is what the console is for.
+        app_list = sorted(
+            super().get_app_list(request, app_label), key=lambda app: app["app_label"] != "runs"
+        )
+        for app in app_list:
+            if app["app_label"] == "runs":
+                app["models"] = sorted(
+                    [*app["models"], *operator_pages(request)], key=lambda entry: entry["name"]
+                )
+        entries = [entry for app in app_list for entry in app["models"]]
+        containing = [
+            entry
+            for entry in entries
+            if entry["admin_url"] and request.path.startswith(entry["admin_url"])
+        ]
+        current = max(containing, key=lambda entry: len(entry["admin_url"]), default=None)
+        for entry in entries:
+            entry["current"] = entry is current
+        return app_list
+
     def register(self, model_or_iterable, admin_class=None, **options):
         admin_class = admin_class or admin.ModelAdmin
         if not issubclass(admin_class, RefusesMalformedSelection):
@@ -100,3 +134,33 @@ class AdminSite(admin.AdminSite):
                 },
             )
         super().register(model_or_iterable, admin_class, **options)
+
+
+def forbidden(request, exception):
+    """The project's 403 (``handler403``): for a staff user, a page in the
+    admin's frame — its header, breadcrumbs and navigation — saying what
+    was refused and leading back (to the page they came from when it is
+    this site's, else the index), not Django's bare "403 Forbidden".
+    Anyone else gets Django's page (the API answers in its own shape:
+    ``api.errors.forbidden``)."""
+    user = getattr(request, "user", None)
+    if not (user is not None and user.is_active and user.is_staff):
+        return defaults.permission_denied(request, exception)
+    came_from = request.headers.get("Referer", "")
+    if came_from == request.build_absolute_uri() or not url_has_allowed_host_and_scheme(
+        came_from, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        came_from = ""
+    reason = exception.args[0] if exception and exception.args else ""
+    return TemplateResponse(
+        request,
+        "admin/forbidden.html",
+        {
+            **admin.site.each_context(request),
+            "title": "Not allowed",
+            "reason": reason if isinstance(reason, str) else "",
+            "came_from": came_from,
+            "index_url": reverse("admin:index"),
+        },
+        status=403,
+    ).render()

@@ -18,13 +18,23 @@ and scrapers read django-rq's queue metrics from ``/metrics`` under
 requests through to them only let a non-ASCII token reach django-rq's
 ``compare_digest``, which raises on one (a 500); a token that is not ASCII
 is a 404 even for staff, so none ever reaches it.
+
+Without ``REDIS_URL`` (the embedded default, ``make run``) there is no RQ
+queue: runs wait in the database for the embedded worker. django-rq would
+still read ``RQ_QUEUES``, whose URL then falls back to a local Redis that is
+none of this deployment's (a 500 when nothing listens there, someone else's
+queue when something does). So every dashboard URL answers, for staff, with
+a page in the admin's frame that says so, and no view of django-rq runs.
 """
 
 import functools
 
+from django.conf import settings
+from django.contrib import admin
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, include, reverse
 from django_rq import urls as django_rq_urls
 
@@ -64,7 +74,8 @@ def superuser_unless_read_only(view, url_name: str):
     """``view`` as a staff user may reach it: as it is when ``url_name`` is
     read-only and the method safe; otherwise only for a superuser — a staff
     user gets 403, anyone else the admin's login page. A non-ASCII token is
-    404 and a restricted ``metrics`` request 400, for superusers too."""
+    404 and a restricted ``metrics`` request 400, for superusers too.
+    Without ``REDIS_URL``, ``no_redis_queue`` instead, whatever the view."""
     read_only = url_name in READ_ONLY_VIEWS
 
     @functools.wraps(view)
@@ -72,6 +83,8 @@ def superuser_unless_read_only(view, url_name: str):
         user = request.user
         if not (user.is_active and user.is_staff):
             return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+        if not settings.REDIS_URL:
+            return no_redis_queue(request)
         if not str(kwargs.get("token") or "").isascii():
             raise Http404("no such token")
         if url_name == "metrics" and RESTRICTING_PARAMETER in request.GET:
@@ -85,6 +98,16 @@ def superuser_unless_read_only(view, url_name: str):
 
     guarded.guards_queue_dashboard = True
     return guarded
+
+
+def no_redis_queue(request):
+    """The dashboard's page where there is no Redis: what runs runs instead,
+    in the admin's frame. Nothing asks Redis; nothing is done."""
+    return TemplateResponse(
+        request,
+        "admin/queue_dashboard_without_redis.html",
+        {**admin.site.each_context(request), "title": "Queue dashboard: no Redis queue"},
+    )
 
 
 def _guarded(pattern: URLPattern) -> URLPattern:

@@ -20,4 +20,6 @@ urlpatterns = [
 
 # Under /api/ a URL no route matches is an error in the API's shape too.
 handler400 = "api.errors.bad_request"
+# In the console, a 403 in the admin's frame with a way back.
+handler403 = "api.errors.forbidden"
 handler404 = "api.errors.not_found"

@@ -9,7 +9,7 @@ from django.db.models.signals import post_migrate, pre_migrate
 
 class RunsConfig(AppConfig):
     name = "runs"
-    verbose_name = "Agent runs"
+    verbose_name = "Runs"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

@@ -1,10 +1,13 @@
 """Prices and budgets in the admin (G17). Every change is an admin log
-entry (Django's own, naming the fields changed); the daily spend is read-only."""
+entry (Django's own, naming the fields changed); the daily spend is read-only,
+a row per day, submitter and model."""
 
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.db.models import Exists, OuterRef, Subquery, Sum
 
+from runs.admin.run_spend import lower_bound, token_text
 from spend.models import DailySpend, ModelPrice, SubmitterBudget
-from spend.usage import money_text
 
 
 @admin.register(ModelPrice)
@@ -60,27 +63,81 @@ class SubmitterBudgetAdmin(admin.ModelAdmin):
     ]
 
 
+#: The columns a day's spend of one submitter and model is keyed by; a key
+#: is spread over up to ``SPEND_SHARDS`` rows (``DailySpend.shard``).
+KEY = ("day", "submitter", "provider", "model")
+#: The counts a key's rows are summed over, each shown as ``total_<name>``.
+SUMMED = ("turns", "input_tokens", "cached_input_tokens", "output_tokens", "cost", "unpriced_turns")
+
+
 @admin.register(DailySpend)
 class DailySpendAdmin(admin.ModelAdmin):
-    list_display = (
-        "day",
-        "submitter",
-        "provider",
-        "model",
-        "turns",
-        "input_tokens",
-        "cached_input_tokens",
-        "output_tokens",
-        "cost_shown",
-    )
+    """A row per day, submitter and model, as the docs and the overview
+    count them: its shards summed. The row listed stands for its key (the
+    key's lowest shard), each total a subquery on the key's unique index,
+    so the list's filters, date drill-down, count and sorting work on the
+    keys as they would on rows; the shards themselves are never listed.
+    The submitter is named (one subquery, not a query per row)."""
+
+    list_display = ("day", "submitter_shown", "model_shown", "turns_shown", "tokens", "cost_shown")
+    list_display_links = None
     list_filter = ("provider", "day")
     date_hierarchy = "day"
 
-    @admin.display(description="cost")
+    def get_queryset(self, request):
+        same_key = DailySpend.objects.filter(**{name: OuterRef(name) for name in KEY}).order_by()
+        totals = {
+            f"total_{name}": Subquery(
+                same_key.values("day").annotate(total=Sum(name)).values("total")
+            )
+            for name in SUMMED
+        }
+        # Not ModelAdmin's: it orders before the totals it orders by exist.
+        return (
+            DailySpend.objects.exclude(Exists(same_key.filter(shard__lt=OuterRef("shard"))))
+            .annotate(
+                **totals,
+                submitter_name=Subquery(
+                    get_user_model().objects.filter(pk=OuterRef("submitter")).values("username")
+                ),
+            )
+            .order_by(*self.get_ordering(request))
+        )
+
+    def changelist_view(self, request, extra_context=None):
+        title = {"title": "Spend per day, submitter and model"}
+        return super().changelist_view(request, {**title, **(extra_context or {})})
+
+    def get_ordering(self, request):
+        # A day's costliest first (an annotation: the ``ordering`` attribute
+        # may only name fields).
+        return ["-day", "-total_cost"]
+
+    @admin.display(description="submitter", ordering="submitter_name")
+    def submitter_shown(self, row: DailySpend) -> str:
+        # DailySpend keeps the command line's turns under submitter 0.
+        if not row.submitter:
+            return "the command line"
+        return row.submitter_name or f"user #{row.submitter} (deleted)"
+
+    @admin.display(description="model", ordering="model")
+    def model_shown(self, row: DailySpend) -> str:
+        return f"{row.provider}/{row.model}"
+
+    @admin.display(description="turns", ordering="total_turns")
+    def turns_shown(self, row: DailySpend) -> int:
+        return row.total_turns
+
+    @admin.display(description="tokens: in (cached) · out", ordering="total_input_tokens")
+    def tokens(self, row: DailySpend) -> str:
+        return (
+            f"{token_text(row.total_input_tokens)} ({token_text(row.total_cached_input_tokens)})"
+            f" · {token_text(row.total_output_tokens)}"
+        )
+
+    @admin.display(description="cost", ordering="total_cost")
     def cost_shown(self, row: DailySpend) -> str:
-        if row.unpriced_turns:
-            return f"≥ {money_text(row.cost)} ({row.unpriced_turns} turn(s) unpriced)"
-        return money_text(row.cost)
+        return lower_bound(row.total_cost, row.total_unpriced_turns)
 
     def has_add_permission(self, request) -> bool:
         return False

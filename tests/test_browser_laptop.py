@@ -1,8 +1,8 @@
 """The console on a laptop and on a desktop (issue #30): at 1366 × 900 and
 1920 × 1080, with Django's app list and the list filters open, nothing that
 matters on the runs list, a failed run's page, a waiting run's page, the
-dead letters, the tools, the approvals inbox and the start form is off the
-screen or cut. Measured from the
+dead letters, the tools, the failed write audits, the daily spends, the
+approvals inbox and the start form is off the screen or cut. Measured from the
 elements' boxes, not read off screenshots: a table's container does not
 scroll sideways (its scrollWidth is its clientWidth), each key element lies
 inside the viewport's width (and, where an operator acts, above the fold),
@@ -10,15 +10,17 @@ and none of them clips its own text. And an operator approves one call and
 denies another from the waiting runs' pages."""
 
 import re
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
 from runs.faults import step_inserts_refused
-from runs.models import ApprovalRequest, DeadLetter
+from runs.models import AgentRun, ApprovalRequest, DeadLetter
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus
+from spend.models import DailySpend
 from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.helpers import answer, call, fresh, scripted
 from tools.models import OutboxNotification
@@ -61,6 +63,16 @@ TABLE_FITS = """selector => {
     viewport: document.documentElement.clientWidth,
     spilling: spilling,
   };
+}"""
+
+#: Whether a selector's element ends inside the content's padding (not
+#: under it, against the viewport's edge); with "" the boxes, to report.
+INSIDE_CONTENT = """selector => {
+  const content = document.querySelector("#content");
+  const inner = content.getBoundingClientRect().right
+    - parseFloat(getComputedStyle(content).paddingRight);
+  if (!selector) return {inner: inner};
+  return document.querySelector(selector).getBoundingClientRect().right <= inner + 1;
 }"""
 
 
@@ -134,6 +146,22 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
     # of its own (Playwright's greenlet) that outlives the test.
     (approval,) = ApprovalRequest.objects.filter(run=waiting)
     operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+    operator.user_permissions.add(Permission.objects.get(codename="view_dailyspend"))
+    in_doubt = AgentRun.objects.get(prompt="Page on-call about the disk")
+    # A day's spend of one submitter and model, spread over shards as
+    # concurrent turns spread it.
+    for shard in (3, 11):
+        DailySpend.objects.create(
+            day=in_doubt.created_at.date(),
+            submitter=0,
+            provider="openai",
+            model="gpt-4o-mini-2024-07-18",
+            shard=shard,
+            turns=2,
+            input_tokens=1200,
+            output_tokens=300,
+            cost=Decimal("0.00054"),
+        )
     base = live_server.url
     with admin_page(base, "olivia", viewport=viewport) as page:
         page.goto(f"{base}/admin/runs/agentrun/")
@@ -202,6 +230,34 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
             "#result_list th.column-enabled",
             "#result_list th.column-hints",
         )
+
+        # The failed write audits, from the navigation: inside the content's
+        # padding, each run's prompt, age and dead letter, the form in view.
+        page.click("#nav-sidebar a[href$='/write-audits/']")
+        expect(page.locator("#nav-sidebar .current-model")).to_have_text("Failed write audits")
+        assert_table_fits(page, "#write-audits")
+        assert page.evaluate(INSIDE_CONTENT, "#write-audits"), page.evaluate(INSIDE_CONTENT, "")
+        audit = f"#audit-{in_doubt.pk}"
+        expect(page.locator(f"{audit} .audit-prompt")).to_have_text("Page on-call about the disk")
+        expect(page.locator(f"{audit} .audit-dead-letter")).to_contain_text("open")
+        assert_shown(
+            page,
+            f"{audit} .audit-prompt",
+            f"{audit} .audit-age",
+            f"{audit} .audit-dead-letter a",
+            f"{audit} .reconcile-outcome",
+            f"{audit} .reconcile-form [type=submit]",
+        )
+        expect(page.locator(f"{audit} input[name=outcome]:checked")).to_have_count(0)
+
+        # Daily spends: one row per day, submitter and model, the cost in view.
+        page.goto(f"{base}/admin/spend/dailyspend/")
+        expect(page.locator("#result_list tbody tr")).to_have_count(1)
+        expect(page.locator("#result_list td.field-submitter_shown")).to_have_text(
+            "the command line"
+        )
+        assert_table_fits(page, "#result_list")
+        assert_shown(page, "#result_list th.column-cost_shown", "#result_list td.field-cost_shown")
 
         # The approvals inbox: the waiting call, approve and deny above the fold.
         page.goto(f"{base}/admin/runs/agentrun/approvals/")

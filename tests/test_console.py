@@ -156,7 +156,7 @@ def test_reconcile_from_the_write_audits_page_then_requeue(operator_client):
         f"{RUNS}{agent_run.pk}/reconcile/",
         {"outcome": "not_applied", "note": "", "next": f"{RUNS}write-audits/"},
     )
-    assert response.status_code == 302
+    assert response.status_code == 400
     assert AgentRun.objects.get(pk=agent_run.pk).reconciliation is None  # note required
     response = operator_client.post(
         f"{RUNS}{agent_run.pk}/reconcile/",
@@ -166,6 +166,45 @@ def test_reconcile_from_the_write_audits_page_then_requeue(operator_client):
     operator_client.post(f"{RUNS}{agent_run.pk}/requeue/", {"note": "resend"})
     assert AgentRun.objects.get(pk=agent_run.pk).status == "completed"
     assert OutboxNotification.objects.count() == 2
+
+
+def test_the_reconcile_form_chooses_no_outcome_and_asks_again_beside_the_field(operator_client):
+    """``applied`` and ``not_applied`` lead to opposite requeues: the form
+    chose "applied" for the operator, who could reconcile without reading."""
+    agent_run = audit_failed_run()
+    for page in (detail(agent_run), f"{RUNS}write-audits/"):
+        content = operator_client.get(page).content.decode()
+        (form,) = re.findall(r'<form[^>]*class="reconcile-form".*?</form>', content, re.S)
+        outcomes = re.findall(r'<input type="radio" name="outcome"[^>]*>', form)
+        assert [re.search(r'value="(\w+)"', radio)[1] for radio in outcomes] == [
+            "applied",
+            "not_applied",
+        ], page
+        # Neither chosen; the browser will not send the form without one.
+        assert all("checked" not in radio and "required" in radio for radio in outcomes), page
+        assert "<select" not in form and "<option" not in form, page
+
+    reconcile = f"{RUNS}{agent_run.pk}/reconcile/"
+    sent = {"note": "the pager shows it", "next": f"{RUNS}write-audits/"}
+    response = operator_client.post(reconcile, sent)
+    assert response.status_code == 400
+    content = html.unescape(response.content.decode())
+    # The error beside the outcome's radios, the note kept, nothing recorded.
+    outcome = re.search(r'<div class="reconcile-outcome">(.*?)</div>\s*<div', content, re.S)[1]
+    assert "Choose whether the write landed: applied or not_applied." in outcome
+    assert 'class="errorlist' in outcome and 'name="outcome"' in outcome
+    assert 'value="the pager shows it"' in content
+    assert f'name="next" value="{RUNS}write-audits/"' in content
+    assert agent_run.pending_call["idempotency_key"] in content  # the write it is about
+    assert 'id="nav-sidebar"' in content  # the admin's frame
+    assert AgentRun.objects.get(pk=agent_run.pk).reconciliation is None
+    assert not AgentRun.objects.get(pk=agent_run.pk).steps.filter(kind="operator").exists()
+    # A value not offered is no choice either.
+    assert operator_client.post(reconcile, {**sent, "outcome": "maybe"}).status_code == 400
+
+    response = operator_client.post(reconcile, {**sent, "outcome": "applied"})
+    assert response.status_code == 302 and response["Location"] == f"{RUNS}write-audits/"
+    assert AgentRun.objects.get(pk=agent_run.pk).reconciliation.outcome == "applied"
 
 
 def test_dismiss_needs_a_note(operator_client):

@@ -7,6 +7,7 @@ import pytest
 from django.core.exceptions import PermissionDenied
 from django.test import RequestFactory
 from django.urls import URLPattern, URLResolver, get_resolver
+from redis import Redis
 from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from rq.registry import FailedJobRegistry
 
@@ -114,6 +115,40 @@ def test_staff_may_still_look_at_the_dashboard(viewer_client, queue, jobs):
         assert viewer_client.get(path).status_code == 200, path
 
 
+def test_without_redis_the_dashboard_says_so_in_the_admins_frame_and_asks_no_redis(
+    viewer_client, admin_client, client, settings
+):
+    """``make run`` has no ``REDIS_URL``; django-rq's ``RQ_QUEUES`` then points
+    at a local Redis that is none of this deployment's (a 500 when nothing
+    listens there). The suite's settings are the same, but ``RQ_QUEUES``
+    points at the test's Redis, where django-rq's views would answer: its
+    home lists the queue, its ``empty`` view empties it."""
+    assert not settings.REDIS_URL
+    redis = Redis.from_url(settings.TEST_REDIS_URL)
+    redis.rpush(f"rq:queue:{settings.NRLLM_QUEUE_NAME}", "someone-elses-job")
+    for who in (viewer_client, admin_client):
+        for method, path in [
+            ("get", DASHBOARD),
+            ("get", f"{DASHBOARD}queues/0/"),
+            ("get", f"{DASHBOARD}stats.json/"),
+            ("post", f"{DASHBOARD}queues/0/empty/"),
+        ]:
+            response = getattr(who, method)(path)
+            assert response.status_code == 200, (method, path)
+            content = response.content.decode()
+            assert 'id="no-redis-queue"' in content, (method, path)
+            assert "<strong>no Redis queue</strong>" in content
+            # The admin's frame: its header, breadcrumbs and navigation.
+            assert 'id="site-name"' in content and 'id="nav-sidebar"' in content
+            assert '<ol class="breadcrumbs">' in content
+            assert "rq:queue" not in content and "Queued Jobs" not in content
+    assert redis.lrange(f"rq:queue:{settings.NRLLM_QUEUE_NAME}", 0, -1) == [b"someone-elses-job"]
+    redis.delete(f"rq:queue:{settings.NRLLM_QUEUE_NAME}")
+    # Still behind the staff check, and not linked from the overview.
+    assert client.get(DASHBOARD).status_code == 302
+    assert 'href="/admin/django-rq/"' not in viewer_client.get("/admin/").content.decode()
+
+
 def test_a_superuser_can_change_the_queue_from_the_dashboard(admin_client, queue, jobs):
     queued, failed = jobs
     for method, path, _ in mutating_requests(queued.id, failed.id):
@@ -173,7 +208,7 @@ def _callbacks(patterns, prefix=""):
 
 
 def test_every_door_into_the_dashboard_is_guarded_and_an_unlisted_view_is_refused(
-    viewer, viewer_client
+    viewer, viewer_client, queue
 ):
     doors = [
         (route, callback)

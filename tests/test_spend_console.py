@@ -19,6 +19,7 @@ from spend.models import DailySpend
 
 RUNS = "/admin/runs/agentrun/"
 OVERVIEW = "/admin/"  # the overview is the admin's index
+DAILY_SPEND = "/admin/spend/dailyspend/"
 XSS = "<script>alert('x')</script>"
 FAKE = {"prompt_tokens": 11, "completion_tokens": 7, "cached_tokens": 0}
 
@@ -71,10 +72,12 @@ def today():
     return database_now().astimezone(UTC).date()
 
 
-def spend_row(day, submitter, model, *, turns, tokens, cost, unpriced=0) -> DailySpend:
-    """A day's spend of one submitter on one model of the ``openai`` provider."""
+def spend_row(day, submitter, model, *, turns, tokens, cost, unpriced=0, shard=0) -> DailySpend:
+    """A day's spend of one submitter on one model of the ``openai`` provider
+    (one of the rows it is spread over: ``shard``)."""
     return DailySpend.objects.create(
         day=day,
+        shard=shard,
         submitter=submitter,
         provider="openai",
         model=model,
@@ -170,7 +173,66 @@ def test_the_overview_charts_and_tables_the_daily_spend_escaped(operator, operat
     # Each name links to its rows in the daily spend list.
     [link] = re.findall(r'<a href="([^"]*submitter=0[^"]*)"', content)
     listed = operator_client.get(html.unescape(link)).content.decode()
-    assert listed.count('class="field-cost_shown"') == 1 and ">0.25<" in listed  # not 40 days ago
+    assert (
+        listed.count('class="field-cost_shown"') == 1 and ">0.25 USD<" in listed
+    )  # not 40 days ago
+
+
+def test_the_daily_spend_list_is_a_row_per_day_submitter_and_model_its_shards_summed(
+    operator, operator_client
+):
+    """A key's spend is spread over shards (``DailySpend.shard``), which the
+    list showed as identical-looking rows, the submitter as ``0``."""
+    operator.user_permissions.add(Permission.objects.get(codename="view_dailyspend"))
+    day = today()
+    for shard, (turns, cost, unpriced) in enumerate([(1, "0.1", 0), (2, "0.2", 1), (3, "0.3", 0)]):
+        spend_row(
+            day,
+            operator.pk,
+            "gpt-4o",
+            turns=turns,
+            tokens=400,
+            cost=cost,
+            unpriced=unpriced,
+            shard=shard + 4,
+        )
+    for shard in (0, 9):
+        spend_row(day, 0, "gpt-4o", turns=1, tokens=100, cost="0.05", shard=shard)
+    spend_row(day - timedelta(days=1), 999, XSS, turns=2, tokens=80, cost="0.01")
+
+    def rows(query=None) -> list[tuple]:
+        content = operator_client.get(DAILY_SPEND, query or {}).content.decode()
+        assert XSS not in content
+        body = re.search(r'<table id="result_list">.*?<tbody>(.*?)</tbody>', content, re.S)[1]
+        return [
+            tuple(
+                text(cell).strip() for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)
+            )
+            for row in re.findall(r"<tr.*?</tr>", body, re.S)
+        ]
+
+    shown_day = f"{day:%b}. {day.day}, {day.year}".replace("May.", "May")
+    # A day's costliest first; the tokens: input (cached) · output.
+    assert rows() == [
+        (shown_day, "olivia", "openai/gpt-4o", "6", "900 (0) · 300", "≥ 0.6 USD (1 unpriced)"),
+        (shown_day, "the command line", "openai/gpt-4o", "2", "150 (0) · 50", "0.1 USD"),
+        (
+            rows()[2][0],
+            "user #999 (deleted)",
+            f"openai/{XSS}",
+            "2",
+            "60 (0) · 20",
+            "0.01 USD",
+        ),
+    ]
+    # The overview's links filter by key; sorting by cost sorts the sums.
+    assert [row[1] for row in rows({"submitter": 0})] == ["the command line"]
+    assert [row[5] for row in rows({"o": "-6"})] == [
+        "≥ 0.6 USD (1 unpriced)",
+        "0.1 USD",
+        "0.01 USD",
+    ]
+    assert "3 daily spends" in operator_client.get(DAILY_SPEND).content.decode()
 
 
 def test_the_overview_and_list_queries_do_not_grow_with_runs_or_spend_rows(
@@ -184,7 +246,8 @@ def test_the_overview_and_list_queries_do_not_grow_with_runs_or_spend_rows(
     spent_run(11, 7, "0.0000975")
     # A submitter that is a user: naming users is one query, however many.
     spend_row(today(), operator.pk, "gpt-4o", turns=1, tokens=18, cost="0.0000975")
-    few = {url: queries_for(url) for url in (RUNS, OVERVIEW)}
+    operator.user_permissions.add(Permission.objects.get(codename="view_dailyspend"))
+    few = {url: queries_for(url) for url in (RUNS, OVERVIEW, DAILY_SPEND)}
     for index in range(30):
         spent_run(11, 7, "0.0000975", unpriced_turns=index % 2)
         day = today() - timedelta(days=index)

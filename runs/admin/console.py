@@ -8,13 +8,16 @@ from django.conf import settings
 from django.db.models import Count, Max, Min, Q
 from django.urls import reverse
 
-from runs.admin.display import shortened
+from runs.admin.display import cut, moment, short_id, shortened, span
+from runs.admin.reconcile import reconcile_form
 from runs.admin.run_spend import spend_by_attempt
 from runs.models import AgentRun, DeadLetter, ProviderCircuit
 from runs.operators.actions import write_in_question
 from runs.selectors import EXECUTED_WRITE, write_audit_runs, writes_in_doubt
 from runs.vocabulary import RunStatus, StepKind
 
+#: A prompt on the write audits page: what the run was asked, in a line or two.
+PROMPT_CHARS = 120
 #: The statuses of runs not yet ended.
 LIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL)
 
@@ -77,21 +80,31 @@ def filtered_url(url: str, **filters) -> str:
     return f"{url}?{urlencode(query)}"
 
 
-def write_audits(limit: int = 200) -> list[dict]:
-    """The rows of the failed-write-audits page (see ``write_audit_runs``)."""
-    runs = write_audit_runs(limit)
+def write_audits(now: datetime, limit: int = 200) -> list[dict]:
+    """The rows of the failed-write-audits page (see ``write_audit_runs``):
+    each run with its prompt, age and newest dead letter, the write in
+    question and, while it is in doubt, the form to reconcile it. Three
+    queries, however many rows."""
+    runs = write_audit_runs(limit).prefetch_related("dead_letters")
     rows = []
     for run in runs:
         call = write_in_question(run)
+        dead_letters = sorted(run.dead_letters.all(), key=lambda letter: letter.created_at)
         rows.append(
             {
                 "run": run,
+                "short_id": short_id(run.pk),
+                "prompt": cut(run.prompt, PROMPT_CHARS),
+                "age": span(now - run.created_at, units=1),
+                "created": moment(run.created_at),
+                "dead_letter": dead_letters[-1] if dead_letters else None,
                 "call": call,
                 "arguments": shortened(call.get("arguments")),
                 "reconciliation": run.reconciliation,
                 "reconcilable": run.is_terminal
                 and bool(run.pending_effect)
                 and run.reconciliation is None,
+                "reconcile_form": reconcile_form(run),
             }
         )
     return rows

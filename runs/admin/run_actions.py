@@ -18,6 +18,7 @@ from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from runs.admin import aftermath
+from runs.admin.reconcile import reconcile_form, reconcile_page
 from runs.models import AgentRun
 from runs.operators import actions as operator_actions
 from runs.operators.lasting_failure import lasting_failure
@@ -149,6 +150,13 @@ class RunActions:
         if not getattr(self, permission)(request):
             raise PermissionDenied
         run = get_object_or_404(AgentRun, pk=run_id)
+        form = request.POST
+        if action == "reconcile":
+            # Sent without a choice or a note: asked again, nothing recorded.
+            reconciling = reconcile_form(run, request.POST)
+            if not reconciling.is_valid():
+                return reconcile_page(self, request, run, reconciling)
+            form = reconciling.cleaned_data
         if action in ("requeue", "restart") and request.POST.get("confirm") != "yes":
             # Asked only where it would go ahead: a refusal says why itself.
             verdict_of = restart_safety if action == "restart" else requeue_safety
@@ -157,7 +165,7 @@ class RunActions:
                     request, [run], verdict_of, restart=action == "restart", action_url=request.path
                 )
         try:
-            result = perform(run, request.user, request.POST)
+            result = perform(run, request.user, form)
         except DatabaseError:
             # The action and its step are one transaction: nothing happened.
             logger.exception("run=%s %s failed on a database error", run_id, action)

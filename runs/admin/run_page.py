@@ -17,6 +17,7 @@ from django.utils.html import format_html
 
 from runs.admin import aftermath, approval_rows, console
 from runs.admin.display import as_text, cut, effect_badge, moment, position_in_words, shortened
+from runs.admin.reconcile import reconcile_form
 from runs.admin.run_columns import error_text, ran_for, why_so
 from runs.admin.run_spend import turn_spend_text
 from runs.models import AgentRun, RunStep
@@ -117,6 +118,7 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "can_requeue": model_admin.has_requeue_permission(request),
         "can_cancel": model_admin.has_cancel_permission(request) and not run.is_terminal,
         "can_reconcile": model_admin.has_reconcile_permission(request),
+        "reconcile_form": reconcile_form(run),
     }
 
 

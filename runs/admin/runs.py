@@ -9,6 +9,7 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 
 from nrllm_ops.admin_site import ReadOnly
 from runs.admin import console, search
@@ -201,7 +202,7 @@ class AgentRunAdmin(
             "admin/runs/write_audits.html",
             {
                 **self._context(request, "Failed write audits and writes in doubt"),
-                "rows": console.write_audits(),
+                "rows": console.write_audits(timezone.now()),
                 "can_reconcile": self.has_reconcile_permission(request),
             },
         )
