@@ -157,9 +157,23 @@ def test_usage_groups_the_recorded_spend_by_day_model_and_user(api, operator, se
         ("?group_by=day&since=20260101", "since"),
         ("?group_by=day&since=2026-W01-1", "since"),
         ("?group_by=day&since=2026-05-01&until=2026-04-01", "until"),
+        # No 30 days before it for the default since; and the calendar's ends.
+        ("?group_by=day&until=0001-01-05", "until"),
+        ("?group_by=day&since=10000-01-01", "since"),
+        ("?group_by=day&since=9999-12-31&until=0001-01-01", "until"),
     ]:
         response = api.get(f"/api/usage/{query}")
-        assert response.status_code == 400 and field in response.json()["detail"]
+        assert response.status_code == 400 and field in response.json()["detail"], query
+    # The calendar's first and last days are days like any other.
+    for query, turns in [
+        ("?group_by=day&since=0001-01-01&until=0001-01-05", 0),
+        ("?group_by=day&until=0001-01-31", 0),
+        ("?group_by=model&since=9999-12-31", 0),
+        ("?group_by=user&since=0001-01-01&until=9999-12-31", 2),
+    ]:
+        response = api.get(f"/api/usage/{query}")
+        assert response.status_code == 200, (query, response.content)
+        assert sum(row["turns"] for row in response.json()) == turns, query
 
     after = scraped()
     output = 'nrllm_tokens_total{kind="output",model="scripted/scripted"}'

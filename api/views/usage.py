@@ -65,12 +65,25 @@ class UsageList(BaseAPIView):
         if group_by not in GROUPS:
             raise ValidationError({"group_by": f"{group_by[:40]!r} is not one of {list(GROUPS)}"})
         until = _day(request, "until")
-        since = _day(request, "since") or (until or database_now().date()) - timedelta(
-            days=DEFAULT_DAYS
-        )
+        since = _day(request, "since") or _default_since(until)
         if until is not None and until < since:
             raise ValidationError({"until": f"{until} is before since ({since})"})
         return Response(UsageSerializer(usage(group_by, since, until), many=True).data)
+
+
+def _default_since(until: date | None) -> date:
+    """``DEFAULT_DAYS`` before ``until`` (or today). An ``until`` too early
+    in the calendar for that is refused, naming it: there is no day before
+    0001-01-01 to count from, and a guess would answer another question."""
+    last = until or database_now().date()
+    if last - date.min < timedelta(days=DEFAULT_DAYS):
+        raise ValidationError(
+            {
+                "until": f"{last} has no {DEFAULT_DAYS} days before it for the default since: "
+                "give since too"
+            }
+        )
+    return last - timedelta(days=DEFAULT_DAYS)
 
 
 def _day(request, name: str) -> date | None:

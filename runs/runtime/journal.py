@@ -24,6 +24,7 @@ from runs.models import AgentRun, ApprovalRequest, RunStep
 from runs.providers.base import ToolCall, Turn
 from runs.runtime.loop import RecordedOutcome, RecordedTurn, StepEvent
 from runs.runtime.run_request import RunRequest
+from runs.selectors import calls_going_live
 from runs.vocabulary import ApprovalStatus, StepKind
 from spend.prices import Usage
 from tools.contract import idempotency_key_for
@@ -97,12 +98,10 @@ class Journal:
         again, which may word it otherwise.)"""
         if not self.turns:
             return False
-        last, number = self.turns[-1], len(self.turns)
-        return any(
-            idempotency_key_for(str(run_id), f"{number}.{index}", call.name, call.arguments)
-            == idempotency_key
-            for index, call in enumerate(last.turn.tool_calls)
-            if index >= len(last.outcomes)
+        last = self.turns[-1]
+        calls = [(call.name, call.arguments) for call in last.turn.tool_calls]
+        return idempotency_key in calls_going_live(
+            run_id, len(self.turns), calls, len(last.outcomes)
         )
 
     @property
