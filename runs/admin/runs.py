@@ -13,6 +13,7 @@ from django.urls import path, reverse
 from nrllm_ops.admin_site import ReadOnly
 from runs.admin import console, search
 from runs.admin.approvals import ApprovalsInbox
+from runs.admin.bulk_actions import BulkRunActions
 from runs.admin.filters import (
     CollapsedChoicesFilter,
     LeaseFilter,
@@ -34,6 +35,7 @@ class AgentRunAdmin(
     ReadOnly,
     OperatorPermissions,
     RunActions,
+    BulkRunActions,
     ApprovalsInbox,
     RunListColumns,
     RunPageFields,
