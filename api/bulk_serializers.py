@@ -2,12 +2,14 @@
 named by id or by the runs list's filters (``api.filters.RunFilter``), at
 most ``runs.operators.bulk.MAX_RUNS`` of them."""
 
+import uuid
+
 from rest_framework import serializers
 
 from api.filters import RunFilter
 from api.serializers import StrictSerializer, TextField
 from runs.models import AgentRun
-from runs.operators.bulk import BULK_ACTIONS, MAX_RUNS
+from runs.operators.bulk import BULK_ACTIONS, MAX_RUNS, Seen
 
 
 def _as_query_value(name: str, value) -> str:
@@ -16,11 +18,8 @@ def _as_query_value(name: str, value) -> str:
         return "true" if value else "false"
     if not isinstance(value, str | int):
         raise serializers.ValidationError({name: "must be a string (as in the runs list's query)"})
-    value = str(value)
-    if "\x00" in value:
-        # PostgreSQL text cannot hold it: refused here, not by the database.
-        raise serializers.ValidationError({name: "must not hold a NUL character"})
-    return value
+    # A NUL is refused by the filter's form field, naming the filter.
+    return str(value)
 
 
 class BulkActionSerializer(StrictSerializer):
@@ -43,6 +42,24 @@ class BulkActionSerializer(StrictSerializer):
     preview = serializers.BooleanField(
         required=False, default=False, help_text="true: each run's verdict, nothing changed"
     )
+    seen = serializers.DictField(
+        child=TextField(),
+        required=False,
+        help_text="run id → the `seen` a preview gave it: a requeue or restart of a run no "
+        "longer so is refused `changed`",
+    )
+
+    def validate_seen(self, value):
+        seen = {}
+        for run_id, shown in value.items():
+            try:
+                key = str(uuid.UUID(run_id))
+            except ValueError:
+                raise serializers.ValidationError({run_id: "not a run id (a UUID)"}) from None
+            seen[key] = Seen.parse(shown)
+            if seen[key] is None:
+                raise serializers.ValidationError({run_id: "not a preview's seen (status:steps)"})
+        return seen
 
     def validate_filter(self, value):
         known = sorted(RunFilter.base_filters)
@@ -70,6 +87,11 @@ class BulkRunResultSerializer(serializers.Serializer):
     ok = serializers.BooleanField(help_text="done (in a preview: would be done)")
     code = serializers.CharField(help_text="the verdict's or the action's code")
     detail = serializers.CharField(help_text="what it did (or will do), or why not")
+    seen = serializers.CharField(
+        allow_null=True,
+        help_text="in a preview: the run as its verdict saw it (null: no such run); give it "
+        "back in `seen` to refuse a run changed since",
+    )
 
 
 class BulkOutcomeSerializer(serializers.Serializer):

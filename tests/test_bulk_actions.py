@@ -21,12 +21,14 @@ from runs.runtime import enqueue
 from runs.vocabulary import RunStatus
 from tests.helpers import answer, call, fresh, scripted
 from tests.test_console import audit_failed_run
-from tests.test_console_actions import messages_on
+from tests.test_console_actions import auth_failed_run, messages_on
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RUNS = "/admin/runs/agentrun/"
 BULK = "/api/runs/bulk/"
+#: A well-formed run id no run has.
+UNKNOWN = "0b6f1d2e-5c3a-4f8e-9d21-7a4b3c2d1e0f"
 
 
 def safe_failed_run(prompt="Summarise the incidents"):
@@ -67,7 +69,7 @@ def row_of(page: str, agent_run) -> str:
 def test_a_bulk_requeue_previews_each_verdict_then_applies_each_under_its_own(
     operator, operator_client
 ):
-    safe, changing = safe_failed_run(), safe_failed_run("Find the outage")
+    safe, changing = safe_failed_run(), auth_failed_run("Find the outage")
     doubt, done = audit_failed_run(), completed_run()
     selected = {
         "action": "requeue_selected",
@@ -97,8 +99,10 @@ def test_a_bulk_requeue_previews_each_verdict_then_applies_each_under_its_own(
     assert len(sql) <= 16, sql
     assert all(operator_steps(run) == 0 for run in (safe, changing, doubt, done))
 
-    # Meanwhile another operator requeued one of them (and it completed).
+    # Meanwhile another operator requeued one of them; it failed again, and
+    # is as safe to requeue as before, but no longer what the preview showed.
     assert operator_actions.requeue(fresh(changing), operator, "").ok
+    assert fresh(changing).status == RunStatus.FAILED
     confirm = {
         **selected,
         **{
@@ -126,6 +130,7 @@ def test_a_bulk_requeue_previews_each_verdict_then_applies_each_under_its_own(
     assert (operator_steps(fresh(doubt)), logged(doubt), fresh(doubt).status) == (0, 0, "failed")
     assert (operator_steps(fresh(done)), logged(done)) == (0, 0)
     assert (operator_steps(fresh(changing)), logged(changing)) == (1, 1)
+    assert fresh(changing).status == RunStatus.FAILED
 
 
 def test_all_runs_matching_the_filter_are_previewed_and_cancelled_within_the_cap(
@@ -179,12 +184,15 @@ def test_all_runs_matching_the_filter_are_previewed_and_cancelled_within_the_cap
     assert (operator_steps(fresh(done)), logged(done)) == (0, 0)
 
 
-def test_the_api_previews_then_applies_each_run_under_its_own_verdict(api, viewer, api_token):
+def test_the_api_previews_then_applies_each_run_under_its_own_verdict(
+    api, operator, viewer, api_token
+):
     from rest_framework.test import APIClient
 
-    safe, doubt, done = safe_failed_run(), audit_failed_run(), completed_run()
-    unknown = "0b6f1d2e-5c3a-4f8e-9d21-7a4b3c2d1e0f"
-    body = {"action": "requeue", "ids": [str(run.pk) for run in (safe, doubt, done)] + [unknown]}
+    safe, changing = safe_failed_run(), auth_failed_run("Find the outage")
+    doubt, done = audit_failed_run(), completed_run()
+    ids = [str(run.pk) for run in (safe, changing, doubt, done)] + [UNKNOWN]
+    body = {"action": "requeue", "ids": ids}
     viewer_api = APIClient()
     viewer_api.credentials(HTTP_AUTHORIZATION=api_token(viewer))
 
@@ -193,51 +201,55 @@ def test_the_api_previews_then_applies_each_run_under_its_own_verdict(api, viewe
     assert viewer_api.post(BULK, body, format="json").status_code == 403
 
     assert preview.status_code == 200, preview.content
-    answer_ = preview.json()
-    assert (answer_["preview"], answer_["runs"], answer_["done"], answer_["refused"]) == (
-        True,
-        4,
-        1,
-        3,
-    )
-    assert answer_["refused_by_code"] == {"write_in_doubt": 1, "status": 1, "not_found": 1}
-    assert [one["code"] for one in answer_["results"]] == [
+    previewed = preview.json()
+    assert (previewed["runs"], previewed["done"], previewed["refused"]) == (5, 2, 3)
+    assert previewed["refused_by_code"] == {"write_in_doubt": 1, "status": 1, "not_found": 1}
+    assert [one["code"] for one in previewed["results"]] == [
+        "safe",
         "safe",
         "write_in_doubt",
         "status",
         "not_found",
     ]
-    assert answer_["results"][0]["detail"].startswith("resumes after step 3")
-    assert all(operator_steps(run) == 0 for run in (safe, doubt, done))
+    assert previewed["results"][0]["detail"].startswith("resumes after step 3")
+    assert all(operator_steps(run) == 0 for run in (safe, changing, doubt, done))
+    # Meanwhile another operator requeued one; it failed again, still safe.
+    assert operator_actions.requeue(fresh(changing), operator, "").ok
 
-    applied = api.post(BULK, {**body, "note": "key rotated"}, format="json").json()
+    seen = {one["id"]: one["seen"] for one in previewed["results"] if one["seen"]}
+    applied = api.post(BULK, {**body, "note": "key rotated", "seen": seen}, format="json").json()
 
-    assert applied["summary"] == "requeued 1; refused 3: write_in_doubt 1, status 1, not_found 1"
-    assert [one["ok"] for one in applied["results"]] == [True, False, False, False]
+    assert applied["summary"] == (
+        "requeued 1; refused 4: changed 1, write_in_doubt 1, status 1, not_found 1"
+    )
+    assert [one["ok"] for one in applied["results"]] == [True, False, False, False, False]
     assert fresh(safe).status == RunStatus.COMPLETED and logged(safe) == 1
     assert fresh(safe).steps.get(kind="operator").result["note"] == "key rotated"
     assert (operator_steps(fresh(doubt)), logged(doubt)) == (0, 0)
+    assert (operator_steps(fresh(changing)), logged(changing)) == (1, 1)
 
-    # By filter: the failed runs (the write in doubt, now alone).
+    # By filter: the failed runs, newest first.
     by_filter = api.post(
         BULK, {"action": "restart", "filter": {"status": "failed"}, "preview": True}, format="json"
     ).json()
-    assert [one["id"] for one in by_filter["results"]] == [str(doubt.pk)]
+    assert [one["id"] for one in by_filter["results"]] == [str(doubt.pk), str(changing.pk)]
 
 
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"action": "delete", "ids": ["0b6f1d2e-5c3a-4f8e-9d21-7a4b3c2d1e0f"]}, "action"),
+        ({"action": "delete", "ids": [UNKNOWN]}, "action"),
         ({"action": "requeue"}, "ids"),
         ({"action": "requeue", "ids": [], "preview": True}, "ids"),
         ({"action": "requeue", "ids": ["not-a-uuid"]}, "ids"),
         ({"action": "requeue", "ids": "0b6f1d2e-5c3a-4f8e-9d21-7a4b3c2d1e0f"}, "ids"),
         ({"action": "requeue", "ids": [f"{n:032x}" for n in range(201)]}, "ids"),
         (
-            {"action": "requeue", "ids": ["0b6f1d2e-5c3a-4f8e-9d21-7a4b3c2d1e0f"], "filter": {}},
+            {"action": "requeue", "ids": [UNKNOWN], "filter": {}},
             "ids",
         ),
+        ({"action": "requeue", "ids": [UNKNOWN], "seen": {UNKNOWN: "failed"}}, "seen"),
+        ({"action": "requeue", "ids": [UNKNOWN], "seen": {"x": "failed:3"}}, "seen"),
         ({"action": "cancel", "filter": {"colour": "red"}}, "filter"),
         ({"action": "cancel", "filter": {"status": "lost"}}, "filter"),
         ({"action": "cancel", "filter": {"tool": "a\x00b"}}, "filter"),

@@ -70,7 +70,8 @@ class RunBulk(BaseAPIView):
         if previewing:
             results = _previewed(action, run_ids)
         else:
-            results = bulk.apply(action, run_ids, request.user, given.get("note", ""))
+            note, seen = given.get("note", ""), given.get("seen", {})
+            results = bulk.apply(action, run_ids, request.user, note, seen)
         tally = Tally.of((one.result.ok, one.result.code) for one in results)
         return Response(
             {
@@ -87,6 +88,7 @@ class RunBulk(BaseAPIView):
                         "ok": one.result.ok,
                         "code": one.result.code,
                         "detail": one.result.detail,
+                        "seen": one.seen,
                     }
                     for one in results
                 ],
@@ -95,16 +97,17 @@ class RunBulk(BaseAPIView):
 
 
 def _previewed(action, run_ids) -> list[RunResult]:
-    """Each run's verdict, in the order asked, as a result that would be."""
-    runs = {run.pk: run for run in bulk.runs_for_preview(AgentRun.objects.filter(pk__in=run_ids))}
-    verdicts = {line.run.pk: line.verdict for line in bulk.preview(action, runs.values())}
+    """Each run's verdict, in the order asked, as a result that would be,
+    with what the verdict saw of the run."""
+    runs = bulk.runs_for_preview(AgentRun.objects.filter(pk__in=run_ids))
+    lines = {line.run.pk: line for line in bulk.preview(action, runs)}
     results = []
     for run_id in run_ids:
-        verdict = verdicts.get(run_id)
-        result = (
-            ActionResult(verdict.allowed, verdict.code, verdict.reason)
-            if verdict is not None
-            else ActionResult(False, "not_found", "no such run")
-        )
-        results.append(RunResult(str(run_id), result))
+        line = lines.get(run_id)
+        if line is None:
+            results.append(RunResult(str(run_id), ActionResult(False, "not_found", "no such run")))
+            continue
+        verdict = line.verdict
+        result = ActionResult(verdict.allowed, verdict.code, verdict.reason)
+        results.append(RunResult(str(run_id), result, str(line.seen)))
     return results
