@@ -82,7 +82,7 @@ class BulkRunActions:
         else:
             tally = Tally.of((one.result.ok, one.result.code) for one in results)
             level = messages.WARNING if tally.refused else messages.SUCCESS
-            self.message_user(request, f"{tally.says(action.done).capitalize()}.", level)
+            self.message_user(request, f"{_first_up(tally.says(action.done))}.", level)
         back = QueryDict(request.POST.get("back", "")).urlencode()
         return HttpResponseRedirect(f"{changelist}?{back}" if back else changelist)
 
@@ -108,7 +108,7 @@ class BulkRunActions:
                 "what_it_does": _WHAT_IT_DOES[action.name],
                 "lines": lines,
                 "tally": tally,
-                "counts": tally.says(f"will {action.name}").replace("will ", "Will ", 1),
+                "counts": _first_up(tally.says(f"will {action.name}")),
                 "warned": any(line.warning for line in lines),
                 "shows_tools": action.name != "cancel",
                 "action_url": action_url,
@@ -118,6 +118,11 @@ class BulkRunActions:
                 "action_checkbox_name": ACTION_CHECKBOX_NAME,
             },
         )
+
+
+def _first_up(text: str) -> str:
+    """A sentence's first letter up, the rest (the codes) as they are."""
+    return text[:1].upper() + text[1:]
 
 
 def too_many_selected() -> str:

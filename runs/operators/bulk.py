@@ -7,8 +7,8 @@ changes nothing. Applying calls the single-run action on each run
 (``runs.operators.actions``), so each run is decided again as it is then,
 through its own guarded transition, and audited as every operator action
 is (G11): a bulk action is only a loop over them. Nothing is done on a
-verdict read earlier: a run the preview saw in another state (a step added,
-its status changed) is refused ``changed``.
+verdict read earlier: a requeue or restart of a run the preview saw in
+another state (a step added, its status changed) is refused ``changed``.
 
 A verdict reads the run's journal, so one bulk action takes at most
 ``MAX_RUNS`` runs; a larger selection is refused whole, nothing done.
