@@ -3,10 +3,12 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from api.views import agents, approvals, audits, providers, runs, tools, usage, webhooks
+from api.views import agents, approvals, audits, bulk, providers, runs, tools, usage, webhooks
 
 urlpatterns = [
     path("runs/", runs.RunListCreate.as_view(), name="api-runs"),
+    # Before runs/<pk>/, whose pattern "bulk" would match.
+    path("runs/bulk/", bulk.RunBulk.as_view(), name="api-runs-bulk"),
     path("runs/<str:pk>/", runs.RunDetail.as_view(), name="api-run"),
     path("runs/<str:pk>/steps/", runs.RunSteps.as_view(), name="api-run-steps"),
     path("runs/<str:pk>/cancel/", runs.RunCancel.as_view(), name="api-run-cancel"),

@@ -2,7 +2,8 @@
 1920 × 1080, with Django's app list and the list filters open, nothing that
 matters on the runs list, a failed run's page, a waiting run's page, the
 dead letters, the tools, the failed write audits, the daily spends, the
-approvals inbox and the start form is off the screen or cut. Measured from the
+approvals inbox, the start form and a bulk requeue's preview is off the
+screen or cut. Measured from the
 elements' boxes, not read off screenshots: a table's container does not
 scroll sideways (its scrollWidth is its clientWidth), each key element lies
 inside the viewport's width (and, where an operator acts, above the fold),
@@ -272,6 +273,21 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         page.goto(f"{base}/admin/runs/agentrun/start/")
         assert_shown(page, "#start-run-form", "#start-run-form [type=submit]")
 
+        # A bulk requeue of every run on the list: its preview, each run's
+        # verdict in a table that fits, the counts and the confirm in view.
+        page.goto(f"{base}/admin/runs/agentrun/")
+        page.check("#action-toggle")
+        page.select_option("select[name=action]", "requeue_selected")
+        page.click("button[name=index]")
+        expect(page.locator("#bulk-counts")).to_have_text(
+            "Will requeue 1; refused 4: status 3, write_in_doubt 1 (of 5 runs)."
+        )
+        assert_table_fits(page, "#bulk-preview")
+        assert_shown(page, "#bulk-counts", "#bulk-preview th", "#confirm-button")
+        expect(page.locator(f"#bulk-{failed.pk}")).to_contain_text("will be requeued: resumes")
+        if viewport == (1366, 900):
+            page.screenshot(path=screenshots / "bulk-preview.png", full_page=True)
+
 
 @pytest.mark.usefixtures("approvals")
 def test_an_operator_approves_one_call_and_denies_another_from_the_runs_pages(
@@ -344,4 +360,4 @@ def test_an_operator_approves_one_call_and_denies_another_from_the_runs_pages(
 
 def test_the_screenshots_of_the_laptop_pages_are_in_the_docs():
     names = {path.name for path in DOCS_SCREENSHOTS.glob("*.png")}
-    assert {"run-detail-waiting.png", "dead-letters.png"} <= names
+    assert {"run-detail-waiting.png", "dead-letters.png", "bulk-preview.png"} <= names

@@ -139,7 +139,7 @@ def test_the_requeue_action_confirms_and_leaves_unsafe_runs_out(operator_client)
     safe, unsafe = safe_failed_run(), audit_failed_run()
     selected = {"action": "requeue_selected", "_selected_action": [safe.pk, unsafe.pk]}
     page = operator_client.post(RUNS, selected).content.decode()
-    assert "will be requeued" in page and "left out:" in page
+    assert "will be requeued" in page and "refused (write_in_doubt):" in page
     assert "may have landed; reconcile it first" in page
     assert "search_notes</code> (read_only)" in page
     operator_client.post(RUNS, {**selected, "confirm": "yes", "note": "batch"})
@@ -217,9 +217,13 @@ def test_dismiss_needs_a_note(operator_client):
     assert (dead_letter.resolution, dead_letter.resolution_note) == ("dismissed", "known outage")
 
 
-def test_cancel_from_the_list(operator_client):
+def test_cancel_from_the_list_asks_first(operator_client):
     agent_run = transitions.create_queued_run({"prompt": "p", "tools": []}, "p")
-    operator_client.post(RUNS, {"action": "cancel_selected", "_selected_action": [agent_run.pk]})
+    selected = {"action": "cancel_selected", "_selected_action": [agent_run.pk]}
+    page = operator_client.post(RUNS, selected).content.decode()
+    assert "will be cancelled:" in page and "queued: cancelled at once, it will not run" in page
+    assert AgentRun.objects.get(pk=agent_run.pk).status == "queued"
+    operator_client.post(RUNS, {**selected, "confirm": "yes", "note": "not needed"})
     assert AgentRun.objects.get(pk=agent_run.pk).status == "cancelled"
 
 

@@ -67,7 +67,7 @@ def test_the_requeue_and_restart_confirmations_say_what_each_will_do(operator_cl
     assert "resumes after step 3; replays 1 writes without repeating them" in page
     restart = operator_client.post(RUNS, {"action": "restart_selected", **selected})
     page = restart.content.decode()
-    assert "from the beginning" in page and "left out:" in page
+    assert "from the beginning" in page and "refused (non_idempotent_executed):" in page
     assert "step 3 executed the non_idempotent_write &#x27;send_notification&#x27;" in page
 
     # Confirmed, the requeue resumes; the notification is not sent again.

@@ -16,10 +16,13 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from nrllm_ops.admin_site import ReadOnly
+from runs.admin.bulk_actions import too_many_selected
 from runs.admin.display import cut, moment, short_id, span
 from runs.admin.run_actions import OperatorPermissions
 from runs.models import AgentRun, DeadLetter
 from runs.operators import actions as operator_actions
+from runs.operators import bulk
+from runs.operators.bulk import BULK_ACTIONS
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety
 
@@ -154,15 +157,17 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     def requeue_selected(self, request, queryset):
         """The runs' own confirmation (each run's verdict, the warning where
         its failure would come again), confirmed to the runs' action."""
-        run_ids = queryset.values_list("run_id", flat=True)
-        runs = list(AgentRun.objects.filter(pk__in=run_ids).order_by("-created_at"))
+        runs = AgentRun.objects.filter(pk__in=queryset.values("run_id"))
         run_admin = self.admin_site.get_model_admin(AgentRun)
-        return run_admin.requeue_confirmation(
+        if bulk.too_many(runs):
+            self.message_user(request, too_many_selected(), messages.ERROR)
+            return None
+        return run_admin.bulk_preview(
             request,
-            runs,
-            requeue_safety,
-            restart=False,
+            BULK_ACTIONS["requeue"],
+            bulk.runs_for_preview(runs),
             action_url=reverse("admin:runs_agentrun_changelist"),
+            back_url=reverse("admin:runs_deadletter_changelist"),
         )
 
     @admin.action(description="Dismiss selected dead letters", permissions=["dismiss"])

@@ -1,5 +1,6 @@
-"""The operator actions on runs in the admin — requeue, restart, cancel and
-reconcile — as the list's actions and the run page's buttons: each a
+"""The operator actions on one run in the admin — requeue, restart, cancel
+and reconcile — as the run page's buttons (the list's actions on many runs
+are ``runs.admin.bulk_actions``): each a
 permission of its own, checked on the server, and each a thin adapter over
 ``runs.operators`` (the functions the API calls). A requeue or restart of a
 run whose failure would likely come again asks first; the message after an
@@ -7,12 +8,11 @@ action says what the run did since (``runs.admin.aftermath``)."""
 
 import logging
 
-from django.contrib import admin, messages
+from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
-from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -21,8 +21,9 @@ from runs.admin import aftermath
 from runs.admin.reconcile import reconcile_form, reconcile_page
 from runs.models import AgentRun
 from runs.operators import actions as operator_actions
+from runs.operators.bulk import BULK_ACTIONS
 from runs.operators.lasting_failure import lasting_failure
-from runs.operators.requeue_safety import requeue_safety, restart_safety
+from runs.operators.requeue_safety import requeue_safety
 
 logger = logging.getLogger(__name__)
 
@@ -54,73 +55,8 @@ class OperatorPermissions:
 
 
 class RunActions:
-    """Mixed into ``AgentRunAdmin``: its actions and the run page's endpoint."""
-
-    @admin.action(
-        description="Requeue selected runs: resume from their journal (safe ones only)",
-        permissions=["requeue"],
-    )
-    def requeue_selected(self, request, queryset):
-        return self._back_in_queue(
-            request, queryset, "requeue_selected", requeue_safety, operator_actions.requeue
-        )
-
-    @admin.action(
-        description="Restart selected runs from the beginning (safe ones only)",
-        permissions=["requeue"],
-    )
-    def restart_selected(self, request, queryset):
-        return self._back_in_queue(
-            request, queryset, "restart_selected", restart_safety, operator_actions.restart
-        )
-
-    def _back_in_queue(self, request, queryset, action, verdict_of, perform):
-        """The confirmation page with each run's verdict (and why running it
-        again may fail the same way), then, confirmed, the action on every
-        run its verdict allows; a message per run says what it did since."""
-        runs = list(queryset)
-        restart = action == "restart_selected"
-        if request.POST.get("confirm") != "yes":
-            return self.requeue_confirmation(request, runs, verdict_of, restart=restart)
-        note = request.POST.get("note", "")
-        word = "restart" if restart else "requeue"
-        for run in runs:
-            result = perform(run, request.user, note)
-            self._say(request, run.pk, word, result, with_run=True)
-        return None
-
-    def requeue_confirmation(self, request, runs, verdict_of, *, restart, action_url=""):
-        """The page that asks before a requeue or restart: each run's verdict,
-        the unsafe ones left out, and a warning where the failure would come
-        again (``lasting_failure``). Confirmed, it posts back with
-        ``confirm=yes`` to ``action_url`` (this URL when empty)."""
-        rows = []
-        for run in runs:
-            verdict = verdict_of(run)
-            warning = lasting_failure(run) if verdict.allowed else ""
-            rows.append({"run": run, "verdict": verdict, "warning": warning})
-        return TemplateResponse(
-            request,
-            "admin/runs/agentrun/requeue_confirmation.html",
-            {
-                **self.admin_site.each_context(request),
-                "title": "Restart runs from the beginning" if restart else "Requeue runs",
-                "opts": self.model._meta,
-                "action": "restart_selected" if restart else "requeue_selected",
-                "action_url": action_url,
-                "restart": restart,
-                "rows": rows,
-                "warned": any(row["warning"] for row in rows),
-                "note": request.POST.get("note", ""),
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-            },
-        )
-
-    @admin.action(description="Cancel selected runs", permissions=["cancel"])
-    def cancel_selected(self, request, queryset):
-        for run in queryset:
-            result = operator_actions.cancel(run, request.user)
-            self._say(request, run.pk, "cancel", result, with_run=True)
+    """Mixed into ``AgentRunAdmin``: the run page's endpoint (the list's
+    actions are ``runs.admin.bulk_actions``)."""
 
     def _say(self, request, run_id, action, result, *, with_run=False):
         """The message after ``action``: done, and what the run did since
@@ -159,10 +95,14 @@ class RunActions:
             form = reconciling.cleaned_data
         if action in ("requeue", "restart") and request.POST.get("confirm") != "yes":
             # Asked only where it would go ahead: a refusal says why itself.
-            verdict_of = restart_safety if action == "restart" else requeue_safety
-            if lasting_failure(run) and verdict_of(run).allowed:
-                return self.requeue_confirmation(
-                    request, [run], verdict_of, restart=action == "restart", action_url=request.path
+            bulk_action = BULK_ACTIONS[action]
+            if lasting_failure(run) and bulk_action.verdict(run).allowed:
+                return self.bulk_preview(
+                    request,
+                    bulk_action,
+                    [run],
+                    action_url=request.path,
+                    back_url=reverse("admin:runs_agentrun_change", args=[run_id]),
                 )
         try:
             result = perform(run, request.user, form)

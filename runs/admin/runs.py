@@ -14,6 +14,7 @@ from django.utils import timezone
 from nrllm_ops.admin_site import ReadOnly
 from runs.admin import console, search
 from runs.admin.approvals import ApprovalsInbox
+from runs.admin.bulk_actions import BulkRunActions
 from runs.admin.filters import (
     CollapsedChoicesFilter,
     LeaseFilter,
@@ -35,6 +36,7 @@ class AgentRunAdmin(
     ReadOnly,
     OperatorPermissions,
     RunActions,
+    BulkRunActions,
     ApprovalsInbox,
     RunListColumns,
     RunPageFields,

@@ -1,0 +1,144 @@
+"""The runs list's actions — requeue, restart, cancel — on many runs at
+once: the selected runs, or all that match the list's filter (Django's
+"select all"), at most ``bulk.MAX_RUNS``. A preview page lists each run's
+verdict and the counts; confirmed, each run goes through its single-run
+action (``runs.operators.bulk``), and one message counts what was done
+and what was refused, by reason. The same page asks before a requeue from
+the dead letters or before one run's requeue whose failure would come
+again (``runs.admin.run_actions``)."""
+
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect, QueryDict
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from runs.operators import bulk
+from runs.operators.bulk import BULK_ACTIONS, BulkAction, Seen, Tally
+
+ACTION_CHECKBOX_NAME = admin.helpers.ACTION_CHECKBOX_NAME
+
+#: What the preview says each action does, above its table.
+_WHAT_IT_DOES = {
+    "requeue": "Each run is checked by the requeue verdict; each safe one resumes from its "
+    "journal — recorded model turns and tool outcomes are replayed, never repeated — and "
+    "continues live after them.",
+    "restart": "Each run is checked by the restart verdict; the safe ones run again from the "
+    "beginning, replaying nothing they recorded, so a run that executed a "
+    "non_idempotent_write is refused.",
+    "cancel": "A queued run or one waiting for approval is cancelled at once; a running one "
+    "stops at its next step boundary. A run that has ended cannot be cancelled.",
+}
+
+
+class BulkRunActions:
+    """Mixed into ``AgentRunAdmin``: the list's actions and their preview."""
+
+    @admin.action(
+        description="Requeue selected runs: resume from their journal (safe ones only)",
+        permissions=["requeue"],
+    )
+    def requeue_selected(self, request, queryset):
+        return self._bulk(request, queryset, BULK_ACTIONS["requeue"])
+
+    @admin.action(
+        description="Restart selected runs from the beginning (safe ones only)",
+        permissions=["requeue"],
+    )
+    def restart_selected(self, request, queryset):
+        return self._bulk(request, queryset, BULK_ACTIONS["restart"])
+
+    @admin.action(description="Cancel selected runs", permissions=["cancel"])
+    def cancel_selected(self, request, queryset):
+        return self._bulk(request, queryset, BULK_ACTIONS["cancel"])
+
+    def _bulk(self, request, queryset, action: BulkAction):
+        """Unconfirmed: the preview of ``queryset`` (the selection, or every
+        run the filter matches). Confirmed: the action on the runs the
+        preview listed — by id, so a run that left the filter meanwhile is
+        still counted — each decided again."""
+        changelist = reverse("admin:runs_agentrun_changelist")
+        if request.POST.get("confirm") != "yes":
+            if bulk.too_many(queryset):
+                self.message_user(request, too_many_selected(), messages.ERROR)
+                return None
+            return self.bulk_preview(
+                request,
+                action,
+                bulk.runs_for_preview(queryset),
+                action_url=changelist,
+                back=request.GET.urlencode(),
+            )
+        run_ids = list(dict.fromkeys(request.POST.getlist(ACTION_CHECKBOX_NAME)))
+        if len(run_ids) > bulk.MAX_RUNS:
+            self.message_user(request, too_many_selected(), messages.ERROR)
+            return None
+        results = bulk.apply(
+            action, run_ids, request.user, request.POST.get("note", ""), _seen(request, run_ids)
+        )
+        if len(results) == 1:
+            # One run: what it did since, as its page's buttons say.
+            (one,) = results
+            self._say(request, one.run_id, action.name, one.result, with_run=True)
+        else:
+            tally = Tally.of((one.result.ok, one.result.code) for one in results)
+            level = messages.WARNING if tally.refused else messages.SUCCESS
+            self.message_user(request, f"{_first_up(tally.says(action.done))}.", level)
+        back = QueryDict(request.POST.get("back", "")).urlencode()
+        return HttpResponseRedirect(f"{changelist}?{back}" if back else changelist)
+
+    def bulk_preview(self, request, action: BulkAction, runs, *, action_url, back="", back_url=""):
+        """The page that asks before ``action``: each run's verdict (the
+        warning where its failure would come again) and the counts.
+        Confirmed, it posts ``confirm=yes``, the runs and what the preview
+        saw of each to ``action_url``; after the action the list comes
+        back with the query ``back``. Its Back link leads to ``back_url``
+        (the runs list with ``back``)."""
+        changelist = reverse("admin:runs_agentrun_changelist")
+        lines = bulk.preview(action, runs)
+        tally = Tally.of((line.verdict.allowed, line.verdict.code) for line in lines)
+        return TemplateResponse(
+            request,
+            "admin/runs/agentrun/bulk_preview.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"{action.name.capitalize()} runs",
+                "opts": self.model._meta,
+                "action": action,
+                "action_field": f"{action.name}_selected",
+                "what_it_does": _WHAT_IT_DOES[action.name],
+                "lines": lines,
+                "tally": tally,
+                "counts": _first_up(tally.says(f"will {action.name}")),
+                "warned": any(line.warning for line in lines),
+                "shows_tools": action.name != "cancel",
+                "action_url": action_url,
+                "back": back,
+                "back_url": back_url or (f"{changelist}?{back}" if back else changelist),
+                "note": request.POST.get("note", ""),
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            },
+        )
+
+
+def _first_up(text: str) -> str:
+    """A sentence's first letter up, the rest (the codes) as they are."""
+    return text[:1].upper() + text[1:]
+
+
+def too_many_selected() -> str:
+    return (
+        f"Nothing was done: more than {bulk.MAX_RUNS} runs are selected, and one bulk action "
+        f"takes at most {bulk.MAX_RUNS} (each run's verdict reads its journal). Narrow the "
+        "filter (by date, say) and select again."
+    )
+
+
+def _seen(request, run_ids) -> dict:
+    """What the preview saw of each run, as it posted it. One it cannot
+    have posted is taken as changed: never as nothing to compare."""
+    seen = {}
+    for run_id in run_ids:
+        posted = request.POST.get(f"seen-{run_id}")
+        if posted is not None:
+            seen[run_id] = Seen.parse(posted) or Seen("", -1)
+    return seen
