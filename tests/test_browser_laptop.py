@@ -15,8 +15,10 @@ import pytest
 from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
+from agents.models import Agent, AgentVersion
+from runs.admin.runs import AgentRunAdmin
 from runs.faults import step_inserts_refused
-from runs.models import ApprovalRequest, DeadLetter
+from runs.models import AgentRun, ApprovalRequest, DeadLetter
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus
 from tests.browser import DOCS_SCREENSHOTS, admin_page
@@ -30,6 +32,10 @@ HEX = "5099e50086331ecde38760824" * 4
 LONG_PROMPT = (
     "Go through every incident note of the last quarter, group them by the "
     "service they hit and summarise each group for the weekly report"
+)
+ROTA_PROMPT = (
+    "Read the postmortems of the week, list the follow-ups still open and who "
+    "owns each of them, then draft the reminder for the team's channel"
 )
 
 #: For a selector: its box, the viewport's size, and whether it clips its
@@ -52,8 +58,12 @@ TABLE_FITS = """selector => {
   const table = document.querySelector(selector);
   const container = table.parentElement;
   // A cell, or anything in it that scrolls (the admin's pre does): cut.
+  // What is cut with "…" on purpose, whole in its tooltip, is not spilling.
+  const cutOnPurpose = cell => getComputedStyle(cell).textOverflow === "ellipsis"
+    && cell.closest("[title]");
   const spilling = [...table.querySelectorAll("td, td *")]
     .filter(cell => cell.clientWidth && cell.scrollWidth > cell.clientWidth + 1)
+    .filter(cell => !cutOnPurpose(cell))
     .map(cell => cell.tagName + ": " + cell.textContent.trim().slice(0, 40));
   return {
     scroll: container.scrollWidth, client: container.clientWidth,
@@ -75,6 +85,17 @@ def assert_shown(page, *selectors, above_the_fold=False):
         assert not box["clips"], (selector, box)
         if above_the_fold:
             assert box["top"] >= 0 and box["bottom"] <= height, (selector, box)
+
+
+#: The rows of the runs list whose box ends above the fold, and the tallest.
+ROWS_IN_VIEW = """() => {
+  const rows = [...document.querySelectorAll("#result_list tbody tr")];
+  return {
+    above_the_fold: rows.filter(row => row.getBoundingClientRect().bottom <= innerHeight).length,
+    tallest: Math.max(...rows.map(row => row.getBoundingClientRect().height)),
+    line: parseFloat(getComputedStyle(rows[0].querySelector("td")).lineHeight),
+  };
+}"""
 
 
 def assert_table_fits(page, selector):
@@ -124,6 +145,30 @@ def runs_of_each_kind():
     return fresh(failed), fresh(waiting)
 
 
+def more_runs(submitter) -> None:
+    """Twenty failed runs with long prompts and errors, by ``submitter``,
+    every other one started from an agent: a list a page long."""
+    agent = Agent.objects.create(name="incident-summariser")
+    version = AgentVersion.objects.create(
+        agent=agent, number=3, provider={"kind": "scripted"}, max_iterations=5
+    )
+    AgentRun.objects.bulk_create(
+        AgentRun(
+            request={"provider": {"kind": "openai", "model": "gpt-4o-mini-2024-07-18"}},
+            prompt=f"({number}) {ROTA_PROMPT}",
+            status=RunStatus.FAILED,
+            termination_reason="not_retryable",
+            failure_class="auth",
+            error_type="ProviderError",
+            error_message="the provider refused the key: " + HEX,
+            mode="queued",
+            submitted_by=submitter,
+            agent_version=version if number % 2 else None,
+        )
+        for number in range(20)
+    )
+
+
 @pytest.mark.parametrize("viewport", [(1366, 900), (1920, 1080)], ids=["laptop", "desktop"])
 def test_each_console_page_fits_the_screen_with_what_matters_in_view(
     live_server, operator, runs_of_each_kind, monkeypatch, screenshots, viewport
@@ -134,13 +179,28 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
     # of its own (Playwright's greenlet) that outlives the test.
     (approval,) = ApprovalRequest.objects.filter(run=waiting)
     operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+    more_runs(operator)
     base = live_server.url
     with admin_page(base, "olivia", viewport=viewport) as page:
         page.goto(f"{base}/admin/runs/agentrun/")
-        expect(page.locator("#result_list tbody tr")).to_have_count(5)
+        expect(page.locator("#result_list tbody tr")).to_have_count(25)
         assert_table_fits(page, "#result_list")
-        columns = ["run_id_shown", "prompt_shown", "status_shown", "age", "spend", "last_error"]
+        # Every column in view (test_console_lists.py pins which, in order).
+        columns = AgentRunAdmin.list_display
         assert_shown(page, *[f"#result_list th.column-{name}" for name in columns])
+        # A row is one line, each status in view (issue #41). With these
+        # prompts and errors wrapped, 5 rows showed above the fold at 1366 px
+        # and 14 at 1920; one line a row, 19 and 25.
+        rows = page.evaluate(ROWS_IN_VIEW)
+        assert rows["tallest"] <= rows["line"] + 14, rows  # its padding, no second line
+        assert rows["above_the_fold"] >= (18 if viewport == (1366, 900) else 24), rows
+        assert_shown(page, *[f"#result_list tbody tr:nth-child({n}) .run-status" for n in (1, 18)])
+        agent_row = page.locator("#result_list tbody tr", has_text="(19)")
+        expect(agent_row.locator(".run-model")).to_have_text("incident-summariser v3")
+        expect(agent_row.locator(".run-by")).to_have_text("olivia")
+        expect(agent_row.locator(".run-prompt")).to_have_attribute("title", f"(19) {ROTA_PROMPT}")
+        model_row = page.locator("#result_list tbody tr", has_text="(18)")
+        expect(model_row.locator(".run-model")).to_have_text("gpt-4o-mini-2024-07-18")
         row = page.locator("#result_list tbody tr", has_text="Summarise the incidents")
         expect(row.locator(".run-id")).to_have_text(str(failed.pk)[:8])
         expect(row.locator(".run-why")).to_have_text("not_retryable · auth")

@@ -46,6 +46,8 @@ class AgentRunAdmin(
         "run_id_shown",
         "prompt_shown",
         "status_shown",
+        "submitter_shown",
+        "model_shown",
         "age",
         "spend",
         "last_error",
@@ -134,8 +136,14 @@ class AgentRunAdmin(
 
     def get_queryset(self, request):
         # A write in doubt is shown on the list: its reconciliations in one
-        # query for the page, not one per row.
-        return super().get_queryset(request).prefetch_related("reconciliations")
+        # query for the page, not one per row; the submitter and the agent
+        # version in the page's own query (joined), not one per row either.
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("submitted_by", "agent_version__agent")
+            .prefetch_related("reconciliations")
+        )
 
     def get_search_results(self, request, queryset, search_term):
         return search.search_runs(queryset, search_term), False
