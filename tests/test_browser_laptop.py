@@ -18,9 +18,9 @@ from playwright.sync_api import expect
 from agents.models import Agent, AgentVersion
 from runs.admin.runs import AgentRunAdmin
 from runs.faults import step_inserts_refused
-from runs.models import AgentRun, ApprovalRequest, DeadLetter
+from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus
+from runs.vocabulary import ApprovalStatus, RunStatus, StepKind
 from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.helpers import answer, call, fresh, scripted
 from tools.models import OutboxNotification
@@ -96,6 +96,29 @@ ROWS_IN_VIEW = """() => {
     line: parseFloat(getComputedStyle(rows[0].querySelector("td")).lineHeight),
   };
 }"""
+
+
+#: For each element ``selector`` matches: its text and the character each
+#: of its lines ends with but the last (where the browser broke it).
+LINE_ENDS = """selector => [...document.querySelectorAll(selector)].map(element => {
+  const ends = [];
+  let top = null, before = "";
+  const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const at = range.getBoundingClientRect().top;
+      if (top !== null && at > top + 2) ends.push(before);
+      top = at;
+      before = node.data[i];
+    }
+  }
+  return {text: element.textContent, ends: ends};
+})"""
+#: A tool's name longer than its column: where may it break?
+LONG_TOOL = "incident_tracker.create_follow_up_for_postmortem_reviews"
 
 
 def assert_table_fits(page, selector):
@@ -180,6 +203,17 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
     (approval,) = ApprovalRequest.objects.filter(run=waiting)
     operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
     more_runs(operator)
+    # A tool call after the waiting run's turn, its name longer than its column.
+    RunStep.objects.create(
+        run=waiting,
+        sequence=waiting.step_count + 1,
+        kind=StepKind.TOOL,
+        tool_name=LONG_TOOL,
+        effect="read_only",
+        arguments={"ticket": HEX},
+        result={"ok": True},
+        lease_token=waiting.lease_token,
+    )
     base = live_server.url
     with admin_page(base, "olivia", viewport=viewport) as page:
         page.goto(f"{base}/admin/runs/agentrun/")
@@ -232,6 +266,13 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         for table in ("#attempts", "#steps"):
             assert_table_fits(page, table)
         assert_shown(page, "#failed-model-call")
+        # The trace (issue #41): each step but the request says how long it
+        # took; the failed call points to the error above, not repeating it.
+        expect(page.locator("#step-1 .step-took")).to_have_text("")
+        expect(page.locator("#step-1 .request-link")).to_have_attribute("href", "#request-json")
+        for sequence in (2, 3):
+            expect(page.locator(f"#step-{sequence} .step-took")).to_have_text(re.compile(r"\d s$"))
+        assert_shown(page, "#step-3 .step-took", "#step-2 .step-actions", "#failed-model-call a")
 
         # A waiting run: its calls, approve and deny above the fold.
         page.goto(f"{base}/admin/runs/agentrun/{waiting.pk}/change/")
@@ -245,6 +286,11 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         )
         expect(page.locator(f"{call_box} .call-position")).to_have_text("call 1 of turn 1")
         assert_table_fits(page, "#steps")
+        # Tool names break only at their own "_" or ".", never mid-word.
+        names = {name["text"]: name["ends"] for name in page.evaluate(LINE_ENDS, ".tool-name")}
+        long_name_ends = names.pop(LONG_TOOL)
+        assert long_name_ends and set(long_name_ends) <= {"_", "."}, long_name_ends
+        assert names and not any(names.values()), names  # the short ones on one line
 
         page.goto(f"{base}/admin/runs/deadletter/")
         assert_table_fits(page, "#result_list")

@@ -60,7 +60,7 @@ def test_a_runs_row_says_which_run_what_it_was_asked_where_it_stands_and_why(ope
     assert '<small class="run-why">not_retryable · auth</small>' in row
     assert "ProviderError: scripted auth failure" in row
     # Submitted from the command line, by nobody; the scripted provider.
-    assert '<span class="run-by" title="no user: command line">command line</span>' in row
+    assert '<span class="run-by" title="no user: command line">-</span>' in row
     assert '<span class="model-name">scripted</span>' in row
     # Created to the second, with the zone, in the age's tooltip.
     assert re.search(r'title="created \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"', row)

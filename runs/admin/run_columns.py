@@ -58,8 +58,9 @@ class RunListColumns:
     def submitter_shown(self, run: AgentRun):
         """Who submitted the run; how, for a run nobody did (the command line)."""
         if run.submitted_by_id is None:
-            via = run.get_submitted_via_display().lower() or "-"
-            return format_html('<span class="run-by" title="no user: {}">{}</span>', via, via)
+            # Nobody: the command line (or a row older than submitters).
+            via = run.get_submitted_via_display().lower() or "unknown"
+            return format_html('<span class="run-by" title="no user: {}">-</span>', via)
         name = run.submitted_by.get_username()
         return format_html('<span class="run-by" title="{}">{}</span>', name, name)
 

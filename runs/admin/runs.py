@@ -78,10 +78,21 @@ class AgentRunAdmin(
     show_full_result_count = False
     list_per_page = 50
     actions = ["requeue_selected", "restart_selected", "cancel_selected"]
+    # The run's error is the summary's (runs/admin/run_page.py): not again here.
     fieldsets = [
         (
             "Request",
-            {"fields": ["prompt", "id", "agent_shown", "mode", "submitted_by", "submitted_via"]},
+            {
+                "fields": [
+                    "prompt",
+                    "run_id_full",
+                    "agent_shown",
+                    "mode",
+                    "submitted_by",
+                    "submitted_via",
+                    "request_shown",
+                ]
+            },
         ),
         (
             "Outcome",
@@ -90,9 +101,7 @@ class AgentRunAdmin(
                     "status",
                     "termination_reason",
                     "failure_class",
-                    "error_type",
-                    "llm_latency_ms",
-                    "error_message",
+                    "model_time_shown",
                     "output",
                 ]
             },
@@ -117,12 +126,12 @@ class AgentRunAdmin(
             {
                 "classes": ["collapse"],
                 "fields": [
-                    "pending_effect",
+                    "fence_shown",
                     "lease_owner",
                     "lease_expires_shown",
-                    "lease_token",
-                    "requeue_count",
-                    "journal_begins_after",
+                    "attempt_shown",
+                    "requeues_shown",
+                    "journal_shown",
                     "created_shown",
                     "started_shown",
                     "finished_shown",
