@@ -151,6 +151,7 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "webhook_deliveries": deliveries_of(run.pk),  # G19
         "can_requeue": model_admin.has_requeue_permission(request),
         "can_cancel": model_admin.has_cancel_permission(request) and not run.is_terminal,
+        "can_start_runs": request.user.has_perm("runs.add_agentrun"),  # "run again"
         "can_reconcile": model_admin.has_reconcile_permission(request),
     }
 
