@@ -20,6 +20,7 @@ from django.conf import settings
 from agents.models import Agent, AgentVersion
 from runs.runtime import enqueue as enqueue_request
 from runs.runtime import run as run_request
+from runs.runtime.json_text import shown
 from runs.runtime.run_request import InvalidRunRequest
 from tools.canonical import storable_text
 
@@ -67,7 +68,7 @@ def _named(data, version: AgentVersion | None):
         if field in data:
             raise
         raise InvalidRunRequest(
-            f"agent {version.agent.name!r} version {version.number}: {error}"
+            f"agent {shown(version.agent.name)} version {version.number}: {error}"
         ) from None
 
 
@@ -81,8 +82,8 @@ def expand(data) -> tuple[dict, AgentVersion | None]:
     unknown = sorted(set(data) - set(START_FIELDS))
     if unknown:
         raise InvalidRunRequest(
-            f"request: unknown field(s) {unknown} for a start by agent; "
-            f"it takes {list(START_FIELDS)}"
+            f"request: unknown field(s) {shown(unknown)} for a start by agent; "
+            f"it takes {shown(list(START_FIELDS))}"
         )
     version = _version_of(data)
     prompt = data.get("input")
@@ -129,19 +130,19 @@ def _version_of(data: dict) -> AgentVersion:
     if storable_text(name) != name:
         # No agent is named so (a NUL or a lone surrogate), and the database
         # would refuse the question rather than answer it.
-        raise InvalidRunRequest(f"agent: no agent named {name[:100]!r}")
+        raise InvalidRunRequest(f"agent: no agent named {shown(name[:100])}")
     agent = Agent.objects.select_related("latest").filter(name=name).first()
     if agent is None or agent.latest is None:
-        raise InvalidRunRequest(f"agent: no agent named {name[:100]!r}")
+        raise InvalidRunRequest(f"agent: no agent named {shown(name[:100])}")
     if "version" not in data:
         return agent.latest
     number = data["version"]
     if not isinstance(number, int) or isinstance(number, bool) or number < 1:
-        raise InvalidRunRequest(f"version: {number!r} is not a version number (1, 2, …)")
+        raise InvalidRunRequest(f"version: {shown(number)} is not a version number (1, 2, …)")
     version = agent.versions.filter(number=number).first()
     if version is None:
         raise InvalidRunRequest(
-            f"version: agent {name!r} has no version {number} (latest: {agent.latest.number})"
+            f"version: agent {shown(name)} has no version {number} (latest: {agent.latest.number})"
         )
     return version
 
@@ -160,11 +161,11 @@ def _lowered(name: str, value, limit, version: AgentVersion, *, own: bool):
     except (ArithmeticError, TypeError, ValueError):
         return value  # malformed: the request parser names it
     if above:
-        whose = f"agent {version.agent.name!r} version {version.number}'s {limit}"
+        whose = f"agent {shown(version.agent.name)} version {version.number}'s {limit}"
         if not own:
             whose = (
                 f"the deployment's {limit} (NRLLM_RUN_{name.upper()}), which agent "
-                f"{version.agent.name!r} version {version.number} leaves in force"
+                f"{shown(version.agent.name)} version {version.number} leaves in force"
             )
-        raise InvalidRunRequest(f"{name}: {value!r} is above {whose}; a run may only lower it")
+        raise InvalidRunRequest(f"{name}: {shown(value)} is above {whose}; a run may only lower it")
     return value

@@ -125,7 +125,7 @@ def test_a_concurrent_double_post_with_one_key_creates_one_run(operator, api_tok
         ('{"prompt": ', "application/json", 400, "JSON parse error"),
         ("[1, 2]", "application/json", 400, "must be a JSON object"),
         (json.dumps({**GOOD, "prompt": 5}), "application/json", 400, "prompt: 5 is not of type"),
-        (json.dumps({**GOOD, "extra": 1}), "application/json", 400, "'extra' was unexpected"),
+        (json.dumps({**GOOD, "extra": 1}), "application/json", 400, '"extra" was unexpected'),
         (json.dumps({**GOOD, "tools": ["nope"]}), "application/json", 400, "unknown tool(s)"),
         (
             json.dumps({**GOOD, "prompt": "x" * 2_000_000}),

@@ -178,16 +178,36 @@ def test_an_operator_starts_a_run_from_the_form_at_laptop_width_and_lands_on_its
         for selector in ("#id_prompt", "#id_tools", "#id_provider", "#id_turns"):
             box = page.locator(selector).bounding_box()
             assert box["x"] >= 0 and box["x"] + box["width"] <= 1366, (selector, box)
+        # Aligned (issue #41): every field, and its help, starts at one x.
+        fields = ["#id_agent", "#id_prompt", "#id_tools", "#id_provider", "#id_turns"]
+        fields += ["#id_require_approval", "#id_max_cost", "#id_prompt_helptext"]
+        lefts = {selector: page.locator(selector).bounding_box()["x"] for selector in fields}
+        assert max(lefts.values()) - min(lefts.values()) < 2, lefts
+        expect(page.locator("#turns-example")).to_contain_text('"tool_calls"')
         tool = page.locator("#id_tools label", has_text="search_notes")
         expect(tool).to_contain_text("read_only")
         page.fill("#id_prompt", "Summarise the incidents about the disk")
         page.check("input[name=tools][value=search_notes]")
         page.select_option("#id_provider", "scripted")
         page.fill("#id_turns", json.dumps(turns))
+        page.fill("#id_max_cost", "two")
+        page.click("#start-run-form input[type=submit]")
+        # Refused beside the field it names, its value in JSON.
+        error = page.locator(".field-max_cost .errorlist")
+        expect(error).to_contain_text('max_cost: "two" is not an amount')
+        field, said = page.locator("#id_max_cost").bounding_box(), error.bounding_box()
+        assert said["x"] >= field["x"] + field["width"] and said["y"] < field["y"] + 10, said
+        assert said["x"] + said["width"] <= 1366, said
         page.screenshot(path=screenshots / "start-run.png", full_page=True)
+        page.fill("#id_max_cost", "")
         page.click("#start-run-form input[type=submit]")
         expect(page).to_have_url(re.compile(r"/admin/runs/agentrun/[0-9a-f-]{36}/change/$"))
         expect(page.locator(".messagelist")).to_contain_text("Run started")
+        # Run again: the form, filled in with this run's request.
+        page.click("#run-again")
+        expect(page.locator("#id_prompt")).to_have_value("Summarise the incidents about the disk")
+        expect(page.locator("input[name=tools][value=search_notes]")).to_be_checked()
+        assert json.loads(page.input_value("#id_turns")) == turns
     started = AgentRun.objects.get()
     assert (started.submitted_by, started.submitted_via) == (operator, "console")
 

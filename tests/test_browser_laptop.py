@@ -17,10 +17,12 @@ import pytest
 from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
+from agents.models import Agent, AgentVersion
+from runs.admin.runs import AgentRunAdmin
 from runs.faults import step_inserts_refused
-from runs.models import AgentRun, ApprovalRequest, DeadLetter
+from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus
+from runs.vocabulary import ApprovalStatus, RunStatus, StepKind
 from spend.models import DailySpend
 from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.helpers import answer, call, fresh, scripted
@@ -33,6 +35,10 @@ HEX = "5099e50086331ecde38760824" * 4
 LONG_PROMPT = (
     "Go through every incident note of the last quarter, group them by the "
     "service they hit and summarise each group for the weekly report"
+)
+ROTA_PROMPT = (
+    "Read the postmortems of the week, list the follow-ups still open and who "
+    "owns each of them, then draft the reminder for the team's channel"
 )
 
 #: For a selector: its box, the viewport's size, and whether it clips its
@@ -55,8 +61,12 @@ TABLE_FITS = """selector => {
   const table = document.querySelector(selector);
   const container = table.parentElement;
   // A cell, or anything in it that scrolls (the admin's pre does): cut.
+  // What is cut with "…" on purpose, whole in its tooltip, is not spilling.
+  const cutOnPurpose = cell => getComputedStyle(cell).textOverflow === "ellipsis"
+    && cell.closest("[title]");
   const spilling = [...table.querySelectorAll("td, td *")]
     .filter(cell => cell.clientWidth && cell.scrollWidth > cell.clientWidth + 1)
+    .filter(cell => !cutOnPurpose(cell))
     .map(cell => cell.tagName + ": " + cell.textContent.trim().slice(0, 40));
   return {
     scroll: container.scrollWidth, client: container.clientWidth,
@@ -88,6 +98,40 @@ def assert_shown(page, *selectors, above_the_fold=False):
         assert not box["clips"], (selector, box)
         if above_the_fold:
             assert box["top"] >= 0 and box["bottom"] <= height, (selector, box)
+
+
+#: The rows of the runs list whose box ends above the fold, and the tallest.
+ROWS_IN_VIEW = """() => {
+  const rows = [...document.querySelectorAll("#result_list tbody tr")];
+  return {
+    above_the_fold: rows.filter(row => row.getBoundingClientRect().bottom <= innerHeight).length,
+    tallest: Math.max(...rows.map(row => row.getBoundingClientRect().height)),
+    line: parseFloat(getComputedStyle(rows[0].querySelector("td")).lineHeight),
+  };
+}"""
+
+
+#: For each element ``selector`` matches: its text and the character each
+#: of its lines ends with but the last (where the browser broke it).
+LINE_ENDS = """selector => [...document.querySelectorAll(selector)].map(element => {
+  const ends = [];
+  let top = null, before = "";
+  const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const at = range.getBoundingClientRect().top;
+      if (top !== null && at > top + 2) ends.push(before);
+      top = at;
+      before = node.data[i];
+    }
+  }
+  return {text: element.textContent, ends: ends};
+})"""
+#: A tool's name longer than its column: where may it break?
+LONG_TOOL = "incident_tracker.create_follow_up_for_postmortem_reviews"
 
 
 def assert_table_fits(page, selector):
@@ -137,6 +181,30 @@ def runs_of_each_kind():
     return fresh(failed), fresh(waiting)
 
 
+def more_runs(submitter) -> None:
+    """Twenty failed runs with long prompts and errors, by ``submitter``,
+    every other one started from an agent: a list a page long."""
+    agent = Agent.objects.create(name="incident-summariser")
+    version = AgentVersion.objects.create(
+        agent=agent, number=3, provider={"kind": "scripted"}, max_iterations=5
+    )
+    AgentRun.objects.bulk_create(
+        AgentRun(
+            request={"provider": {"kind": "openai", "model": "gpt-4o-mini-2024-07-18"}},
+            prompt=f"({number}) {ROTA_PROMPT}",
+            status=RunStatus.FAILED,
+            termination_reason="not_retryable",
+            failure_class="auth",
+            error_type="ProviderError",
+            error_message="the provider refused the key: " + HEX,
+            mode="queued",
+            submitted_by=submitter,
+            agent_version=version if number % 2 else None,
+        )
+        for number in range(20)
+    )
+
+
 @pytest.mark.parametrize("viewport", [(1366, 900), (1920, 1080)], ids=["laptop", "desktop"])
 def test_each_console_page_fits_the_screen_with_what_matters_in_view(
     live_server, operator, runs_of_each_kind, monkeypatch, screenshots, viewport
@@ -163,13 +231,39 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
             output_tokens=300,
             cost=Decimal("0.00054"),
         )
+    more_runs(operator)
+    # A tool call after the waiting run's turn, its name longer than its column.
+    RunStep.objects.create(
+        run=waiting,
+        sequence=waiting.step_count + 1,
+        kind=StepKind.TOOL,
+        tool_name=LONG_TOOL,
+        effect="read_only",
+        arguments={"ticket": HEX},
+        result={"ok": True},
+        lease_token=waiting.lease_token,
+    )
     base = live_server.url
     with admin_page(base, "olivia", viewport=viewport) as page:
         page.goto(f"{base}/admin/runs/agentrun/")
-        expect(page.locator("#result_list tbody tr")).to_have_count(5)
+        expect(page.locator("#result_list tbody tr")).to_have_count(25)
         assert_table_fits(page, "#result_list")
-        columns = ["run_id_shown", "prompt_shown", "status_shown", "age", "spend", "last_error"]
+        # Every column in view (test_console_lists.py pins which, in order).
+        columns = AgentRunAdmin.list_display
         assert_shown(page, *[f"#result_list th.column-{name}" for name in columns])
+        # A row is one line, each status in view (issue #41). With these
+        # prompts and errors wrapped, 5 rows showed above the fold at 1366 px
+        # and 14 at 1920; one line a row, 19 and 25.
+        rows = page.evaluate(ROWS_IN_VIEW)
+        assert rows["tallest"] <= rows["line"] + 14, rows  # its padding, no second line
+        assert rows["above_the_fold"] >= (18 if viewport == (1366, 900) else 24), rows
+        assert_shown(page, *[f"#result_list tbody tr:nth-child({n}) .run-status" for n in (1, 18)])
+        agent_row = page.locator("#result_list tbody tr", has_text="(19)")
+        expect(agent_row.locator(".run-model")).to_have_text("incident-summariser v3")
+        expect(agent_row.locator(".run-by")).to_have_text("olivia")
+        expect(agent_row.locator(".run-prompt")).to_have_attribute("title", f"(19) {ROTA_PROMPT}")
+        model_row = page.locator("#result_list tbody tr", has_text="(18)")
+        expect(model_row.locator(".run-model")).to_have_text("gpt-4o-mini-2024-07-18")
         row = page.locator("#result_list tbody tr", has_text="Summarise the incidents")
         expect(row.locator(".run-id")).to_have_text(str(failed.pk)[:8])
         expect(row.locator(".run-why")).to_have_text("not_retryable · auth")
@@ -201,6 +295,13 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         for table in ("#attempts", "#steps"):
             assert_table_fits(page, table)
         assert_shown(page, "#failed-model-call")
+        # The trace (issue #41): each step but the request says how long it
+        # took; the failed call points to the error above, not repeating it.
+        expect(page.locator("#step-1 .step-took")).to_have_text("")
+        expect(page.locator("#step-1 .request-link")).to_have_attribute("href", "#request-json")
+        for sequence in (2, 3):
+            expect(page.locator(f"#step-{sequence} .step-took")).to_have_text(re.compile(r"\d s$"))
+        assert_shown(page, "#step-3 .step-took", "#step-2 .step-actions", "#failed-model-call a")
 
         # A waiting run: its calls, approve and deny above the fold.
         page.goto(f"{base}/admin/runs/agentrun/{waiting.pk}/change/")
@@ -214,6 +315,11 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         )
         expect(page.locator(f"{call_box} .call-position")).to_have_text("call 1 of turn 1")
         assert_table_fits(page, "#steps")
+        # Tool names break only at their own "_" or ".", never mid-word.
+        names = {name["text"]: name["ends"] for name in page.evaluate(LINE_ENDS, ".tool-name")}
+        long_name_ends = names.pop(LONG_TOOL)
+        assert long_name_ends and set(long_name_ends) <= {"_", "."}, long_name_ends
+        assert names and not any(names.values()), names  # the short ones on one line
 
         page.goto(f"{base}/admin/runs/deadletter/")
         assert_table_fits(page, "#result_list")

@@ -5,9 +5,11 @@ import html
 import re
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from agents.models import Agent, AgentVersion
 from runs import transitions
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun, DeadLetter
@@ -264,16 +266,31 @@ def test_the_overview_links_its_numbers(operator_client):
 
 
 def test_the_runs_list_query_count_does_not_grow_with_rows(operator_client):
+    """Each row's submitter and agent version (its columns "by" and "model ·
+    agent") come joined in the page's query, not one query per row."""
+
     def queries_for_list():
         with CaptureQueriesContext(connection) as captured:
             assert operator_client.get(RUNS).status_code == 200
         return len(captured)
 
-    for _ in range(3):
-        safe_failed_run()
+    def submitted_from_an_agent(runs):
+        # Each run its own submitter and agent: a per-row query would show.
+        for number, agent_run in enumerate(runs):
+            user = User.objects.create(username=f"submitter-{agent_run.pk}")
+            agent = Agent.objects.create(name=f"agent-{agent_run.pk}")
+            version = AgentVersion.objects.create(
+                agent=agent, number=number + 1, provider={"kind": "scripted"}, max_iterations=5
+            )
+            AgentRun.objects.filter(pk=agent_run.pk).update(
+                submitted_by=user, agent_version=version
+            )
+
+    submitted_from_an_agent([safe_failed_run() for _ in range(3)])
     few = queries_for_list()
-    for _ in range(12):
-        audit_failed_run()
+    submitted_from_an_agent([audit_failed_run() for _ in range(12)])
+    page = operator_client.get(RUNS).content.decode()
+    assert page.count('class="run-model run-agent"') == 15
     assert queries_for_list() == few
 
 

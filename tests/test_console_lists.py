@@ -47,6 +47,8 @@ def test_a_runs_row_says_which_run_what_it_was_asked_where_it_stands_and_why(ope
         "run_id_shown",
         "prompt_shown",
         "status_shown",
+        "submitter_shown",
+        "model_shown",
         "age",
         "spend",
         "last_error",
@@ -54,15 +56,18 @@ def test_a_runs_row_says_which_run_what_it_was_asked_where_it_stands_and_why(ope
     row = row_of(content, failed)
     assert f'<code class="run-id" title="{failed.pk}">{str(failed.pk)[:8]}</code>' in row
     assert f'href="/admin/runs/agentrun/{failed.pk}/change/' in row
-    assert '<span class="run-status status-failed">failed</span>' in row
+    assert 'title="failed · not_retryable · auth">failed</span>' in row
     assert '<small class="run-why">not_retryable · auth</small>' in row
     assert "ProviderError: scripted auth failure" in row
+    # Submitted from the command line, by nobody; the scripted provider.
+    assert '<span class="run-by" title="no user: command line">-</span>' in row
+    assert '<span class="model-name">scripted</span>' in row
     # Created to the second, with the zone, in the age's tooltip.
     assert re.search(r'title="created \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"', row)
-    assert "ran " in " ".join(text(row))
+    assert 'title="the last attempt ran ' in row
     long_row = row_of(content, long)
     assert f">{PROMPT[:59]}…<" in long_row and f'title="{PROMPT}"' in long_row
-    assert '<span class="run-status status-completed">completed</span>' in long_row
+    assert 'status-completed" title="completed">completed</span>' in long_row
     assert 'class="run-why"' not in long_row  # "completed" twice says nothing
     assert "write in doubt" in row_of(content, in_doubt)
     # The search box says what it searches.

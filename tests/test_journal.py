@@ -67,8 +67,8 @@ def retire_the_provider(agent_run, settings):
             "upsert_note",
             {"slug": "a", "body": "b"},
             retire_the_provider,
-            "the stored request no longer parses: provider/kind: unknown provider 'retired'; "
-            "known: ['openai', 'scripted']",
+            'the stored request no longer parses: provider/kind: unknown provider "retired"; '
+            'known: ["openai", "scripted"]',
         ),
     ],
 )

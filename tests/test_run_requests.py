@@ -33,23 +33,23 @@ def with_(**changes):
 @pytest.mark.parametrize(
     ("request_data", "message"),
     [
-        ([], "request: [] is not of type 'object'"),
-        (with_(prompt=...), "'prompt' is a required property"),
-        (with_(prompt=""), "prompt: '' should be non-empty"),
-        (with_(prompt=7), "prompt: 7 is not of type 'string'"),
-        (with_(extra=1), "'extra' was unexpected"),
-        (with_(tools="read_note"), "tools: 'read_note' is not of type 'array'"),
-        (with_(tools=["read_note", "nope"]), "unknown tool(s) ['nope']"),
+        ([], 'request: [] is not of type "object"'),
+        (with_(prompt=...), '"prompt" is a required property'),
+        (with_(prompt=""), 'prompt: "" should be non-empty'),
+        (with_(prompt=7), 'prompt: 7 is not of type "string"'),
+        (with_(extra=1), '"extra" was unexpected'),
+        (with_(tools="read_note"), 'tools: "read_note" is not of type "array"'),
+        (with_(tools=["read_note", "nope"]), 'unknown tool(s) ["nope"]'),
         (with_(tools=["read_note", "read_note"]), "has non-unique elements"),
-        (with_(provider={"kind": "gpt"}), "unknown provider 'gpt'"),
-        (with_(provider=...), "'provider' is a required property"),
-        (with_(provider={"kind": "scripted"}), "provider: 'turns' is a required property"),
+        (with_(provider={"kind": "gpt"}), 'unknown provider "gpt"'),
+        (with_(provider=...), '"provider" is a required property'),
+        (with_(provider={"kind": "scripted"}), 'provider: "turns" is a required property'),
         (with_(provider={"kind": "scripted", "turns": [{"bogus": 1}]}), "provider/turns/0"),
         (
             with_(provider={"kind": "scripted", "turns": [{"error": "meltdown"}]}),
             "provider/turns/0",
         ),
-        (with_(max_iterations="3"), "max_iterations: '3' is not of type 'integer'"),
+        (with_(max_iterations="3"), 'max_iterations: "3" is not of type "integer"'),
         (with_(max_iterations=0), "max_iterations: 0 is less than the minimum of 1"),
         (with_(max_iterations=21), "above the limit of 20 (NRLLM_MAX_ITERATIONS)"),
     ],
@@ -64,7 +64,7 @@ def test_invalid_requests_are_refused_and_store_nothing(request_data, message):
 
 def test_a_disabled_tool_is_refused():
     ToolSetting.objects.filter(name="read_note").update(enabled=False)
-    with pytest.raises(InvalidRunRequest, match=r"disabled by an operator: \['read_note'\]"):
+    with pytest.raises(InvalidRunRequest, match=r'disabled by an operator: \["read_note"\]'):
         enqueue(GOOD)
     assert AgentRun.objects.count() == 0
 
@@ -106,7 +106,7 @@ def test_run_agent_command_reads_stdin_and_prints_the_outcome(worker_env):
             "is not valid JSON: Expecting property name enclosed in double quotes "
             "(line 1, column 2)",
         ),
-        (json.dumps(with_(tools=["nope"])), "invalid run request: tools: unknown tool(s) ['nope']"),
+        (json.dumps(with_(tools=["nope"])), 'invalid run request: tools: unknown tool(s) ["nope"]'),
     ],
 )
 @pytest.mark.parametrize("command", ["enqueue_run", "run_agent"])

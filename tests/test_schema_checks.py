@@ -210,7 +210,7 @@ def test_a_schema_that_names_a_remote_document_is_refused_and_never_fetched(http
 
 def test_a_run_request_too_deep_for_the_fast_validator_is_refused_with_a_message():
     deep = [json.loads("[" * 300 + "]" * 300), json.loads("[" * 301 + "]" * 301)]
-    with pytest.raises(InvalidRunRequest, match=r"^tools/\d: .* is not of type 'string'"):
+    with pytest.raises(InvalidRunRequest, match=r'^tools/\d: .* is not of type "string"'):
         parse_run_request({**_REQUEST, "tools": deep})
 
 
@@ -326,4 +326,4 @@ def test_an_api_400_quoting_a_huge_value_is_cut(api):
     )
     assert response.status_code == 400, response.content[:500]
     assert len(response.content) < 1000, len(response.content)
-    assert "is not of type 'string'" in response.json()["detail"]
+    assert 'is not of type "string"' in response.json()["detail"]

@@ -58,8 +58,9 @@ def text(fragment: str) -> str:
 
 
 def list_row(content: str, agent_run) -> str:
+    """The runs list's row of ``agent_run``, as HTML."""
     [row] = [row for row in re.findall(r"<tr.*?</tr>", content, re.S) if str(agent_run.pk) in row]
-    return text(row)
+    return row
 
 
 def field(page: str, name: str) -> str:
@@ -101,11 +102,14 @@ def test_the_runs_list_and_a_run_page_show_tokens_and_cost_or_that_it_is_unknown
     turn(unpriced, 4, 2, usage=None, cost=None)
 
     listing = operator_client.get(RUNS).content.decode()
-    assert "36 tok · 0.000195 USD" in list_row(listing, priced)
+    # The cost in the row, the tokens with it in its tooltip.
+    spend = re.compile(r'<span class="run-spend" title="([^"]*)">([^<]*)</span>')
+    assert spend.findall(list_row(listing, priced)) == [("36 tok · 0.000195 USD", "0.000195 USD")]
     unpriced_row = list_row(listing, unpriced)
-    assert "54 tok · cost unknown" in unpriced_row and "USD" not in unpriced_row
-    # The spend column (the fifth) sorts by total tokens.
-    for order, expected in [("-5", [unpriced, priced]), ("5", [priced, unpriced])]:
+    assert spend.findall(unpriced_row) == [("54 tok · cost unknown", "cost unknown")]
+    assert "USD" not in unpriced_row
+    # The spend column (the seventh) sorts by total tokens.
+    for order, expected in [("-7", [unpriced, priced]), ("7", [priced, unpriced])]:
         listing = operator_client.get(RUNS, {"o": order}).content.decode()
         positions = [listing.index(str(agent_run.pk)) for agent_run in expected]
         assert positions == sorted(positions), order

@@ -3,10 +3,13 @@
 is refused. The browser's view of it is in test_browser.py."""
 
 import json
+import re
 
 import pytest
 from django.contrib.auth.models import Permission
 
+from agents.models import Agent, AgentVersion
+from runs.admin.start_run import initial_from
 from runs.models import AgentRun
 from runs.vocabulary import SubmittedVia
 from spend.models import SubmitterBudget
@@ -50,7 +53,7 @@ def test_an_operator_starts_a_run_from_the_console_and_bad_input_stores_nothing(
         ({"turns": "[{"}, "not JSON"),
         ({"turns": "[" * 100_000 + "]" * 100_000}, "nested too deeply"),
         ({"max_iterations": "100000"}, "max_iterations: 100000 is above the limit"),
-        ({"max_cost": "two"}, "max_cost: &#x27;two&#x27; is not an amount"),
+        ({"max_cost": "two"}, "max_cost: &quot;two&quot; is not an amount"),
         ({"tools": ["no_such_tool"]}, "Select a valid choice"),
         ({"provider": "openai"}, "Select a valid choice"),  # not configured here
         ({}, "budget"),  # the operator's budget of 0 tokens: spent
@@ -90,3 +93,61 @@ def test_a_user_who_may_start_runs_but_not_view_them_is_told_the_run_id():
     started = AgentRun.objects.get()
     assert response.redirect_chain == [(START, 302)]
     assert f"Run {started.pk} started: it is queued." in response.content.decode()
+
+
+@pytest.mark.usefixtures("approvals")
+def test_a_refusal_is_beside_its_field_in_json_and_a_run_is_run_again_from_its_page(
+    operator, operator_client
+):
+    operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+
+    def row_of(page: str, field: str) -> str:
+        return re.search(rf'<div class="form-row field-{field}[ "].*?</fieldset>', page, re.S)[0]
+
+    # Beside the field the refusal names (after its input), values in JSON.
+    for fields, field, said in [
+        ({"max_cost": "two"}, "max_cost", "max_cost: &quot;two&quot; is not an amount"),
+        ({"turns": '[{"bogus": 1}]'}, "turns", "provider/turns/0: {&quot;bogus&quot;: 1}"),
+    ]:
+        page = operator_client.post(START, a_form(**fields)).content.decode()
+        assert f'class="form-row field-{field} errors"' in page, fields
+        row = row_of(page, field)
+        assert row.index(f'id="id_{field}"') < row.index(said), fields
+        assert 'id="start-run-errors"' not in page, re.findall(
+            r"start-run-errors.*?</ul>", page, re.S
+        )
+        assert not re.search(r"[{(:\[] ?&#x27;", page), fields  # no Python repr
+    # The form offers what a request may ask: an example of scripted turns,
+    # require_approval.
+    page = operator_client.get(START).content.decode()
+    assert 'id="turns-example"' in page and "&quot;tool_calls&quot;" in page
+    response = operator_client.post(START, a_form(require_approval=["search_notes"]))
+    first = AgentRun.objects.get()
+    assert first.request["require_approval"] == ["search_notes"]
+
+    # "Run again" opens the form filled in with the run's request...
+    run_page = operator_client.get(response["Location"]).content.decode()
+    assert f'href="{START}?from={first.pk}" id="run-again"' in run_page
+    page = operator_client.get(START, {"from": first.pk}).content.decode()
+    assert "Summarise the incidents</textarea>" in page
+    assert re.search(r'name="require_approval" value="search_notes"[^>]*checked', page)
+    # ...and what it holds starts the same request again.
+    operator_client.post(START, {**initial_from(first), "tools": first.request["tools"]})
+    second = AgentRun.objects.exclude(pk=first.pk).get()
+    assert second.request == first.request
+
+    # A run started from an agent: its agent and input.
+    agent = Agent.objects.create(name="summariser")
+    version = AgentVersion.objects.create(
+        agent=agent,
+        number=1,
+        provider={"kind": "scripted", "turns": [{"content": "done"}]},
+        max_iterations=3,
+    )
+    Agent.objects.filter(pk=agent.pk).update(latest=version)
+    operator_client.post(START, a_form(agent="summariser", prompt="What broke?"))
+    from_agent = AgentRun.objects.get(agent_version=version)
+    page = operator_client.get(START, {"from": from_agent.pk}).content.decode()
+    assert '<option value="summariser" selected>' in page
+    assert "What broke?</textarea>" in page and "started from agent summariser version 1" in page
+    assert "There is no run" in operator_client.get(START, {"from": "nope"}).content.decode()

@@ -63,13 +63,15 @@ def last_action(run: AgentRun) -> RunStep | None:
     )
 
 
-def since_last_action(run: AgentRun) -> Since | None:
-    """The run's story since its last moving action (None: no such action)."""
+def since_last_action(run: AgentRun, *, with_error: bool = True) -> Since | None:
+    """The run's story since its last moving action (None: no such action).
+    Without ``with_error`` it leaves the run's error out (the run's page
+    shows it right above: issue #41, the error once)."""
     step = last_action(run)
-    return None if step is None else since(run, step)
+    return None if step is None else since(run, step, with_error=with_error)
 
 
-def since(run: AgentRun, step: RunStep) -> Since:
+def since(run: AgentRun, step: RunStep, *, with_error: bool = True) -> Since:
     """What ``run`` (as read now) did after ``step``, an operator's step."""
     result = step.result or {}
     action = result.get("action", "")
@@ -83,13 +85,17 @@ def since(run: AgentRun, step: RunStep) -> Since:
         call=call,
         operator=result.get("operator") or "?",
         at=step.created_at,
-        story=story(run, step, again=again),
+        story=story(run, step, again=again, with_error=with_error),
     )
 
 
-def story(run: AgentRun, step: RunStep, *, again: bool = False) -> SafeString:
-    """The run since ``step`` in a sentence: where it stands, what it did,
-    the dead letters it opened and the calls it waits for, linked."""
+def story(
+    run: AgentRun, step: RunStep, *, again: bool = False, with_error: bool = True
+) -> SafeString:
+    """The run since ``step`` in a sentence: where it stands, what it did
+    (its error, ``with_error``), the dead letters it opened and the calls
+    it waits for, linked."""
+    error_chars = ERROR_CHARS if with_error else 0
     done = run.steps.filter(sequence__gt=step.sequence).aggregate(
         turns=Count("pk", filter=Q(kind=StepKind.LLM)),
         tools=Count("pk", filter=Q(kind=StepKind.TOOL)),
@@ -99,9 +105,9 @@ def story(run: AgentRun, step: RunStep, *, again: bool = False) -> SafeString:
     if status == RunStatus.QUEUED:
         if run.failure_class:
             told = format_html(
-                "its attempt failed ({}: {}) and it is queued for a retry",
+                "its attempt failed ({}{}) and it is queued for a retry",
                 run.failure_class,
-                cut(run.error_message, ERROR_CHARS),
+                _error(run.error_message, error_chars),
             )
         elif done["turns"] or done["tools"]:
             told = format_html("it made {}, and is queued again", work)
@@ -114,7 +120,7 @@ def story(run: AgentRun, step: RunStep, *, again: bool = False) -> SafeString:
     elif status == RunStatus.COMPLETED:
         told = format_html("it made {}, and completed", work) if work else "it completed"
     elif status == RunStatus.FAILED:
-        told = _failed(run, work, again=again)
+        told = _failed(run, work, again=again, error_chars=error_chars)
     else:
         told = format_html("it made {}, and was cancelled", work) if work else "it was cancelled"
     # Every open dead letter was opened since: a requeue or restart resolves
@@ -148,7 +154,12 @@ def _calls(turns: int, tools: int) -> str:
     return " and ".join(parts)
 
 
-def _failed(run: AgentRun, work: str, *, again: bool) -> SafeString:
+def _error(error: str, chars: int) -> str:
+    """ ": the error" cut to ``chars``; "" for no error or no characters."""
+    return f": {cut(error, chars)}" if error and chars else ""
+
+
+def _failed(run: AgentRun, work: str, *, again: bool, error_chars: int) -> SafeString:
     """ "it failed again at its model call (auth): …", or "it made 2 model
     calls, then failed (…)"."""
     failed = f"made {work}, then failed" if work else "failed"
@@ -156,19 +167,16 @@ def _failed(run: AgentRun, work: str, *, again: bool) -> SafeString:
         failed += " again"
     if run.error_type == "ProviderError":
         return format_html(
-            "it {} at {} model call ({}): {}",
+            "it {} at {} model call ({}){}",
             failed,
             "its next" if work else "its",
             run.failure_class or "unknown",
-            cut(run.error_message, ERROR_CHARS),
+            _error(run.error_message, error_chars),
         )
     why = " · ".join(part for part in (run.termination_reason, run.failure_class) if part)
     error = ": ".join(part for part in (run.error_type, run.error_message) if part)
     return format_html(
-        "it {} ({}){}",
-        failed,
-        why or "no reason recorded",
-        format_html(": {}", cut(error, ERROR_CHARS)) if error else "",
+        "it {} ({}){}", failed, why or "no reason recorded", _error(error, error_chars)
     )
 
 

@@ -43,42 +43,93 @@ class RunListColumns:
 
     @admin.display(description="status", ordering="status")
     def status_shown(self, run: AgentRun):
-        why = why_so(run)
+        """The badge alone, so that the column stays narrow and in view; why
+        is in the next column (and in the badge's tooltip)."""
+        label = run.get_status_display().lower()
         return format_html(
-            '<span class="run-status status-{}">{}</span>{}',
+            '<span class="run-status status-{}" title="{}">{}</span>',
             run.status,
-            run.get_status_display().lower(),
-            format_html('<br><small class="run-why">{}</small>', why) if why else "",
+            " · ".join(part for part in (label, why_so(run)) if part),
+            # "waiting for approval" whole would widen the column for one status.
+            "waiting" if run.status == RunStatus.WAITING_FOR_APPROVAL else label,
         )
 
-    @admin.display(description="age · ran", ordering="created_at")
+    @admin.display(description="by", ordering="submitted_by__username")
+    def submitter_shown(self, run: AgentRun):
+        """Who submitted the run; how, for a run nobody did (the command line)."""
+        if run.submitted_by_id is None:
+            # Nobody: the command line (or a row older than submitters).
+            via = run.get_submitted_via_display().lower() or "unknown"
+            return format_html('<span class="run-by" title="no user: {}">-</span>', via)
+        name = run.submitted_by.get_username()
+        return format_html('<span class="run-by" title="{}">{}</span>', name, name)
+
+    @admin.display(description="model")
+    def model_shown(self, run: AgentRun):
+        """The agent version the run started from (G18), or else the model
+        its request asked for (the provider's kind when it named none)."""
+        model = requested_model(run)
+        if run.agent_version_id is None:
+            return format_html(
+                '<span class="run-model" title="{}"><span class="model-name">{}</span></span>',
+                model,
+                model,
+            )
+        version = run.agent_version
+        return format_html(
+            '<span class="run-model run-agent" title="agent {} version {}, model {}">'
+            '<span class="model-name">{}</span> <span class="model-version">v{}</span></span>',
+            version.agent.name,
+            version.number,
+            model,
+            version.agent.name,
+            version.number,
+        )
+
+    @admin.display(description="age", ordering="created_at")
     def age(self, run: AgentRun):
-        """How old the run is (the moment in the tooltip) and, below, how long
-        its last attempt ran: one narrow column, not two."""
-        ran = ran_for(run)
+        """How old the run is (the moment in the tooltip) and beside it how
+        long its last attempt ran: one narrow column, one line."""
+        ran = ran_for(run, units=1)
         return format_html(
             '<span title="created {}">{}</span>{}',
             moment(run.created_at),
             span(timezone.now() - run.created_at, units=1),
             format_html(
-                '<br><small class="run-ran" title="the last attempt, from its claim to its '
-                'end">ran {}</small>',
+                ' · <small class="run-ran" title="the last attempt ran {}, from its claim to '
+                'its end">{}</small>',
+                ran,
                 ran,
             )
             if ran
             else "",
         )
 
-    @admin.display(description="last error")
+    @admin.display(description="why · last error")
     def last_error(self, run: AgentRun):
-        error = error_text(run)
-        if not error:
+        """The status's reason and the run's last error on one line, cut
+        with "…" at the column's edge; both whole in the tooltip."""
+        why, error = why_so(run), error_text(run)
+        if not (why or error):
             return None
         return format_html(
-            '<span class="run-error" title="{}">{}</span>',
-            cut(error, TOOLTIP_CHARS),
-            cut(error, ERROR_CHARS),
+            '<span class="why-line" title="{}">{}{}{}</span>',
+            " — ".join(part for part in (why, cut(error, TOOLTIP_CHARS)) if part),
+            format_html('<small class="run-why">{}</small>', why) if why else "",
+            " — " if why and error else "",
+            format_html('<span class="run-error">{}</span>', cut(error, ERROR_CHARS))
+            if error
+            else "",
         )
+
+
+def requested_model(run: AgentRun) -> str:
+    """The model the run's request asked its provider for, or the
+    provider's kind ("scripted") when it named none; "-" for neither."""
+    provider = run.request.get("provider") if isinstance(run.request, dict) else None
+    if not isinstance(provider, dict):
+        return "-"
+    return str(provider.get("model") or provider.get("kind") or "-")
 
 
 def why_so(run: AgentRun) -> str:
@@ -101,15 +152,16 @@ def why_so(run: AgentRun) -> str:
     return " · ".join(part for part in parts if part)
 
 
-def ran_for(run: AgentRun) -> str:
-    """How long the run has run: from its first claim to its end (or now)."""
+def ran_for(run: AgentRun, *, units: int = 2) -> str:
+    """How long the run has run: from its first claim to its end (or now),
+    in ``units`` units at most (``span``)."""
     if run.started_at is None:
         return ""
     if run.finished_at is None:
         if run.status != RunStatus.RUNNING:
             return ""  # waiting, or queued again: it is not running now
-        return f"{span(timezone.now() - run.started_at)} so far"
-    return span(run.finished_at - run.started_at)
+        return f"{span(timezone.now() - run.started_at, units=units)} so far"
+    return span(run.finished_at - run.started_at, units=units)
 
 
 def error_text(run: AgentRun) -> str:

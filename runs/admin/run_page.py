@@ -10,17 +10,25 @@ that failed (nothing came back to record): the page shows that call, from
 the run's error fields, at the end of the step timeline.
 """
 
+from datetime import timedelta
+
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.urls import reverse
 from django.utils.html import format_html
 
 from runs.admin import aftermath, approval_rows, console
-from runs.admin.display import as_text, cut, effect_badge, moment, position_in_words, shortened
+from runs.admin.display import (
+    as_text,
+    cut,
+    moment,
+    position_in_words,
+    span,
+)
 from runs.admin.reconcile import reconcile_form
 from runs.admin.run_columns import error_text, ran_for, why_so
-from runs.admin.run_spend import turn_spend_text
-from runs.models import AgentRun, RunStep
+from runs.admin.run_trace import failed_model_call, trace_rows
+from runs.models import AgentRun
 from runs.operators.actions import write_in_question
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety, restart_safety
@@ -29,18 +37,52 @@ from runs.vocabulary import RunStatus, StepKind
 
 STEPS_PER_PAGE = 50
 #: Fields of free text: a row of the grid each.
-WIDE_FIELDS = ("prompt", "error_message", "output")
-#: A model's answer in its step's sentence (all of it in the record).
-ANSWER_CHARS = 300
+WIDE_FIELDS = ("prompt", "request_shown", "output")
 #: A write's late result beside the write in question (all of it in its step).
 LATE_RESULT_CHARS = 300
-#: Failed model calls are recorded so: the provider's error, classified (G8).
-PROVIDER_ERROR = "ProviderError"
 
 
 class RunPageFields:
-    """The page's moments, to the second and with their zone (the admin's
-    own format has neither)."""
+    """The page's fields that a column's name would label badly ("Llm
+    latency ms", "Id"), and its moments, to the second and with their zone
+    (the admin's own format has neither)."""
+
+    @admin.display(description="run id")
+    def run_id_full(self, run: AgentRun) -> str:
+        return str(run.pk)
+
+    @admin.display(description="the request (JSON)")
+    def request_shown(self, run: AgentRun):
+        """The request as stored, once on the page (the request steps link
+        here), folded: the prompt above is its start."""
+        text = as_text(run.request)
+        return format_html(
+            '<details id="request-json"><summary>as stored, {} lines of JSON</summary>'
+            '<pre class="full-value">{}</pre></details>',
+            text.count("\n") + 1,
+            text,
+        )
+
+    @admin.display(description="time in model calls")
+    def model_time_shown(self, run: AgentRun) -> str:
+        """The model calls' latencies added up, over all attempts."""
+        return span(timedelta(milliseconds=run.llm_latency_ms)) if run.llm_latency_ms else "-"
+
+    @admin.display(description="write executing (fence)")
+    def fence_shown(self, run: AgentRun) -> str:
+        return run.pending_effect or "none"
+
+    @admin.display(description="attempt (lease token)")
+    def attempt_shown(self, run: AgentRun) -> int:
+        return run.lease_token
+
+    @admin.display(description="requeues")
+    def requeues_shown(self, run: AgentRun) -> int:
+        return run.requeue_count
+
+    @admin.display(description="journal begins after step")
+    def journal_shown(self, run: AgentRun) -> int:
+        return run.journal_begins_after
 
     @admin.display(description="created")
     def created_shown(self, run: AgentRun) -> str:
@@ -81,7 +123,7 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
     if run.status == RunStatus.WAITING_FOR_APPROVAL:
         groups, _ = approval_rows.pending_groups(request.user, run.pk)
         pending_calls = [call for group in groups for call in group["calls"]]
-    since = aftermath.since_last_action(run)
+    since = aftermath.since_last_action(run, with_error=False)  # the summary shows it
     approvals = approval_rows.history(run)
     for approval in approvals:
         approval.position_words = position_in_words(approval.position)
@@ -99,10 +141,9 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "since": since,
         "since_heading": since.heading(request.user) if since else "",
         "pending_calls": pending_calls,
-        "request_json": shortened(run.request),
         "wide_fields": WIDE_FIELDS,
         "steps_page": steps,
-        "timeline": [timeline_row(step) for step in steps],
+        "timeline": trace_rows(run, steps),
         # After the last step, where it happened.
         "failed_call_row": failed_call if not steps.has_next() else None,
         "verdict": requeue_safety(run),
@@ -117,6 +158,7 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "webhook_deliveries": deliveries_of(run.pk),  # G19
         "can_requeue": model_admin.has_requeue_permission(request),
         "can_cancel": model_admin.has_cancel_permission(request) and not run.is_terminal,
+        "can_start_runs": request.user.has_perm("runs.add_agentrun"),  # "run again"
         "can_reconcile": model_admin.has_reconcile_permission(request),
         "reconcile_form": reconcile_form(run),
     }
@@ -140,52 +182,4 @@ def late_result(run: AgentRun) -> dict | None:
         "sequence": step.sequence,
         "error": step.error,
         "outcome": cut(step.error or as_text(step.result), LATE_RESULT_CHARS),
-    }
-
-
-def timeline_row(step: RunStep) -> dict:
-    return {
-        "step": step,
-        "badge": effect_badge(step.effect),
-        "arguments": shortened(step.arguments),
-        "outcome": shortened(step.error or step.result),
-        "said": said(step),
-        "spend": turn_spend_text(step),
-    }
-
-
-def said(step: RunStep) -> str:
-    """A model turn, an approval or an operator step as a sentence (its
-    whole record behind it); "" for other kinds."""
-    if step.kind == StepKind.APPROVAL:
-        return approval_rows.approval_summary(step)
-    if step.kind == StepKind.LLM:
-        return approval_rows.step_row(step)["what"] + _answer(step)
-    if step.kind != StepKind.OPERATOR:
-        return ""
-    result = step.result if isinstance(step.result, dict) else {}
-    what = f"{result.get('action', '?')} by {result.get('operator') or '?'}"
-    if result.get("outcome"):
-        what += f" ({result['outcome']})"
-    return f"{what}: {result['note']}" if result.get("note") else what
-
-
-def _answer(step: RunStep) -> str:
-    content = approval_rows.turn_content(step)
-    return f": {cut(content, ANSWER_CHARS)}" if content else ""
-
-
-def failed_model_call(run: AgentRun) -> dict | None:
-    """The model call the run's last attempt failed on, from the run's error
-    fields (None: it did not fail on one). Its turn is the one after the
-    journal's last: one count on the (run, sequence) index."""
-    if run.error_type != PROVIDER_ERROR:
-        return None
-    turns = run.steps.filter(kind=StepKind.LLM, sequence__gt=run.journal_begins_after).count()
-    return {
-        "turn": turns + 1,
-        "failure_class": run.failure_class or "unknown",
-        "error": run.error_message,
-        "attempt": run.lease_token,
-        "at": run.finished_at,
     }

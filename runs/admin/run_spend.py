@@ -45,16 +45,16 @@ class RunSpendFields:
 
     @admin.display(description="spend", ordering=TOTAL_TOKENS)
     def spend(self, run: AgentRun):
-        """The run's tokens and cost ("36 tok · 0.000195 USD", "18 tok · cost
-        unknown"); None (the admin's empty value) before any turn. Each part
-        unbroken, so the narrow column wraps between them, not in a number."""
+        """The run's cost ("0.000195 USD", "cost unknown"), its tokens with it
+        in the tooltip ("36 tok · 0.000195 USD"): one short line in a row of
+        the list (issue #41); None (the admin's empty value) before any turn."""
         if spent_nothing(run):
             return None
         cost = "cost unknown" if run.known_cost is None else amount(run.known_cost)
         return format_html(
-            '<span class="run-spend"><span style="white-space:nowrap">{} tok</span> · '
-            '<span style="white-space:nowrap">{}</span></span>',
+            '<span class="run-spend" title="{} tok · {}">{}</span>',
             token_text(run.total_tokens),
+            cost,
             cost,
         )
 

@@ -49,6 +49,8 @@ class AgentRunAdmin(
         "run_id_shown",
         "prompt_shown",
         "status_shown",
+        "submitter_shown",
+        "model_shown",
         "age",
         "spend",
         "last_error",
@@ -79,10 +81,21 @@ class AgentRunAdmin(
     show_full_result_count = False
     list_per_page = 50
     actions = ["requeue_selected", "restart_selected", "cancel_selected"]
+    # The run's error is the summary's (runs/admin/run_page.py): not again here.
     fieldsets = [
         (
             "Request",
-            {"fields": ["prompt", "id", "agent_shown", "mode", "submitted_by", "submitted_via"]},
+            {
+                "fields": [
+                    "prompt",
+                    "run_id_full",
+                    "agent_shown",
+                    "mode",
+                    "submitted_by",
+                    "submitted_via",
+                    "request_shown",
+                ]
+            },
         ),
         (
             "Outcome",
@@ -91,9 +104,7 @@ class AgentRunAdmin(
                     "status",
                     "termination_reason",
                     "failure_class",
-                    "error_type",
-                    "llm_latency_ms",
-                    "error_message",
+                    "model_time_shown",
                     "output",
                 ]
             },
@@ -118,12 +129,12 @@ class AgentRunAdmin(
             {
                 "classes": ["collapse"],
                 "fields": [
-                    "pending_effect",
+                    "fence_shown",
                     "lease_owner",
                     "lease_expires_shown",
-                    "lease_token",
-                    "requeue_count",
-                    "journal_begins_after",
+                    "attempt_shown",
+                    "requeues_shown",
+                    "journal_shown",
                     "created_shown",
                     "started_shown",
                     "finished_shown",
@@ -137,8 +148,14 @@ class AgentRunAdmin(
 
     def get_queryset(self, request):
         # A write in doubt is shown on the list: its reconciliations in one
-        # query for the page, not one per row.
-        return super().get_queryset(request).prefetch_related("reconciliations")
+        # query for the page, not one per row; the submitter and the agent
+        # version in the page's own query (joined), not one per row either.
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("submitted_by", "agent_version__agent")
+            .prefetch_related("reconciliations")
+        )
 
     def get_search_results(self, request, queryset, search_term):
         return search.search_runs(queryset, search_term), False

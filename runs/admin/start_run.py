@@ -5,20 +5,26 @@ Picking an agent starts a run of its latest version with the prompt as its
 input (``{"agent": ..., "input": ...}``); the tools, provider and
 instructions then come from the agent, and the limits may only lower its.
 The operator who submits it is the run's submitter: their budget applies,
-and they may not approve its writes where four eyes are required."""
+and they may not approve its writes where four eyes are required.
+
+A refusal is shown beside the field it names (the request's field, as the
+API names it: ``max_cost: "two" is not an amount …``), values in JSON.
+``?from=<run id>`` fills the form with that run's request ("run again" on
+a run's page): its agent and input when an agent started it."""
 
 import json
 
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from agents.models import Agent
 from agents.starting import enqueue
+from runs.models import AgentRun
 from runs.providers import PROVIDER_KINDS
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
@@ -27,6 +33,18 @@ from spend.models import ModelPrice
 from tools.approval_policy import ApprovalPolicy, requires_approval
 from tools.enabled import approval_overrides, disabled_tool_names
 from tools.registry import effect_for, get_registry
+
+#: Shown under the scripted turns: a turn that calls a tool, then the
+#: answer; a turn a line.
+TURNS_EXAMPLE = "[\n  {}\n]".format(
+    ",\n  ".join(
+        json.dumps(turn)
+        for turn in (
+            {"tool_calls": [{"name": "search_notes", "arguments": {"query": "disk"}}]},
+            {"content": "No incident mentions the disk."},
+        )
+    )
+)
 
 
 class StartRunForm(forms.Form):
@@ -50,6 +68,13 @@ class StartRunForm(forms.Form):
     tools = forms.MultipleChoiceField(
         required=False, widget=forms.CheckboxSelectMultiple, help_text="what the model may call"
     )
+    require_approval = forms.MultipleChoiceField(
+        required=False,
+        label="Wait for approval of",
+        widget=forms.CheckboxSelectMultiple,
+        help_text="tools among those offered whose calls wait for an operator's approval "
+        "although their policy does not ask it (more approvals, never fewer)",
+    )
     provider = forms.ChoiceField()
     model = forms.CharField(
         required=False,
@@ -62,7 +87,8 @@ class StartRunForm(forms.Form):
         required=False,
         label="Scripted turns (JSON)",
         widget=forms.Textarea(attrs={"rows": 4, "cols": 80}),
-        help_text='for the scripted provider: a JSON list such as [{"content": "done"}]',
+        help_text="for the scripted provider: the model's answers, in order, as a JSON list "
+        "— a turn that calls tools, then one that answers (the example below)",
     )
     max_iterations = forms.IntegerField(required=False, min_value=1)
     max_total_tokens = forms.IntegerField(required=False, min_value=1)
@@ -74,7 +100,9 @@ class StartRunForm(forms.Form):
             (name, name)
             for name in Agent.objects.filter(latest__isnull=False).values_list("name", flat=True)
         ]
-        self.fields["tools"].choices = [(tool.name, tool.label) for tool in tool_choices()]
+        choices = tool_choices()
+        self.fields["tools"].choices = [(tool.name, tool.label) for tool in choices]
+        self.fields["require_approval"].choices = [(tool.name, tool.name) for tool in choices]
         configured = [
             kind for kind, cls in PROVIDER_KINDS.items() if cls.configuration_problem() is None
         ]
@@ -112,6 +140,8 @@ class StartRunForm(forms.Form):
         request = {"prompt": data["prompt"], "tools": data["tools"], "provider": provider}
         if data["instructions"]:
             request["instructions"] = data["instructions"]
+        if data["require_approval"]:
+            request["require_approval"] = data["require_approval"]
         return {**request, **limits}
 
 
@@ -146,17 +176,87 @@ def start_run(form: StartRunForm, user):
     try:
         return enqueue(form.run_request(), submitted_by=user, submitted_via=SubmittedVia.CONSOLE)
     except InvalidRunRequest as error:
-        form.add_error(None, str(error))
+        form.add_error(field_named(str(error)), str(error))
     except BudgetRefused as refused:
         form.add_error(None, str(refused))
     return None
+
+
+#: The request's fields (a refusal's first words) and the form's that set them.
+FIELD_OF_REQUEST = {
+    "prompt": "prompt",
+    "input": "prompt",
+    "instructions": "instructions",
+    "tools": "tools",
+    "require_approval": "require_approval",
+    "max_iterations": "max_iterations",
+    "max_total_tokens": "max_total_tokens",
+    "max_cost": "max_cost",
+    "agent": "agent",
+    "version": "agent",
+}
+
+
+def field_named(message: str) -> str | None:
+    """The form's field a refusal names ("max_cost: …", "provider/turns/0:
+    …"); None (the form's own errors) when it names none of them."""
+    head, _, rest = message.partition(":")
+    where = head.split("/")
+    if where[0] == "provider":
+        if where[1:2] == ["turns"] or (len(where) == 1 and '"turns"' in rest):
+            return "turns"
+        return "model" if where[1:2] == ["model"] else "provider"
+    return FIELD_OF_REQUEST.get(where[0])
+
+
+def initial_from(run: AgentRun) -> dict:
+    """The form's fields as ``run``'s request set them: its agent and input
+    when it was started from an agent (its latest version then runs)."""
+    if run.agent_version_id is not None:
+        return {"agent": run.agent_version.agent.name, "prompt": run.prompt}
+    request = run.request if isinstance(run.request, dict) else {}
+    provider = request.get("provider") if isinstance(request.get("provider"), dict) else {}
+    initial = {
+        name: request[name]
+        for name in (
+            "prompt",
+            "instructions",
+            "tools",
+            "require_approval",
+            "max_iterations",
+            "max_total_tokens",
+            "max_cost",
+        )
+        if name in request
+    }
+    initial["provider"] = provider.get("kind", "")
+    initial["model"] = provider.get("model", "")
+    if "turns" in provider:
+        initial["turns"] = json.dumps(provider["turns"], ensure_ascii=False)
+    return initial
+
+
+def run_to_repeat(model_admin, request) -> tuple[AgentRun | None, str]:
+    """The run ``?from=`` names, if the user may see it; else why not."""
+    run_id = request.GET.get("from")
+    if not run_id:
+        return None, ""
+    try:
+        run = AgentRun.objects.select_related("agent_version__agent").get(pk=run_id)
+    except (AgentRun.DoesNotExist, ValidationError):
+        return None, "There is no run with that id to run again: the form is empty."
+    if not model_admin.has_view_permission(request, run):
+        return None, "You may not view that run: the form is empty."
+    return run, ""
 
 
 def start_run_page(model_admin, request):
     """The form's page; a run it starts takes the operator to the run's page."""
     if not request.user.has_perm("runs.add_agentrun"):
         raise PermissionDenied
-    form = StartRunForm(request.POST or None)
+    repeated, not_repeated = run_to_repeat(model_admin, request)
+    initial = initial_from(repeated) if repeated else {}
+    form = StartRunForm(request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         started = start_run(form, request.user)
         if started is not None:
@@ -178,5 +278,8 @@ def start_run_page(model_admin, request):
             "opts": model_admin.model._meta,
             "form": form,
             "priced_models": priced_models(),
+            "repeated": repeated,
+            "not_repeated": not_repeated,
+            "turns_example": TURNS_EXAMPLE,
         },
     )

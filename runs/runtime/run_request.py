@@ -22,6 +22,7 @@ from django.conf import settings
 from jsonschema.exceptions import best_match
 
 from runs.providers import PROVIDER_KINDS
+from runs.runtime.json_text import json_notation, shown
 from tools.builtin.http_guard import check_url_allowed
 from tools.canonical import storable_text
 from tools.contract import ToolError
@@ -106,7 +107,7 @@ def _schema_problem(schema: dict, value, prefix: str = "") -> str | None:
         return f"{prefix or 'request'}: {uncheckable(error)}"
     path = "/".join(str(part) for part in error.absolute_path)
     where = "/".join(part for part in (prefix, path) if part) or "request"
-    return f"{where}: {error.message}"
+    return f"{where}: {json_notation(error.message)}"
 
 
 def parse_run_request(data) -> RunRequest:
@@ -123,10 +124,12 @@ def parse_run_request(data) -> RunRequest:
     tools = tuple(data.get("tools", []))
     unknown = [name for name in tools if name not in registry]
     if unknown:
-        raise InvalidRunRequest(f"tools: unknown tool(s) {unknown}; known: {registry.names()}")
+        raise InvalidRunRequest(
+            f"tools: unknown tool(s) {shown(unknown)}; known: {shown(registry.names())}"
+        )
     disabled = sorted(disabled_tool_names() & set(tools))
     if disabled:
-        raise InvalidRunRequest(f"tools: disabled by an operator: {disabled}")
+        raise InvalidRunRequest(f"tools: disabled by an operator: {shown(disabled)}")
     unavailable = registry.unavailable(tools)
     if unavailable:
         reasons = "; ".join(f"{name}: {why}" for name, why in unavailable.items())
@@ -136,14 +139,14 @@ def parse_run_request(data) -> RunRequest:
     not_offered = [name for name in require_approval if name not in tools]
     if not_offered:
         raise InvalidRunRequest(
-            f"require_approval: {not_offered} not among the run's tools {list(tools)}"
+            f"require_approval: {shown(not_offered)} not among the run's tools {shown(list(tools))}"
         )
 
     cap = settings.NRLLM_MAX_ITERATIONS
     max_iterations = data.get("max_iterations", cap)
     if not isinstance(max_iterations, int):
         # JSON Schema calls 2.0 an integer; a range of iterations does not.
-        raise InvalidRunRequest(f"max_iterations: {max_iterations!r} is not a whole number")
+        raise InvalidRunRequest(f"max_iterations: {shown(max_iterations)} is not a whole number")
     if max_iterations > cap:
         raise InvalidRunRequest(
             f"max_iterations: {max_iterations} is above the limit of {cap} (NRLLM_MAX_ITERATIONS)"
@@ -177,7 +180,7 @@ def _webhook(url: str) -> str:
 def _max_total_tokens(data: dict, default: int | None) -> int | None:
     value = data.get("max_total_tokens", default)
     if value is not None and not isinstance(value, int):
-        raise InvalidRunRequest(f"max_total_tokens: {value!r} is not a whole number")
+        raise InvalidRunRequest(f"max_total_tokens: {shown(value)} is not a whole number")
     return value
 
 
@@ -200,7 +203,8 @@ def _max_cost(data: dict, default: Decimal | None, *, stored: bool = False) -> D
         value = value.quantize(_COST_STEP)  # what a cost can hold
     if value is None or not 0 < value <= _MAX_COST:
         raise InvalidRunRequest(
-            f"max_cost: {str(raw)[:40]!r} is not an amount above 0 and at most {_MAX_COST} "
+            f"max_cost: {shown(raw[:40] if isinstance(raw, str) else raw)} is not an amount "
+            f"above 0 and at most {_MAX_COST} "
             '(a number, or a decimal string such as "2.50")'
         )
     return value
@@ -280,7 +284,8 @@ def _check_shape(data, schema: dict):
     provider_class = PROVIDER_KINDS.get(provider["kind"])
     if provider_class is None:
         raise InvalidRunRequest(
-            f"provider/kind: unknown provider {provider['kind']!r}; known: {sorted(PROVIDER_KINDS)}"
+            f"provider/kind: unknown provider {shown(provider['kind'])}; "
+            f"known: {shown(sorted(PROVIDER_KINDS))}"
         )
     problem = _schema_problem(provider_class.spec_schema, provider, prefix="provider")
     if problem:
