@@ -11,7 +11,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from nrllm_ops.admin_site import ReadOnly
-from runs.admin import console, search
+from runs.admin import console, live, search
 from runs.admin.approvals import ApprovalsInbox
 from runs.admin.filters import (
     CollapsedChoicesFilter,
@@ -35,6 +35,7 @@ class AgentRunAdmin(
     OperatorPermissions,
     RunActions,
     ApprovalsInbox,
+    live.LiveRunList,
     RunListColumns,
     RunPageFields,
     RunSpendFields,
@@ -152,7 +153,11 @@ class AgentRunAdmin(
         run = self.get_object(request, unquote(object_id))
         if run is None:
             return super().change_view(request, object_id, form_url)  # "does not exist"
-        context = {**run_page_context(self, request, run), **(extra_context or {})}
+        context = {
+            **run_page_context(self, request, run),
+            **live.live_context(live.run_in_flight(run)),
+            **(extra_context or {}),
+        }
         return super().change_view(request, object_id, form_url, extra_context=context)
 
     # --- operator pages -------------------------------------------------------------
