@@ -3,9 +3,12 @@
 another operator approves a call, the run page, the runs list, the overview
 and the approvals inbox — open side by side — show it without a reload;
 nothing the operator holds moves or is lost (the scroll position, an open
-fieldset, a note being typed, the runs selected on the list); and the run
-page stops asking once its run has ended. The run's changes come from the
-test, through the same transitions a worker uses."""
+fieldset, a note being typed, the runs selected on the list); the run
+page stops asking once its run has ended; the list says when runs came
+instead of moving its rows; a tab in the background does not ask; and a
+page whose server does not answer stays as it was, says so, and catches
+up. The run's changes come from the test, through the same transitions a
+worker uses."""
 
 import threading
 from collections import Counter
@@ -28,7 +31,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 #: How often the pages poll here (the shipped default is 5 s).
 POLL_SECONDS = 0.4
 RUNS = "/admin/runs/agentrun/"
+#: The tab sent to the background (false) or brought back (true), as the
+#: browser tells a page: ``document.hidden`` and a ``visibilitychange``.
+SHOWN = """shown => {
+  Object.defineProperty(document, "hidden", {value: !shown, configurable: true});
+  document.dispatchEvent(new Event("visibilitychange"));
+}"""
 INBOX = "/admin/runs/agentrun/approvals/"
+#: How long a page may take to catch up: a few polls, on a test server that
+#: answers several pages' polls one at a time on a machine that may be busy.
+CATCH_UP = 15_000
 
 
 def a_tool_step(number: int) -> dict:
@@ -128,17 +140,24 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
         inbox.goto(f"{base}{INBOX}")
         note = inbox.locator(f"#run-{kept_waiting.pk} input[name=note]")
         note.fill("asking the DBA first")
-
         # Another operator approves the other call: its run goes on and ends.
         elsewhere(
             lambda: approval_actions.approve(
                 ApprovalRequest.objects.get(pk=approval.pk), operator, digest=approval.digest
             )
         )
-        expect(inbox.locator(f"#run-{decided_elsewhere.pk}")).to_have_count(0)
+        expect(inbox.locator(f"#run-{decided_elsewhere.pk}")).to_have_count(0, timeout=CATCH_UP)
         expect(inbox.locator("#pending-approvals h2")).to_have_text("Waiting for a decision (1)")
         expect(inbox.locator("#header-approvals")).to_have_text("1 call waiting for approval")
         expect(note).to_have_value("asking the DBA first")  # typed, kept
+        # A tab in the background does not ask; shown again, it asks at once.
+        inbox.evaluate(SHOWN, False)
+        asked = polls[INBOX]
+        inbox.wait_for_timeout(POLL_SECONDS * 1000 * 3)
+        assert polls[INBOX] == asked, polls
+        with inbox.expect_request(lambda request: request.headers.get("x-nrllm-live")):
+            inbox.evaluate(SHOWN, True)
+        inbox.context.close()  # fewer pages asking the one test server
 
         # The run page: a note typed in its summary, the lease fieldset
         # opened, scrolled down to the steps.
@@ -154,7 +173,7 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
         ran = run_page.locator("#summary-ran").inner_text()
 
         elsewhere(lambda: transitions.record_step(lease, 600, a_tool_step(15), clear_fence=False))
-        expect(steps).to_have_count(17)
+        expect(steps).to_have_count(17, timeout=CATCH_UP)
         expect(steps.last).to_contain_text("incident 15")
         assert run_page.evaluate("window.scrollY") == scrolled
         # Where the operator types, nothing was swapped ("ran … so far" moves on
@@ -175,18 +194,18 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
         assert 0 < looked_at < 900, looked_at  # on the screen
         final = {"kind": "llm", "result": {"content": "Sorted.", "tool_calls": []}}
         elsewhere(lambda: transitions.finish(lease, [final], output="Sorted."))
-        expect(run_page.locator("#summary-status")).to_have_text("completed")
+        expect(run_page.locator("#summary-status")).to_have_text("completed", timeout=CATCH_UP)
         expect(run_page.locator("#requeue-verdict")).to_be_attached()
         expect(steps).to_have_count(18)
         assert abs(steps.nth(14).bounding_box()["y"] - looked_at) < 1
         expect(run_page.locator("#fieldset-4")).to_have_attribute("open", "")
         # Nothing left in flight on the run page: it stops asking.
         asked = polls[run_path]
-        run_page.wait_for_timeout(POLL_SECONDS * 1000 * 5)
+        run_page.wait_for_timeout(POLL_SECONDS * 1000 * 3)
         assert polls[run_path] == asked > 1, polls
 
         # The list and the overview caught up; the runs selected stay selected.
-        expect(running_row.locator(".run-status")).to_have_text("completed")
+        expect(running_row.locator(".run-status")).to_have_text("completed", timeout=CATCH_UP)
         for run_id in (running.pk, done.pk):
             expect(runs_list.locator(f"input.action-select[value='{run_id}']")).to_be_checked()
         assert runs_list.locator(".action-counter").inner_text() == counter
@@ -196,5 +215,21 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
         expect(decided_row.locator(".run-status")).to_have_text("completed")
         runs_list.check("#action-toggle")
         expect(runs_list.locator("input.action-select:not(:checked)")).to_have_count(0)
+        expect(overview.locator("#running")).to_have_text("0", timeout=CATCH_UP)
+        assert polls[RUNS] > 1 and polls["/admin/"] > 1, polls
+        # A run arrives: the list does not slide its rows under the
+        # operator's pointer; it says it changed, with a link to reload.
+        elsewhere(lambda: enqueue(scripted(answer(), prompt="Arrived later")))
+        changed = runs_list.locator("#live-status")
+        expect(changed).to_contain_text("This list has changed", timeout=CATCH_UP)
+        expect(changed.locator("a")).to_have_text("reload")
+        expect(runs_list.locator("#result_list tbody tr")).to_have_count(4)
+
+        # The server does not answer: the overview stays as it was, says so
+        # quietly, and catches up once it answers again.
+        overview.route("**/admin/", lambda route: route.abort())
+        status = overview.locator("#live-status")
+        expect(status).to_contain_text("Not updating", timeout=CATCH_UP)
         expect(overview.locator("#running")).to_have_text("0")
-        assert polls[RUNS] > 1 and polls["/admin/"] > 1 and polls[INBOX] > 1, polls
+        overview.unroute("**/admin/")
+        expect(status).to_be_hidden(timeout=CATCH_UP)
