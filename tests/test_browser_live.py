@@ -121,9 +121,10 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
         )
         return counted(context.new_page())
 
-    with admin_page(base, "olivia", viewport=(1366, 900)) as run_page:
-        counted(run_page)
-        runs_list = beside(run_page)
+    # Logged in, the admin shows the overview.
+    with admin_page(base, "olivia", viewport=(1366, 900)) as overview:
+        counted(overview)
+        runs_list = beside(overview)
         runs_list.goto(f"{base}{RUNS}")
         for run_id in (running.pk, done.pk):
             runs_list.check(f"input.action-select[value='{run_id}']")
@@ -132,11 +133,9 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
         running_row = runs_list.locator("#result_list tbody tr", has_text="Sort the incidents")
         expect(running_row.locator(".run-status")).to_have_text("running")
 
-        overview = beside(run_page)
-        overview.goto(f"{base}/admin/")
         expect(overview.locator("#running")).to_have_text("1")
 
-        inbox = beside(run_page)
+        inbox = beside(overview)
         inbox.goto(f"{base}{INBOX}")
         note = inbox.locator(f"#run-{kept_waiting.pk} input[name=note]")
         note.fill("asking the DBA first")
@@ -161,6 +160,7 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
 
         # The run page: a note typed in its summary, the lease fieldset
         # opened, scrolled down to the steps.
+        run_page = beside(overview)
         run_page.goto(f"{base}{run_path}")
         run_page.click("#fieldset-4 summary")
         cancel_note = run_page.locator("#run-summary .cancel-form input[name=note]")

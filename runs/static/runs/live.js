@@ -34,7 +34,7 @@ data-live-region on an element with an id:
     const marker = document.getElementById("live-poll");
     const HEADER = "X-Nrllm-Live";
     const LONGEST_WAIT_MS = 60000;
-    const ANSWER_WITHIN_MS = 20000;
+    const ANSWER_WITHIN_MS = 10000;
     // A form's token differs on every render: it is not a change.
     const CSRF_VALUE = /(name="csrfmiddlewaretoken" value=")[^"]*"/g;
     // What each unit looked like when it came from the server (the page, or
