@@ -277,6 +277,11 @@ NRLLM_TRACES_EXPORTERS = exporters_from_env()
 # for the collector to take the last spans; those left are dropped.
 NRLLM_TRACES_EXIT_SECONDS = env_int("NRLLM_TRACES_EXIT_SECONDS", 3, minimum=0, maximum=60)
 
+# --- The console ---------------------------------------------------------------------
+# A page showing something in flight (a run queued, running or waiting, a call
+# waiting for approval) asks for itself again this often; 0: never.
+NRLLM_LIVE_POLL_SECONDS = env_int("NRLLM_LIVE_POLL_SECONDS", 5, minimum=0, maximum=3600)
+
 # --- The REST API ---------------------------------------------------------------
 NRLLM_API_THROTTLE_RATE = env_str("NRLLM_API_THROTTLE_RATE", "1200/minute")
 NRLLM_API_MAX_BODY_BYTES = env_int("NRLLM_API_MAX_BODY_BYTES", 1_048_576, minimum=1024)

@@ -21,6 +21,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from runs.admin import aftermath, approval_rows
 from runs.admin.display import position_in_words
+from runs.admin.live import live_context
 from runs.admin.paginator import BoundedCountPaginator
 from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
@@ -69,6 +70,7 @@ class ApprovalsInbox:
                 "decided_page": decided.get_page(request.GET.get("decided_page")),
                 "run_filter": run_id,
                 "can_approve": self.has_approve_permission(request),
+                **live_context(pending_total > 0),
             },
         )
 

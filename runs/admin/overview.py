@@ -12,6 +12,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from runs.admin import console
+from runs.admin.live import live_context
 from runs.admin.liveness import liveness
 from runs.admin.overview_charts import charts, window_of
 from runs.admin.spend_overview import spend_overview
@@ -48,10 +49,13 @@ def index_context(request) -> dict:
     if not request.user.has_perm(VIEW_RUNS):
         return {}
     now = database_now()
+    numbers = console.overview(now)
     return {
         "overview": True,
         "now": now,
-        **console.overview(now),
+        **numbers,
+        # Live while a run may still change (calls waiting: their runs wait).
+        **live_context(any(numbers[status] for status in console.LIVE)),
         "charts": charts(now, window_of(request)),
         "liveness": liveness(now),
         "spend": spend_overview(),

@@ -12,7 +12,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from nrllm_ops.admin_site import ReadOnly
-from runs.admin import console, search
+from runs.admin import console, live, search
 from runs.admin.approvals import ApprovalsInbox
 from runs.admin.bulk_actions import BulkRunActions
 from runs.admin.filters import (
@@ -38,6 +38,7 @@ class AgentRunAdmin(
     RunActions,
     BulkRunActions,
     ApprovalsInbox,
+    live.LiveRunList,
     RunListColumns,
     RunPageFields,
     RunSpendFields,
@@ -172,7 +173,11 @@ class AgentRunAdmin(
         run = self.get_object(request, unquote(object_id))
         if run is None:
             return super().change_view(request, object_id, form_url)  # "does not exist"
-        context = {**run_page_context(self, request, run), **(extra_context or {})}
+        context = {
+            **run_page_context(self, request, run),
+            **live.live_context(live.run_in_flight(run)),
+            **(extra_context or {}),
+        }
         return super().change_view(request, object_id, form_url, extra_context=context)
 
     # --- operator pages -------------------------------------------------------------
