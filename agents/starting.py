@@ -168,3 +168,23 @@ def _lowered(name: str, value, limit, version: AgentVersion, *, own: bool):
             )
         raise InvalidRunRequest(f"{name}: {value!r} is above {whose}; a run may only lower it")
     return value
+
+
+def rerun_request(run, *, new_input=None, version=None) -> tuple[dict | None, object]:
+    """The whole request a rerun of ``run`` gets (G20), and the agent
+    version it records: ``new_input`` replaces the prompt; ``version`` (a
+    number) takes that version of the run's agent, whose definition the
+    request then is. Neither: ``(None, ...)``, the original's request and
+    version. Raises ``InvalidRunRequest`` naming ``input`` or ``version``."""
+    if new_input is not None and (not isinstance(new_input, str) or not new_input):
+        raise InvalidRunRequest("input: the rerun's input must be a non-empty string")
+    if version is None:
+        if new_input is None:
+            return None, ...
+        return {**run.request, "prompt": new_input}, ...
+    if run.agent_version_id is None:
+        raise InvalidRunRequest("version: this run was not started from an agent")
+    agent = run.agent_version.agent
+    start = {"agent": agent.name, "version": version, "input": new_input or run.prompt}
+    request, chosen = expand(start)
+    return request, chosen

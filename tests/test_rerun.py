@@ -1,0 +1,201 @@
+"""G20: going back into a run never repeats a write unasked.
+
+A rerun from a chosen model turn is a new run that replays the original's
+journal before that turn and asks the model anew from it. Tried through the
+API with real rqworkers, with the ``scripted`` provider and with a model that
+words every answer differently: the replayed turns are never asked for
+again, a non-idempotent write recorded after the turn refuses the rerun
+until an operator with ``runs.rerun_past_write`` confirms it, and then the
+new run waits for an approval before that write executes again.
+"""
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
+
+from agents.versions import save_agent
+from runs import transitions
+from runs.models import AgentRun
+from runs.runtime import enqueue
+from runs.vocabulary import RunStatus, StepKind
+from tests.approval_requests import client_with, decide, pending
+from tests.drifting_model import MODELS, NOTIFY, SEARCH, request_for, scripted_request
+from tests.helpers import fresh, wait_until
+from tools.models import OutboxNotification
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOOLS = ["search_notes", "send_notification"]
+#: A read, a notification (a non-idempotent write), then the answer.
+PLAN = [{"calls": [SEARCH]}, {"calls": [NOTIFY]}, {"answer": "sent (take {take})"}]
+
+
+def turns_of(run) -> list[int]:
+    """The sequences of ``run``'s model turns, in order."""
+    steps = run.steps.filter(kind=StepKind.LLM).order_by("sequence")
+    return list(steps.values_list("sequence", flat=True))
+
+
+def url(run, sequence) -> str:
+    return f"/api/runs/{run.pk}/rerun-from/{sequence}/"
+
+
+def ended(run_id, status=RunStatus.COMPLETED, what="the run"):
+    wait_until(lambda: AgentRun.objects.get(pk=run_id).status == status, timeout=40, what=what)
+    return AgentRun.objects.get(pk=run_id)
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("model", MODELS, indirect=True)
+def test_a_rerun_replays_the_turns_before_the_step_and_asks_before_repeating_a_write(
+    model, workers, api, operator, approver, api_token
+):
+    original = enqueue(request_for("drifting" if model else "scripted", PLAN, TOOLS))
+    workers.start()
+    original = ended(original.pk, what="the original run")
+    search_turn, notify_turn, answer_turn = turns_of(original)
+    assert OutboxNotification.objects.count() == 1
+
+    # From the notification's turn: the write after it refuses the rerun.
+    verdict = api.get(url(original, notify_turn)).json()
+    assert (verdict["allowed"], verdict["code"], verdict["past_write"]) == (
+        False,
+        "past_write",
+        True,
+    )
+    (write,) = verdict["writes_after"]
+    assert write == {
+        "sequence": notify_turn + 1,
+        "tool": "send_notification",
+        "effect": "non_idempotent_write",
+        "state": "executed",
+    }
+    refused = api.post(url(original, notify_turn), {"note": "again"}, format="json")
+    assert (refused.status_code, refused.json()["code"]) == (409, "past_write")
+    # Confirming takes a permission of its own.
+    without = api.post(url(original, notify_turn), {"confirm_past_write": True}, format="json")
+    assert without.status_code == 403
+    assert "runs.rerun_past_write" in without.json()["detail"]
+    assert AgentRun.objects.count() == 1
+
+    operator.user_permissions.add(Permission.objects.get(codename="rerun_past_write"))
+    made = api.post(
+        url(original, notify_turn),
+        {"confirm_past_write": True, "note": "the team list changed"},
+        format="json",
+    )
+    assert made.status_code == 201, made.content
+    rerun = AgentRun.objects.get(pk=made.json()["id"])
+    assert (made.json()["rerun_of"], made.json()["rerun_from_sequence"]) == (
+        str(original.pk),
+        notify_turn,
+    )
+    # It goes live at the chosen turn, and the write it asks for again waits.
+    rerun = ended(rerun.pk, RunStatus.WAITING_FOR_APPROVAL, "the rerun to wait")
+    assert OutboxNotification.objects.count() == 1
+    (approval,) = pending(rerun)
+    assert approval.tool_name == "send_notification"
+    assert decide(client_with(api_token(approver)), approval).status_code == 200
+    rerun = ended(rerun.pk, what="the approved rerun")
+    assert OutboxNotification.objects.count() == 2
+
+    # From the final answer's turn, with another input: nothing to confirm.
+    edited = {"input": original.prompt.replace("ship it", "ship it, politely")}
+    again = api.post(url(original, answer_turn), edited, format="json")
+    assert again.status_code == 201, again.content
+    polite = ended(again.json()["id"], what="the second rerun")
+    assert polite.prompt.startswith("ship it, politely")
+    assert OutboxNotification.objects.count() == 2
+
+    # Each rerun copied the turns before its step and counts none of their spend.
+    for new_run, step in ((rerun, notify_turn), (polite, answer_turn)):
+        copied = new_run.steps.exclude(replay_of=None).order_by("sequence")
+        assert [s.replay_of for s in copied] == list(range(search_turn, step))
+        live_turns = len(PLAN) - len([s for s in copied if s.kind == StepKind.LLM])
+        assert new_run.total_tokens == original.total_tokens * live_turns // len(PLAN)
+    if model is not None:
+        # The replayed turns were never asked for again; the live ones were.
+        assert model.requests_by_turn == {0: 1, 1: 2, 2: 3}
+        assert polite.output != original.output
+
+    # Linked both ways, and audited on both runs (G11).
+    reruns = api.get(f"/api/runs/?rerun_of={original.pk}").json()["results"]
+    assert {r["id"] for r in reruns} == {str(rerun.pk), str(polite.pk)}
+    actions = [
+        step.result["action"]
+        for step in fresh(original).steps.filter(kind=StepKind.OPERATOR).order_by("sequence")
+    ]
+    assert actions == ["rerun_from", "rerun_from"]
+    first = rerun.steps.get(sequence=1).result
+    assert (first["action"], first["of_run"], first["operator"]) == (
+        "rerun_of",
+        str(original.pk),
+        "olivia",
+    )
+    assert LogEntry.objects.filter(object_id=str(original.pk)).count() == 2
+
+
+def test_a_rerun_is_refused_with_the_reason_and_bad_input_is_a_400_naming_the_field(
+    api, viewer, api_token
+):
+    request = scripted_request("ship it", PLAN, TOOLS)
+    original = enqueue(request)  # no queue: it runs here, on commit
+    original = fresh(original)
+    assert original.status == RunStatus.COMPLETED
+    search_turn, notify_turn, _ = turns_of(original)
+
+    def refused(sequence, body=None):
+        answer = api.post(url(original, sequence), body or {}, format="json")
+        return answer.status_code, answer.json().get("code"), answer.json()
+
+    assert refused(notify_turn + 1)[:2] == (409, "not_a_turn")  # a tool step
+    assert refused(999)[:2] == (409, "not_a_turn")
+    assert refused(search_turn, {"input": ""})[0] == 400
+    assert "input" in refused(search_turn, {"input": ""})[2]["errors"]
+    status, _, body = refused(search_turn, {"version": 2})
+    assert status == 400 and "not started from an agent" in body["errors"]["version"][0]
+    assert refused(search_turn, {"confirm_past_write": "perhaps"})[0] == 400
+    assert api.post(f"/api/runs/{original.pk}/rerun-from/x/", {}).status_code == 404
+
+    # A viewer sees the verdict but may not rerun.
+    as_viewer = client_with(api_token(viewer))
+    assert as_viewer.get(url(original, search_turn)).json()["code"] == "past_write"
+    assert as_viewer.post(url(original, search_turn), {}, format="json").status_code == 403
+
+    # An ended run only; nothing was stored by any refusal.
+    queued = transitions.create_queued_run(original.request, original.prompt)
+    assert refused_for(api, queued, 1)[:2] == (409, "status")
+    assert AgentRun.objects.filter(rerun_of=original.pk).count() == 0
+    assert AgentRun.objects.count() == 2
+
+
+def refused_for(api, run, sequence):
+    answer = api.post(url(run, sequence), {}, format="json")
+    return answer.status_code, answer.json().get("code")
+
+
+def test_a_rerun_with_another_agent_version_is_refused_when_it_drops_a_replayed_tool(api, operator):
+    definition = {**scripted_request("", PLAN, TOOLS), "instructions": "be brief"}
+    del definition["prompt"]
+    save_agent("notifier", definition, user=operator, create=True)
+    save_agent(
+        "notifier",
+        {**definition, "tools": ["send_notification"]},
+        user=operator,
+        create=False,
+        based_on=1,
+    )
+    started = api.post(
+        "/api/runs/", {"agent": "notifier", "version": 1, "input": "ship it"}, format="json"
+    )
+    assert started.status_code == 201, started.content
+    original = AgentRun.objects.get(pk=started.json()["id"])
+    _, notify_turn, answer_turn = turns_of(original)
+
+    answer = api.post(url(original, notify_turn), {"version": 2}, format="json")
+    assert (answer.status_code, answer.json()["code"]) == (409, "tool_not_offered")
+    assert "search_notes" in answer.json()["detail"]
+    # The version the run started from still reruns, and the new run records it.
+    answer = api.post(url(original, answer_turn), {}, format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["agent"]["version"] == 1
