@@ -20,7 +20,7 @@ from django.conf import settings
 from agents.models import Agent, AgentVersion
 from runs.runtime import enqueue as enqueue_request
 from runs.runtime import run as run_request
-from runs.runtime.run_request import InvalidRunRequest
+from runs.runtime.run_request import InvalidRunRequest, parse_run_request
 from tools.canonical import storable_text
 
 #: The fields a start by agent may give.
@@ -181,7 +181,15 @@ def rerun_request(run, *, new_input=None, version=None) -> tuple[dict | None, ob
     if version is None:
         if new_input is None:
             return None, ...
-        return {**run.request, "prompt": new_input}, ...
+        request = {**run.request, "prompt": new_input}
+        try:
+            parse_run_request(request)
+        except InvalidRunRequest as error:
+            field, _, why = str(error).partition(":")
+            if field.split("/")[0] == "prompt":
+                raise InvalidRunRequest(f"input:{why}") from None
+            # Anything else is the original's, for the verdict to refuse.
+        return request, ...
     if run.agent_version_id is None:
         raise InvalidRunRequest("version: this run was not started from an agent")
     agent = run.agent_version.agent

@@ -2,9 +2,11 @@
 
 from rest_framework import serializers
 
+from api.serializers import StrictSerializer, TextField
 
-class RerunBodySerializer(serializers.Serializer):
-    input = serializers.CharField(
+
+class RerunBodySerializer(StrictSerializer):
+    input = TextField(
         required=False, trim_whitespace=False, help_text="the new run's input; else the original's"
     )
     version = serializers.IntegerField(
@@ -12,7 +14,7 @@ class RerunBodySerializer(serializers.Serializer):
         min_value=1,
         help_text="another version of the run's agent; else the version the run started from",
     )
-    note = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    note = TextField(required=False, allow_blank=True, default="", max_length=10_000)
     confirm_past_write = serializers.BooleanField(
         required=False,
         default=False,

@@ -155,6 +155,8 @@ def test_a_rerun_is_refused_with_the_reason_and_bad_input_is_a_400_naming_the_fi
     status, _, body = refused(search_turn, {"version": 2})
     assert status == 400 and "not started from an agent" in body["errors"]["version"][0]
     assert refused(search_turn, {"confirm_past_write": "perhaps"})[0] == 400
+    assert "input" in refused(search_turn, {"input": "a\x00b"})[2]["errors"]
+    assert "sequnce" in refused(search_turn, {"sequnce": 3})[2]["errors"]
     assert api.post(f"/api/runs/{original.pk}/rerun-from/x/", {}).status_code == 404
 
     # A viewer sees the verdict but may not rerun.
@@ -199,3 +201,36 @@ def test_a_rerun_with_another_agent_version_is_refused_when_it_drops_a_replayed_
     answer = api.post(url(original, answer_turn), {}, format="json")
     assert answer.status_code == 201, answer.content
     assert answer.json()["agent"]["version"] == 1
+
+
+def test_the_console_reruns_from_a_step_with_the_verdict_first(
+    operator, operator_client, viewer_client
+):
+    original = fresh(enqueue(scripted_request("ship it", PLAN, TOOLS)))
+    _, notify_turn, _ = turns_of(original)
+    page = operator_client.get(f"/admin/runs/agentrun/{original.pk}/change/").content.decode()
+    rerun_url = f"/admin/runs/agentrun/{original.pk}/rerun-from/{notify_turn}/"
+    assert page.count("rerun from here") == 3 and rerun_url in page
+    viewer_page = viewer_client.get(f"/admin/runs/agentrun/{original.pk}/change/")
+    assert "rerun from here" not in viewer_page.content.decode()
+    assert viewer_client.get(rerun_url).status_code == 403
+
+    # The verdict first: the write after the step, and who may confirm it.
+    shown = operator_client.get(rerun_url).content.decode()
+    assert "past_write" in shown and "send_notification" in shown
+    assert "Confirming needs the permission <code>runs.rerun_past_write</code>" in shown
+    form = {"input": original.prompt, "note": "again", "confirm_past_write": "on"}
+    refused = operator_client.post(rerun_url, form).content.decode()
+    assert "Not rerun: confirming a rerun past a non-idempotent write takes" in refused
+    blank = operator_client.post(rerun_url, {**form, "input": ""}).content.decode()
+    assert 'class="errorlist' in blank and AgentRun.objects.count() == 1
+
+    operator.user_permissions.add(Permission.objects.get(codename="rerun_past_write"))
+    made = operator_client.post(rerun_url, form)
+    rerun = AgentRun.objects.get(rerun_of=original.pk)
+    assert made.status_code == 302 and made["Location"].endswith(f"{rerun.pk}/change/")
+    assert fresh(rerun).status == RunStatus.WAITING_FOR_APPROVAL  # ran here, on commit
+    new_page = operator_client.get(made["Location"]).content.decode()
+    assert 'id="rerun-of"' in new_page and "copy of step" in new_page
+    old_page = operator_client.get(f"/admin/runs/agentrun/{original.pk}/change/")
+    assert str(rerun.pk)[:8] in old_page.content.decode()

@@ -46,7 +46,10 @@ class RunRerunFrom(BaseAPIView):
     )
     def get(self, request, pk, sequence):
         run = get_run(pk)
-        body = RerunBodySerializer(data=request.query_params)
+        previewed = {
+            n: request.query_params[n] for n in ("input", "version") if n in request.query_params
+        }
+        body = RerunBodySerializer(data=previewed)
         body.is_valid(raise_exception=True)
         request_data, _ = _request_of(run, body.validated_data)
         verdict = rerun_verdict(run, sequence, request_data=request_data)

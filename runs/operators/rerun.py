@@ -64,18 +64,19 @@ def rerun_from(
     the version it comes from (omitted: the original's). Recorded on both
     runs' step streams and in the admin log (G11). Raises ``BudgetRefused``
     when the operator's budget is spent (G17), storing nothing."""
-    if confirm_past_write and not operator.has_perm(PAST_WRITE_PERMISSION):
-        return RerunResult(
-            False,
-            "permission",
-            f"confirming a rerun past a non-idempotent write takes the permission "
-            f"{PAST_WRITE_PERMISSION!r}",
-        )
     verdict = rerun_verdict(
         run, sequence, request_data=request_data, past_write_confirmed=confirm_past_write
     )
     if not verdict.allowed:
         return RerunResult(False, verdict.code, verdict.reason, verdict)
+    if verdict.past_write and not operator.has_perm(PAST_WRITE_PERMISSION):
+        return RerunResult(
+            False,
+            "permission",
+            f"confirming a rerun past a non-idempotent write takes the permission "
+            f"{PAST_WRITE_PERMISSION!r}",
+            verdict,
+        )
     # The operator is the new run's submitter: their budget pays for it.
     check_spend_at_enqueue(verdict.request, operator)
     version = run.agent_version if agent_version is ... else agent_version
