@@ -15,7 +15,10 @@ from django.contrib.auth.models import Permission
 
 from agents.versions import save_agent
 from runs import transitions
+from runs.faults import step_inserts_refused
 from runs.models import AgentRun
+from runs.operators import actions as operator_actions
+from runs.operators.rerun_verdict import WriteAfter, rerun_verdict
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus, StepKind
 from tests.approval_requests import client_with, decide, pending
@@ -234,3 +237,18 @@ def test_the_console_reruns_from_a_step_with_the_verdict_first(
     assert 'id="rerun-of"' in new_page and "copy of step" in new_page
     old_page = operator_client.get(f"/admin/runs/agentrun/{original.pk}/change/")
     assert str(rerun.pk)[:8] in old_page.content.decode()
+
+
+def test_a_write_in_doubt_on_the_fence_counts_as_a_write_after_every_step(operator):
+    with step_inserts_refused("send_notification"):  # its audit fails: in doubt
+        original = fresh(enqueue(scripted_request("ship it", PLAN, TOOLS)))
+    assert original.pending_effect == "non_idempotent_write"
+    _, notify_turn = turns_of(original)
+    verdict = rerun_verdict(original, notify_turn)
+    assert (verdict.code, verdict.writes_after) == (
+        "past_write",
+        [WriteAfter(None, "send_notification", "non_idempotent_write", "in_doubt")],
+    )
+    assert "in doubt on the run's fence, may have landed" in verdict.reason
+    assert operator_actions.reconcile(original, operator, "not_applied", "bounced").ok
+    assert rerun_verdict(fresh(original), notify_turn).code == "safe"
