@@ -72,6 +72,7 @@ def test_a_rerun_replays_the_turns_before_the_step_and_asks_before_repeating_a_w
         "tool": "send_notification",
         "effect": "non_idempotent_write",
         "state": "executed",
+        "run": None,
     }
     refused = api.post(url(original, notify_turn), {"note": "again"}, format="json")
     assert (refused.status_code, refused.json()["code"]) == (409, "past_write")
@@ -252,3 +253,40 @@ def test_a_write_in_doubt_on_the_fence_counts_as_a_write_after_every_step(operat
     assert "in doubt on the run's fence, may have landed" in verdict.reason
     assert operator_actions.reconcile(original, operator, "not_applied", "bounced").ok
     assert rerun_verdict(fresh(original), notify_turn).code == "safe"
+
+
+def test_a_rerun_of_a_rerun_counts_the_writes_its_original_made_after_the_step(api, operator):
+    """A rerun's copied turns (and its live turns) stand for the original's
+    history: a rerun of the rerun from one of them could repeat what the
+    original wrote after that point, and must ask for it as G20 says."""
+    definition = {**scripted_request("", PLAN, TOOLS)}
+    del definition["prompt"]
+    save_agent("notifier", definition, user=operator, create=True)
+    started = api.post(
+        "/api/runs/", {"agent": "notifier", "version": 1, "input": "ship it"}, format="json"
+    )
+    original = AgentRun.objects.get(pk=started.json()["id"])
+    _, notify_turn, _ = turns_of(original)
+    operator.user_permissions.add(Permission.objects.get(codename="rerun_past_write"))
+    made = api.post(url(original, notify_turn), {"confirm_past_write": True}, format="json")
+    rerun = fresh(AgentRun.objects.get(pk=made.json()["id"]))
+    assert rerun.status == RunStatus.WAITING_FOR_APPROVAL
+    assert operator_actions.cancel(rerun, operator, "not now").ok
+    rerun = fresh(rerun)
+    copied_search, live_notify = turns_of(rerun)
+    for step in (copied_search, live_notify):
+        verdict = rerun_verdict(rerun, step, request_data=original.request)
+        assert (verdict.code, [w.tool for w in verdict.writes_after]) == (
+            "past_write",
+            ["send_notification"],
+        ), step
+    # With the agent's version again (its request without the approval the
+    # first rerun added), confirmed: the write still waits for an approval.
+    again = api.post(
+        url(rerun, copied_search), {"version": 1, "confirm_past_write": True}, format="json"
+    )
+    assert again.status_code == 201, again.content
+    assert fresh(AgentRun.objects.get(pk=again.json()["id"])).status == (
+        RunStatus.WAITING_FOR_APPROVAL
+    )
+    assert OutboxNotification.objects.count() == 1
