@@ -20,7 +20,7 @@ have: a prefix that calls a tool the new request does not offer, or that
 holds all the turns it may take, is refused rather than replayed.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from runs.models import AgentRun
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
@@ -43,6 +43,9 @@ class WriteAfter:
     #: ``executed`` (its tool code ran), ``in_doubt`` (it may have landed) or
     #: ``applied`` (an operator reconciled it as landed).
     state: str
+    #: The run that recorded it when that is not the run rerun but the run
+    #: it reruns (G20: its turns stand for that run's history), else None.
+    run: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,28 @@ def writes_after(run: AgentRun, sequence: int) -> list[WriteAfter]:
                     "in_doubt" if reconciliation is None else "applied",
                 )
             )
-    return writes
+    return writes + _original_writes_after(run, sequence)
+
+
+def _original_writes_after(run: AgentRun, sequence: int) -> list[WriteAfter]:
+    """For a rerun: the writes its original recorded from the point step
+    ``sequence`` stands for on — the turn a copied step copies, or the turn
+    the rerun went live at for its own turns — and so on up the chain. The
+    original wrote them in the world after that point: a rerun of the rerun
+    from there could repeat them just as a rerun of the original could. An
+    original retention deleted is not read (its rerun keeps the approvals
+    its request asks for)."""
+    if run.rerun_of is None:
+        return []
+    original = AgentRun.objects.filter(pk=run.rerun_of).first()
+    if original is None:
+        return []
+    copied = run.steps.filter(sequence=sequence).values_list("replay_of", flat=True).first()
+    point = run.rerun_from_sequence if copied is None else copied
+    return [
+        write if write.run else replace(write, run=str(original.pk))
+        for write in writes_after(original, point)
+    ]
 
 
 def _not_a_turn(run: AgentRun, sequence: int) -> tuple[str, str] | None:
@@ -239,10 +263,12 @@ def _plan(journal: Journal, sequence: int, writes: list[WriteAfter]) -> str:
 def _described(write: WriteAfter) -> str:
     what = f"the {write.effect} {write.tool!r}"
     if write.state == "in_doubt":
-        return f"{what}, in doubt on the run's fence, may have landed"
-    if write.state == "applied":
-        return f"{what} was reconciled as applied"
-    return f"step {write.sequence} executed {what}"
+        text = f"{what}, in doubt on the run's fence, may have landed"
+    elif write.state == "applied":
+        text = f"{what} was reconciled as applied"
+    else:
+        text = f"step {write.sequence} executed {what}"
+    return f"{text} (in run {write.run}, which this run reruns)" if write.run else text
 
 
 def _tools_of(writes: list[WriteAfter]) -> str:
