@@ -16,7 +16,7 @@ its budget count only what it spends.
 """
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.db import transaction
@@ -91,7 +91,17 @@ def rerun_from(
             request=verdict.request.as_json(),
             prompt=verdict.request.prompt,
             steps=[
-                _step({**by, "action": "rerun_of", "of_run": str(run.pk), "from_step": sequence}),
+                _step(
+                    {
+                        **by,
+                        "action": "rerun_of",
+                        "of_run": str(run.pk),
+                        "from_step": sequence,
+                        # What the original wrote after the step: a rerun
+                        # of this run counts them as its own (G20).
+                        "writes_after": [asdict(write) for write in verdict.writes_after],
+                    }
+                ),
                 *copied_journal(run.pk, new_id, verdict.journal),
             ],
             original_step=_step({**by, "action": "rerun_from", "from_step": sequence}),

@@ -20,7 +20,7 @@ have: a prefix that calls a tool the new request does not offer, or that
 holds all the turns it may take, is refused rather than replayed.
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from runs.models import AgentRun
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
@@ -144,27 +144,22 @@ def writes_after(run: AgentRun, sequence: int) -> list[WriteAfter]:
                     "in_doubt" if reconciliation is None else "applied",
                 )
             )
-    return writes + _original_writes_after(run, sequence)
+    return writes + _original_writes_after(run)
 
 
-def _original_writes_after(run: AgentRun, sequence: int) -> list[WriteAfter]:
-    """For a rerun: the writes its original recorded from the point step
-    ``sequence`` stands for on — the turn a copied step copies, or the turn
-    the rerun went live at for its own turns — and so on up the chain. The
-    original wrote them in the world after that point: a rerun of the rerun
-    from there could repeat them just as a rerun of the original could. An
-    original retention deleted is not read (its rerun keeps the approvals
-    its request asks for)."""
+def _original_writes_after(run: AgentRun) -> list[WriteAfter]:
+    """For a rerun: the writes its original recorded after the turn it went
+    live at (and so on up the chain), which its first step holds (G20). Every
+    step of the rerun stands before them — a copied turn is the original's
+    before that turn, a live one after it in a new branch — so a rerun of the
+    rerun from any of its steps could repeat them. Read from the rerun's own
+    step, not the original: retention may delete the original first."""
     if run.rerun_of is None:
         return []
-    original = AgentRun.objects.filter(pk=run.rerun_of).first()
-    if original is None:
-        return []
-    copied = run.steps.filter(sequence=sequence).values_list("replay_of", flat=True).first()
-    point = run.rerun_from_sequence if copied is None else copied
+    first = run.steps.filter(sequence=1).values_list("result", flat=True).first() or {}
     return [
-        write if write.run else replace(write, run=str(original.pk))
-        for write in writes_after(original, point)
+        WriteAfter(**{**write, "run": write.get("run") or str(run.rerun_of)})
+        for write in first.get("writes_after", [])
     ]
 
 
