@@ -292,3 +292,23 @@ def test_a_rerun_of_a_rerun_counts_the_writes_its_original_made_after_the_step(a
         RunStatus.WAITING_FOR_APPROVAL
     )
     assert OutboxNotification.objects.count() == 1
+
+
+def test_a_rerun_whose_steps_the_database_refuses_stores_nothing_and_says_so(
+    api, operator_client
+):
+    """G11: a rerun and its steps are one transaction; the API answers 503
+    and the console says nothing was changed — never a 500."""
+    original = fresh(enqueue(scripted_request("ship it", PLAN, TOOLS)))
+    _, _, answer_turn = turns_of(original)
+    with step_inserts_refused(kind=StepKind.OPERATOR):
+        answer = api.post(url(original, answer_turn), {}, format="json")
+        assert answer.status_code == 503, answer.content
+        page = operator_client.post(
+            f"/admin/runs/agentrun/{original.pk}/rerun-from/{answer_turn}/",
+            {"input": original.prompt},
+        )
+        assert page.status_code == 200
+        assert "nothing was changed" in page.content.decode()
+    assert AgentRun.objects.count() == 1
+    assert fresh(original).step_count == original.step_count
