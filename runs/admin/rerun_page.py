@@ -5,9 +5,12 @@ agent version, a note and, past a non-idempotent write, the confirmation
 that only ``runs.rerun_past_write`` may give. A thin adapter over
 ``runs.operators.rerun``, as the API's view is."""
 
+import logging
+
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -21,6 +24,8 @@ from runs.operators.rerun_verdict import rerun_verdict
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
 from runs.vocabulary import SubmittedVia
+
+logger = logging.getLogger(__name__)
 
 
 class RerunForm(forms.Form):
@@ -123,6 +128,10 @@ def _rerun(request, run, sequence, form, request_data, version) -> tuple[AgentRu
         )
     except BudgetRefused as refused:
         return None, str(refused)
+    except DatabaseError:
+        # The new run, its steps and the original's are one transaction.
+        logger.exception("run=%s rerun from step %s failed on a database error", run.pk, sequence)
+        return None, "the database could not complete the rerun; nothing was changed"
     if not result.ok:
         return None, result.detail
     messages.success(
