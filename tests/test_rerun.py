@@ -294,9 +294,7 @@ def test_a_rerun_of_a_rerun_counts_the_writes_its_original_made_after_the_step(a
     assert OutboxNotification.objects.count() == 1
 
 
-def test_a_rerun_whose_steps_the_database_refuses_stores_nothing_and_says_so(
-    api, operator_client
-):
+def test_a_rerun_whose_steps_the_database_refuses_stores_nothing_and_says_so(api, operator_client):
     """G11: a rerun and its steps are one transaction; the API answers 503
     and the console says nothing was changed — never a 500."""
     original = fresh(enqueue(scripted_request("ship it", PLAN, TOOLS)))
