@@ -310,3 +310,32 @@ def test_a_rerun_whose_steps_the_database_refuses_stores_nothing_and_says_so(api
         assert "nothing was changed" in page.content.decode()
     assert AgentRun.objects.count() == 1
     assert fresh(original).step_count == original.step_count
+
+
+@pytest.mark.worker
+def test_a_write_that_returned_late_counts_as_a_write_after_the_step_however_reconciled(
+    settings, workers, operator
+):
+    """A write past its time limit is in doubt; what it returns later is a
+    ``late_result`` step (G15). An operator who reconciled it ``not_applied``
+    before it returned was wrong: it landed, and a rerun from before it
+    could repeat it."""
+    settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, "tests.tools_for_tests.SlowWrite"]
+    slow = {"name": "slow_write", "arguments": {"seconds": 3}}
+    original = enqueue(
+        scripted_request("ship it", [{"calls": [slow]}, {"answer": "ok"}], ["slow_write"])
+    )
+    workers.start()
+    original = ended(original.pk, RunStatus.FAILED, "the write to time out")
+    assert (original.status, original.pending_effect) == ("failed", "non_idempotent_write")
+    assert operator_actions.reconcile(original, operator, "not_applied", "it timed out").ok
+    (turn,) = turns_of(original)
+    assert rerun_verdict(fresh(original), turn).code == "safe"  # as the operator said
+    wait_until(
+        lambda: original.steps.filter(kind=StepKind.LATE_RESULT, error="").exists(),
+        timeout=10,
+        what="the write's late result",
+    )
+    verdict = rerun_verdict(fresh(original), turn)
+    assert verdict.code == "past_write"
+    assert [(w.tool, w.state) for w in verdict.writes_after] == [("slow_write", "returned_late")]
