@@ -29,7 +29,7 @@ class WriteAfterSerializer(serializers.Serializer):
     )
     tool = serializers.CharField()
     effect = serializers.CharField()
-    state = serializers.CharField(help_text="executed, in_doubt or applied")
+    state = serializers.CharField(help_text="executed, returned_late, in_doubt or applied")
     run = serializers.CharField(
         allow_null=True,
         help_text="null: this run recorded it; else the run it reruns, which did (its step)",

@@ -22,6 +22,8 @@ holds all the turns it may take, is refused rather than replayed.
 
 from dataclasses import dataclass, field
 
+from django.db.models import Q
+
 from runs.models import AgentRun
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_run_request
@@ -40,7 +42,8 @@ class WriteAfter:
     sequence: int | None
     tool: str
     effect: str
-    #: ``executed`` (its tool code ran), ``in_doubt`` (it may have landed) or
+    #: ``executed`` (its tool code ran), ``returned_late`` (it returned after
+    #: its time limit: it landed), ``in_doubt`` (it may have landed) or
     #: ``applied`` (an operator reconciled it as landed).
     state: str
     #: The run that recorded it when that is not the run rerun but the run
@@ -124,22 +127,34 @@ def rerun_verdict(
 
 def writes_after(run: AgentRun, sequence: int) -> list[WriteAfter]:
     """The writes ``run`` recorded from its step ``sequence`` on: the tool
-    steps whose code ran (they carry an idempotency key), and the write in
-    doubt on its fence unless it was reconciled ``not_applied``."""
-    steps = (
-        run.steps.filter(kind=StepKind.TOOL, sequence__gt=sequence, effect__in=_WRITES)
+    steps whose code ran (they carry an idempotency key), a write that
+    returned after its time limit (a ``late_result``: it landed, whatever an
+    operator reconciled before it did), and the write in doubt on its fence
+    unless it was reconciled ``not_applied``."""
+    steps = list(
+        run.steps.filter(sequence__gt=sequence, effect__in=_WRITES)
+        .filter(Q(kind=StepKind.TOOL) | Q(kind=StepKind.LATE_RESULT, error=""))
         .exclude(idempotency_key="")
         .order_by("sequence")
-        .values_list("sequence", "tool_name", "effect")
+        .values_list("sequence", "tool_name", "effect", "kind", "idempotency_key")
     )
-    writes = [WriteAfter(seq, tool, effect, "executed") for seq, tool, effect in steps]
-    if run.pending_effect in _WRITES and run.is_terminal:
+    writes = [
+        WriteAfter(seq, tool, effect, "executed" if kind == StepKind.TOOL else "returned_late")
+        for seq, tool, effect, kind, _ in steps
+    ]
+    returned = {key for *_, kind, key in steps if kind == StepKind.LATE_RESULT}
+    fenced = run.pending_call or {}
+    if (
+        run.pending_effect in _WRITES
+        and run.is_terminal
+        and fenced.get("idempotency_key") not in returned
+    ):
         reconciliation = run.reconciliation
         if reconciliation is None or reconciliation.outcome == ReconciliationOutcome.APPLIED:
             writes.append(
                 WriteAfter(
                     None,
-                    (run.pending_call or {}).get("tool", ""),
+                    fenced.get("tool", ""),
                     run.pending_effect,
                     "in_doubt" if reconciliation is None else "applied",
                 )
@@ -257,7 +272,9 @@ def _plan(journal: Journal, sequence: int, writes: list[WriteAfter]) -> str:
 
 def _described(write: WriteAfter) -> str:
     what = f"the {write.effect} {write.tool!r}"
-    if write.state == "in_doubt":
+    if write.state == "returned_late":
+        text = f"step {write.sequence} recorded {what} returning after its time limit: it landed"
+    elif write.state == "in_doubt":
         text = f"{what}, in doubt on the run's fence, may have landed"
     elif write.state == "applied":
         text = f"{what} was reconciled as applied"
