@@ -202,6 +202,9 @@ def test_a_rerun_with_another_agent_version_is_refused_when_it_drops_a_replayed_
     answer = api.post(url(original, notify_turn), {"version": 2}, format="json")
     assert (answer.status_code, answer.json()["code"]) == (409, "tool_not_offered")
     assert "search_notes" in answer.json()["detail"]
+    too_long = {"version": 2, "input": "x" * 100_001}
+    answer = api.post(url(original, notify_turn), too_long, format="json")
+    assert (answer.status_code, list(answer.json()["errors"])) == (400, ["input"])
     # The version the run started from still reruns, and the new run records it.
     answer = api.post(url(original, answer_turn), {}, format="json")
     assert answer.status_code == 201, answer.content
