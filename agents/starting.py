@@ -181,18 +181,23 @@ def rerun_request(run, *, new_input=None, version=None) -> tuple[dict | None, ob
     if version is None:
         if new_input is None:
             return None, ...
-        request = {**run.request, "prompt": new_input}
-        try:
-            parse_run_request(request)
-        except InvalidRunRequest as error:
-            field, _, why = str(error).partition(":")
-            if field.split("/")[0] == "prompt":
-                raise InvalidRunRequest(f"input:{why}") from None
-            # Anything else is the original's, for the verdict to refuse.
-        return request, ...
+        return _input_checked({**run.request, "prompt": new_input}), ...
     if run.agent_version_id is None:
         raise InvalidRunRequest("version: this run was not started from an agent")
     agent = run.agent_version.agent
     start = {"agent": agent.name, "version": version, "input": new_input or run.prompt}
     request, chosen = expand(start)
-    return request, chosen
+    return _input_checked(request), chosen
+
+
+def _input_checked(request: dict) -> dict:
+    """``request``, unless its prompt (the rerun's input) is refused: then
+    ``InvalidRunRequest`` naming ``input``. Anything else wrong is left for
+    the verdict to refuse (the original's, or the version's)."""
+    try:
+        parse_run_request(request)
+    except InvalidRunRequest as error:
+        field, _, why = str(error).partition(":")
+        if field.split("/")[0] == "prompt":
+            raise InvalidRunRequest(f"input:{why}") from None
+    return request
