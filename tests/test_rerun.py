@@ -302,15 +302,18 @@ def test_a_rerun_whose_steps_the_database_refuses_stores_nothing_and_says_so(api
     and the console says nothing was changed — never a 500."""
     original = fresh(enqueue(scripted_request("ship it", PLAN, TOOLS)))
     _, _, answer_turn = turns_of(original)
+    # Refused at the original's step (first), or at the copies (after the
+    # new run's row): never a new run without its copies.
     with step_inserts_refused(kind=StepKind.OPERATOR):
-        answer = api.post(url(original, answer_turn), {}, format="json")
-        assert answer.status_code == 503, answer.content
         page = operator_client.post(
             f"/admin/runs/agentrun/{original.pk}/rerun-from/{answer_turn}/",
             {"input": original.prompt},
         )
         assert page.status_code == 200
         assert "nothing was changed" in page.content.decode()
+    with step_inserts_refused(kind=StepKind.LLM):
+        answer = api.post(url(original, answer_turn), {}, format="json")
+        assert answer.status_code == 503, answer.content
     assert AgentRun.objects.count() == 1
     assert fresh(original).step_count == original.step_count
 
