@@ -345,3 +345,16 @@ def test_a_write_that_returned_late_counts_as_a_write_after_the_step_however_rec
     verdict = rerun_verdict(fresh(original), turn)
     assert verdict.code == "past_write"
     assert [(w.tool, w.state) for w in verdict.writes_after] == [("slow_write", "returned_late")]
+
+
+def test_a_rerun_past_a_call_of_a_tool_the_run_was_never_offered_is_not_refused_for_it():
+    """A model that miswords a tool's name (``Send_Notification``) was told
+    the tool is not offered; replaying that is what the original did, not a
+    call the new run "could not have made". The write's own name, asked for
+    after the step, still takes a confirmation."""
+    misnamed = {**NOTIFY, "name": "Send_Notification"}
+    plan = [{"calls": [misnamed]}, {"calls": [NOTIFY]}, {"answer": "sent"}]
+    original = fresh(enqueue(scripted_request("ship it", plan, TOOLS)))
+    _, notify_turn, answer_turn = turns_of(original)
+    assert rerun_verdict(original, answer_turn).code == "safe"
+    assert rerun_verdict(original, notify_turn).code == "past_write"
