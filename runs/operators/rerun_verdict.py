@@ -105,7 +105,8 @@ def rerun_verdict(
             sequence,
             writes,
         )
-    refused = _prefix_refused(journal, request)
+    offered = run.request.get("tools", []) if isinstance(run.request, dict) else []
+    refused = _prefix_refused(journal, request, offered)
     if refused:
         return RerunVerdict(False, *refused, sequence, writes)
     non_idempotent = [w for w in writes if w.effect == ToolEffect.NON_IDEMPOTENT_WRITE]
@@ -224,12 +225,16 @@ def _with_approvals(request_data, writes: list[WriteAfter]):
     return {**request_data, "require_approval": [*asked, *dict.fromkeys(added)]}
 
 
-def _prefix_refused(journal: Journal, request: RunRequest) -> tuple[str, str] | None:
+def _prefix_refused(
+    journal: Journal, request: RunRequest, offered_before
+) -> tuple[str, str] | None:
     """Why the prefix cannot be replayed under the new request: a call of a
-    tool it does not offer, or every turn it may take used already."""
+    tool the original offered (``offered_before``) and the new request does
+    not (a call of a tool never offered was told so, as it will be again),
+    or every turn it may take used already."""
     for recorded in journal.turns:
         for call, outcome in zip(recorded.turn.tool_calls, recorded.outcomes, strict=False):
-            if not call.problem and call.name not in request.tools:
+            if not call.problem and call.name in offered_before and call.name not in request.tools:
                 return (
                     "tool_not_offered",
                     f"step {outcome.sequence} records the tool {call.name!r}, which the "
