@@ -169,6 +169,13 @@ def test_a_rerun_is_refused_with_the_reason_and_bad_input_is_a_400_naming_the_fi
     assert as_viewer.get(url(original, search_turn)).json()["code"] == "past_write"
     assert as_viewer.post(url(original, search_turn), {}, format="json").status_code == 403
 
+    # A stored request that no longer parses (here not even an object).
+    AgentRun.objects.filter(pk=original.pk).update(request=["not", "a", "request"])
+    for body in ({}, {"input": "again"}):
+        status, code, _ = refused(search_turn, body)
+        assert (status, code) == (409, "request_invalid"), body
+    assert api.get(url(original, search_turn) + "?input=a").json()["code"] == "request_invalid"
+
     # An ended run only; nothing was stored by any refusal.
     queued = transitions.create_queued_run(original.request, original.prompt)
     assert refused_for(api, queued, 1)[:2] == (409, "status")
