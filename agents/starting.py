@@ -181,7 +181,9 @@ def rerun_request(run, *, new_input=None, version=None) -> tuple[dict | None, ob
     if version is None:
         if new_input is None:
             return None, ...
-        return _input_checked({**run.request, "prompt": new_input}), ...
+        # A stored request that is no object any more: the verdict refuses it.
+        stored = run.request if isinstance(run.request, dict) else {}
+        return _input_checked({**stored, "prompt": new_input}), ...
     if run.agent_version_id is None:
         raise InvalidRunRequest("version: this run was not started from an agent")
     agent = run.agent_version.agent
