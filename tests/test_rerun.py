@@ -266,7 +266,9 @@ def test_a_write_in_doubt_on_the_fence_counts_as_a_write_after_every_step(operat
     assert rerun_verdict(fresh(original), notify_turn).code == "safe"
 
 
-def test_a_rerun_of_a_rerun_counts_the_writes_its_original_made_after_the_step(api, operator):
+def test_a_rerun_of_a_rerun_counts_the_writes_its_original_made_after_the_step(
+    api, operator, operator_client
+):
     """A rerun's copied turns (and its live turns) stand for the original's
     history: a rerun of the rerun from one of them could repeat what the
     original wrote after that point, and must ask for it as G20 says."""
@@ -292,6 +294,8 @@ def test_a_rerun_of_a_rerun_counts_the_writes_its_original_made_after_the_step(a
             "past_write",
             ["send_notification"],
         ), step
+    page = operator_client.get(f"/admin/runs/agentrun/{rerun.pk}/rerun-from/{copied_search}/")
+    assert f'of run <span title="{original.pk}">' in page.content.decode()
     # With the agent's version again (its request without the approval the
     # first rerun added), confirmed: the write still waits for an approval.
     again = api.post(
