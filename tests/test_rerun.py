@@ -338,7 +338,7 @@ def test_a_write_that_returned_late_counts_as_a_write_after_the_step_however_rec
     before it returned was wrong: it landed, and a rerun from before it
     could repeat it."""
     settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, "tests.tools_for_tests.SlowWrite"]
-    slow = {"name": "slow_write", "arguments": {"seconds": 3}}
+    slow = {"name": "slow_write", "arguments": {"seconds": 5}}
     original = enqueue(
         scripted_request("ship it", [{"calls": [slow]}, {"answer": "ok"}], ["slow_write"])
     )
@@ -350,7 +350,7 @@ def test_a_write_that_returned_late_counts_as_a_write_after_the_step_however_rec
     assert rerun_verdict(fresh(original), turn).code == "safe"  # as the operator said
     wait_until(
         lambda: original.steps.filter(kind=StepKind.LATE_RESULT, error="").exists(),
-        timeout=10,
+        timeout=20,
         what="the write's late result",
     )
     verdict = rerun_verdict(fresh(original), turn)
