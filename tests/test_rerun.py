@@ -15,9 +15,11 @@ from django.contrib.auth.models import Permission
 
 from agents.versions import save_agent
 from runs import transitions
+from runs.approvals import actions as approval_actions
 from runs.faults import step_inserts_refused
 from runs.models import AgentRun
 from runs.operators import actions as operator_actions
+from runs.operators.rerun import rerun_from
 from runs.operators.rerun_verdict import WriteAfter, rerun_verdict
 from runs.retention import delete_whole_runs
 from runs.runtime import enqueue
@@ -369,3 +371,25 @@ def test_a_rerun_past_a_call_of_a_tool_the_run_was_never_offered_is_not_refused_
     _, notify_turn, answer_turn = turns_of(original)
     assert rerun_verdict(original, answer_turn).code == "safe"
     assert rerun_verdict(original, notify_turn).code == "past_write"
+
+
+def test_a_rerun_counts_what_its_original_wrote_after_the_rerun_was_made(operator):
+    """The original may go on after its rerun was made (requeued, a write
+    approved): what it writes then is after the rerun's turns too."""
+    asks = {**scripted_request("ship it", PLAN, TOOLS), "require_approval": ["send_notification"]}
+    original = fresh(enqueue(asks))
+    _, notify_turn = turns_of(original)
+    assert operator_actions.cancel(original, operator, "not yet").ok
+    rerun = rerun_from(fresh(original), notify_turn, operator, submitted_via="api").run
+    assert operator_actions.cancel(fresh(rerun), operator, "not this one").ok
+
+    assert operator_actions.requeue(fresh(original), operator, "go on").ok
+    (request,) = pending(original)
+    assert approval_actions.approve(request, operator, digest=request.digest).ok
+    assert OutboxNotification.objects.count() == 1  # the original sent it
+    for step in turns_of(rerun):
+        verdict = rerun_verdict(fresh(rerun), step)
+        assert (verdict.code, [w.run for w in verdict.writes_after]) == (
+            "past_write",
+            [str(original.pk)],
+        ), step
