@@ -20,7 +20,7 @@ have: a prefix that calls a tool the new request does not offer, or that
 holds all the turns it may take, is refused rather than replayed.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.db.models import Q
 
@@ -164,19 +164,28 @@ def writes_after(run: AgentRun, sequence: int) -> list[WriteAfter]:
 
 
 def _original_writes_after(run: AgentRun) -> list[WriteAfter]:
-    """For a rerun: the writes its original recorded after the turn it went
-    live at (and so on up the chain), which its first step holds (G20). Every
-    step of the rerun stands before them — a copied turn is the original's
-    before that turn, a live one after it in a new branch — so a rerun of the
-    rerun from any of its steps could repeat them. Read from the rerun's own
-    step, not the original: retention may delete the original first."""
+    """For a rerun: the writes its original recorded after the turn the
+    rerun went live at (and so on up the chain) — as its first step holds
+    them, and as the original holds them now (it may have gone on since).
+    Every step of the rerun stands before them — a copied turn is the
+    original's before that turn, a live one after it in a new branch — so a
+    rerun of the rerun from any of its steps could repeat them. The first
+    step keeps them when retention deleted the original."""
     if run.rerun_of is None:
         return []
+    original_id = str(run.rerun_of)
     first = run.steps.filter(sequence=1).values_list("result", flat=True).first() or {}
-    return [
-        WriteAfter(**{**write, "run": write.get("run") or str(run.rerun_of)})
-        for write in first.get("writes_after", [])
+    writes = [
+        WriteAfter(**{**w, "run": w.get("run") or original_id})
+        for w in first.get("writes_after", [])
     ]
+    original = AgentRun.objects.filter(pk=run.rerun_of).first()
+    if original is not None:
+        writes += [
+            write if write.run else replace(write, run=original_id)
+            for write in writes_after(original, run.rerun_from_sequence)
+        ]
+    return list(dict.fromkeys(writes))
 
 
 def _not_a_turn(run: AgentRun, sequence: int) -> tuple[str, str] | None:
