@@ -21,7 +21,7 @@ from agents.models import Agent, AgentVersion
 from runs.runtime import enqueue as enqueue_request
 from runs.runtime import run as run_request
 from runs.runtime.json_text import shown
-from runs.runtime.run_request import InvalidRunRequest
+from runs.runtime.run_request import InvalidRunRequest, parse_run_request
 from tools.canonical import storable_text
 
 #: The fields a start by agent may give.
@@ -169,3 +169,38 @@ def _lowered(name: str, value, limit, version: AgentVersion, *, own: bool):
             )
         raise InvalidRunRequest(f"{name}: {shown(value)} is above {whose}; a run may only lower it")
     return value
+
+
+def rerun_request(run, *, new_input=None, version=None) -> tuple[dict | None, object]:
+    """The whole request a rerun of ``run`` gets (G20), and the agent
+    version it records: ``new_input`` replaces the prompt; ``version`` (a
+    number) takes that version of the run's agent, whose definition the
+    request then is. Neither: ``(None, ...)``, the original's request and
+    version. Raises ``InvalidRunRequest`` naming ``input`` or ``version``."""
+    if new_input is not None and (not isinstance(new_input, str) or not new_input):
+        raise InvalidRunRequest("input: the rerun's input must be a non-empty string")
+    if version is None:
+        if new_input is None:
+            return None, ...
+        # A stored request that is no object any more: the verdict refuses it.
+        stored = run.request if isinstance(run.request, dict) else {}
+        return _input_checked({**stored, "prompt": new_input}), ...
+    if run.agent_version_id is None:
+        raise InvalidRunRequest("version: this run was not started from an agent")
+    agent = run.agent_version.agent
+    start = {"agent": agent.name, "version": version, "input": new_input or run.prompt}
+    request, chosen = expand(start)
+    return _input_checked(request), chosen
+
+
+def _input_checked(request: dict) -> dict:
+    """``request``, unless its prompt (the rerun's input) is refused: then
+    ``InvalidRunRequest`` naming ``input``. Anything else wrong is left for
+    the verdict to refuse (the original's, or the version's)."""
+    try:
+        parse_run_request(request)
+    except InvalidRunRequest as error:
+        field, _, why = str(error).partition(":")
+        if field.split("/")[0] == "prompt":
+            raise InvalidRunRequest(f"input:{why}") from None
+    return request

@@ -41,6 +41,7 @@ class RunFilter(django_filters.FilterSet):
     write_in_doubt = django_filters.BooleanFilter(
         method="filter_write_in_doubt", help_text="a non-idempotent write not reconciled"
     )
+    rerun_of = django_filters.UUIDFilter(help_text="the reruns of this run (G20)")
 
     class Meta:
         model = AgentRun

@@ -81,6 +81,12 @@ class RunSerializer(serializers.ModelSerializer):
         read_only=True,
         help_text="prompt + completion tokens of every recorded turn, over all attempts",
     )
+    rerun_of = serializers.UUIDField(
+        read_only=True,
+        allow_null=True,
+        help_text="the run this one reruns from its step rerun_from_sequence (G20); its "
+        "reruns: GET /api/runs/?rerun_of={id}",
+    )
     cost = serializers.SerializerMethodField(
         help_text="what the recorded turns cost, a decimal string; null while any turn "
         "is of unknown cost (unpriced_turns: no price, or no usage reported): unknown, never 0"
@@ -116,6 +122,8 @@ class RunSerializer(serializers.ModelSerializer):
             "llm_latency_ms",
             "tokens_saved_by_replay",
             "journal_begins_after",
+            "rerun_of",
+            "rerun_from_sequence",
             "write_in_doubt",
             "pending_approvals",
             "created_at",

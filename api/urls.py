@@ -3,7 +3,18 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from api.views import agents, approvals, audits, bulk, providers, runs, tools, usage, webhooks
+from api.views import (
+    agents,
+    approvals,
+    audits,
+    bulk,
+    providers,
+    reruns,
+    runs,
+    tools,
+    usage,
+    webhooks,
+)
 
 urlpatterns = [
     path("runs/", runs.RunListCreate.as_view(), name="api-runs"),
@@ -14,6 +25,11 @@ urlpatterns = [
     path("runs/<str:pk>/cancel/", runs.RunCancel.as_view(), name="api-run-cancel"),
     path("runs/<str:pk>/requeue/", runs.RunRequeue.as_view(), name="api-run-requeue"),
     path("runs/<str:pk>/restart/", runs.RunRestart.as_view(), name="api-run-restart"),
+    path(
+        "runs/<str:pk>/rerun-from/<int:sequence>/",
+        reruns.RunRerunFrom.as_view(),
+        name="api-run-rerun-from",
+    ),
     path(
         "runs/<str:pk>/webhook-deliveries/",
         webhooks.RunWebhookDeliveries.as_view(),

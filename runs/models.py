@@ -106,6 +106,13 @@ class AgentRun(models.Model):
     #: The request's ``webhook``, told when the run ends (G19): a column, so
     #: that the database trigger that records the event reads it cheaply.
     webhook_url = models.CharField(max_length=2000, blank=True, default="", db_default="")
+    #: The run this one reruns from a chosen model turn (G20), whose journal
+    #: up to that turn it copied and replays. An id, not a foreign key: the
+    #: original may be deleted by retention before its rerun, whose copied
+    #: steps still name it; the original's reruns are found by this column.
+    rerun_of = models.UUIDField(null=True, blank=True)
+    #: The original's step (a model turn) this run goes live from.
+    rerun_from_sequence = models.PositiveIntegerField(null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -118,6 +125,10 @@ class AgentRun(models.Model):
             ("cancel_agentrun", "Can cancel queued and running runs"),
             ("reconcile_agentrun", "Can reconcile writes in doubt"),
             ("approve_write", "Can approve or deny calls that wait for approval"),
+            (
+                "rerun_past_write",
+                "Can rerun a run from a step before a non-idempotent write it recorded",
+            ),
         ]
         indexes = [
             models.Index(fields=["-created_at"], name="run_created_idx"),
@@ -140,6 +151,12 @@ class AgentRun(models.Model):
             # through run_status_created_idx; running runs are few (one per
             # busy worker), however many runs the table holds.
             models.Index(fields=["status", "available_at"], name="run_status_available_idx"),
+            # A run page lists the run's reruns (G20).
+            models.Index(
+                fields=["rerun_of"],
+                condition=models.Q(rerun_of__isnull=False),
+                name="run_rerun_of_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -157,6 +157,13 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "approvals": approvals,
         "webhook_deliveries": deliveries_of(run.pk),  # G19
         "can_requeue": model_admin.has_requeue_permission(request),
+        # G20: from any model turn of an ended run's journal.
+        "can_rerun": model_admin.has_requeue_permission(request) and run.is_terminal,
+        "reruns": AgentRun.objects.filter(rerun_of=run.pk)
+        .order_by("created_at")
+        .only("pk", "status", "rerun_from_sequence"),
+        "rerun_original_exists": bool(run.rerun_of)
+        and AgentRun.objects.filter(pk=run.rerun_of).exists(),
         "can_cancel": model_admin.has_cancel_permission(request) and not run.is_terminal,
         "can_start_runs": request.user.has_perm("runs.add_agentrun"),  # "run again"
         "can_reconcile": model_admin.has_reconcile_permission(request),

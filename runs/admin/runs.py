@@ -23,6 +23,7 @@ from runs.admin.filters import (
     WriteInDoubtFilter,
 )
 from runs.admin.paginator import BoundedCountPaginator
+from runs.admin.rerun_page import rerun_page
 from runs.admin.run_actions import RUN_ACTIONS, OperatorPermissions, RunActions
 from runs.admin.run_columns import RunListColumns
 from runs.admin.run_page import RunPageFields, run_page_context
@@ -189,6 +190,11 @@ class AgentRunAdmin(
             path("overview/", view(self.overview_view), name="runs_overview"),
             path("write-audits/", view(self.write_audits_view), name="runs_write_audits"),
             *self.approval_urls(),
+            path(
+                "<uuid:run_id>/rerun-from/<int:sequence>/",
+                view(self.rerun_from_view),
+                name="runs_rerun_from",
+            ),
             *[
                 path(
                     f"<uuid:run_id>/{action}/",
@@ -208,6 +214,9 @@ class AgentRunAdmin(
             "opts": self.model._meta,
             "queues_url": "/admin/django-rq/" if settings.REDIS_URL else "",
         }
+
+    def rerun_from_view(self, request, run_id, sequence):
+        return rerun_page(self, request, run_id, sequence)
 
     def start_run_view(self, request):
         return start_run_page(self, request)

@@ -141,10 +141,12 @@ def read_journal(
     disabled: Collection[str],
     max_iterations: int,
     requested: Collection[str],
+    before: int | None = None,
 ) -> Journal:
     """The run's journal, ready to replay, in one query. Raises
     ``JournalUnreplayable`` when it cannot be replayed as it stands.
-    ``requested``: the tools the run's request names."""
+    ``requested``: the tools the run's request names. ``before``: only
+    the journal's steps before this sequence (a rerun's prefix, G20)."""
     with connection.cursor() as cursor:
         run_pk = AgentRun._meta.pk.get_db_prep_value(run_id, connection)  # SQLite: its hex
         cursor.execute(_JOURNAL_ROWS, {"run_id": run_pk})
@@ -159,6 +161,8 @@ def read_journal(
     for sequence, kind, tool_name, effect, result, error, key, journal_begins_after in rows:
         if isinstance(result, str):  # Django loads jsonb as text; the ORM would decode it
             result = json.loads(result)
+        if before is not None and sequence >= before:
+            break
         if sequence <= journal_begins_after:
             outside.setdefault(key, (sequence, tool_name))
             continue
@@ -225,7 +229,9 @@ def read_journal(
     )
 
 
-def read_journal_of(run_id, request: RunRequest, *, disabled: Collection[str]) -> Journal:
+def read_journal_of(
+    run_id, request: RunRequest, *, disabled: Collection[str], before: int | None = None
+) -> Journal:
     """``read_journal`` as a resumed attempt reads it: the tools registered
     now, the run's request's tools and iteration cap."""
     registry = get_registry()
@@ -238,6 +244,7 @@ def read_journal_of(run_id, request: RunRequest, *, disabled: Collection[str]) -
         disabled=disabled,
         max_iterations=request.max_iterations,
         requested=request.tools,
+        before=before,
     )
 
 

@@ -61,6 +61,7 @@ from runs.transitions.reaping import (
     reap_dead_letter,
     reap_requeue,
 )
+from runs.transitions.reruns import create_rerun
 from runs.transitions.steps import (
     NextCall,
     RecordOutcome,
@@ -90,6 +91,7 @@ __all__ = [
     "begin_interactive",
     "cancel",
     "cancel_requested",
+    "create_rerun",
     "claim",
     "create_queued_run",
     "db_time",
