@@ -383,7 +383,8 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         # its preview, each run's verdict in a table that fits, the counts
         # and the confirm in view.
         page.goto(f"{base}/admin/runs/agentrun/")
-        of_each_kind = page.locator("#result_list tbody tr").filter(has_not_text="Read the postmortems")
+        rows = page.locator("#result_list tbody tr")
+        of_each_kind = rows.filter(has_not_text="Read the postmortems")
         for index in range(of_each_kind.count()):
             of_each_kind.nth(index).locator("input.action-select").check()
         page.select_option("select[name=action]", "requeue_selected")
