@@ -16,6 +16,7 @@ from runs.runtime import enqueue, run
 from spend.budgets import database_now
 from spend.models import DailySpend
 from tests.browser import DOCS_SCREENSHOTS, admin_page
+from tests.browser_boxes import assert_shown, assert_table_fits
 from tests.helpers import answer, call, retried_when_due, scripted
 from tools.models import Note
 
@@ -140,6 +141,18 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
         expect(page.locator("#attempts")).to_contain_text("resumed after step 3")
         page.screenshot(path=screenshots / "run-detail-resumed.png", full_page=True)
 
+        # Rerun from its first turn (G20): the verdict first, the notification
+        # recorded after that turn refusing it until someone allowed confirms.
+        page.locator("#steps a.rerun-link").first.click()
+        expect(page.locator("#rerun-verdict")).to_contain_text("(past_write)")
+        expect(page.locator("#writes-after")).to_contain_text("send_notification")
+        expect(page.locator(".field-confirm_past_write")).to_contain_text(
+            "Confirming needs the permission runs.rerun_past_write"
+        )
+        assert_shown(page, "#writes-after", "#id_input", "#rerun-button")
+        assert_table_fits(page, "#writes-after")
+        page.screenshot(path=screenshots / "rerun-from.png", full_page=True)
+
         page.goto(f"{base}/admin/runs/agentrun/write-audits/")
         row = page.locator(f"#audit-{unsafe.pk}")
         expect(row).to_contain_text("send_notification")
@@ -208,8 +221,21 @@ def test_an_operator_starts_a_run_from_the_form_at_laptop_width_and_lands_on_its
         expect(page.locator("#id_prompt")).to_have_value("Summarise the incidents about the disk")
         expect(page.locator("input[name=tools][value=search_notes]")).to_be_checked()
         assert json.loads(page.input_value("#id_turns")) == turns
-    started = AgentRun.objects.get()
+        # Rerun from its answer with another input (G20): nothing written
+        # after that turn, so no confirmation; the new run links back.
+        page.go_back()
+        page.locator("#steps a.rerun-link").last.click()
+        expect(page.locator("#writes-after")).to_contain_text("none")
+        page.fill("#id_input", "Summarise the incidents about the disk, briefly")
+        page.click("#rerun-button")
+        expect(page.locator("#rerun-of")).to_contain_text("from step")
+    started = AgentRun.objects.get(rerun_of=None)
     assert (started.submitted_by, started.submitted_via) == (operator, "console")
+    rerun = AgentRun.objects.get(rerun_of=started.pk)
+    assert (rerun.status, rerun.prompt) == (
+        "completed",
+        "Summarise the incidents about the disk, briefly",
+    )
 
 
 def test_screenshots_of_the_main_pages_are_in_the_docs():
@@ -220,4 +246,5 @@ def test_screenshots_of_the_main_pages_are_in_the_docs():
         "run-detail-resumed.png",
         "write-audits.png",
         "overview.png",
+        "rerun-from.png",
     } <= names

@@ -1,0 +1,102 @@
+"""What the browser tests measure of a page, from the elements' boxes (not
+read off screenshots): whether an element is inside the viewport and
+clips nothing, whether a table fits its container, where the browser
+broke a line, how many rows are above the fold."""
+
+#: For a selector: its box, the viewport's size, and whether it clips its
+#: own content (a box narrower than what it holds, with the rest hidden).
+MEASURE = """selector => {
+  const element = document.querySelector(selector);
+  if (!element) return null;
+  const box = element.getBoundingClientRect();
+  return {
+    left: box.left, right: box.right, top: box.top, bottom: box.bottom,
+    viewport: document.documentElement.clientWidth,
+    clips: element.scrollWidth > element.clientWidth + 1
+      && getComputedStyle(element).overflowX !== "visible",
+  };
+}"""
+#: A table's container: what it holds wider than what it shows; and the
+#: cells, or what is in them, whose content is wider than they are (a key
+#: that does not wrap, spilling out or scrolling inside).
+TABLE_FITS = """selector => {
+  const table = document.querySelector(selector);
+  const container = table.parentElement;
+  // A cell, or anything in it that scrolls (the admin's pre does): cut.
+  // What is cut with "…" on purpose, whole in its tooltip, is not spilling.
+  const cutOnPurpose = cell => getComputedStyle(cell).textOverflow === "ellipsis"
+    && cell.closest("[title]");
+  const spilling = [...table.querySelectorAll("td, td *")]
+    .filter(cell => cell.clientWidth && cell.scrollWidth > cell.clientWidth + 1)
+    .filter(cell => !cutOnPurpose(cell))
+    .map(cell => cell.tagName + ": " + cell.textContent.trim().slice(0, 40));
+  return {
+    scroll: container.scrollWidth, client: container.clientWidth,
+    right: table.getBoundingClientRect().right,
+    viewport: document.documentElement.clientWidth,
+    spilling: spilling,
+  };
+}"""
+
+#: Whether a selector's element ends inside the content's padding (not
+#: under it, against the viewport's edge); with "" the boxes, to report.
+INSIDE_CONTENT = """selector => {
+  const content = document.querySelector("#content");
+  const inner = content.getBoundingClientRect().right
+    - parseFloat(getComputedStyle(content).paddingRight);
+  if (!selector) return {inner: inner};
+  return document.querySelector(selector).getBoundingClientRect().right <= inner + 1;
+}"""
+
+
+def assert_shown(page, *selectors, above_the_fold=False):
+    """Each selector's element inside the viewport's width (and height, when
+    ``above_the_fold``), not clipping what it holds."""
+    height = page.viewport_size["height"]
+    for selector in selectors:
+        box = page.evaluate(MEASURE, selector)
+        assert box is not None, f"{selector}: not on {page.url}"
+        assert 0 <= box["left"] and box["right"] <= box["viewport"], (selector, box)
+        assert not box["clips"], (selector, box)
+        if above_the_fold:
+            assert box["top"] >= 0 and box["bottom"] <= height, (selector, box)
+
+
+#: The rows of the runs list whose box ends above the fold, and the tallest.
+ROWS_IN_VIEW = """() => {
+  const rows = [...document.querySelectorAll("#result_list tbody tr")];
+  return {
+    above_the_fold: rows.filter(row => row.getBoundingClientRect().bottom <= innerHeight).length,
+    tallest: Math.max(...rows.map(row => row.getBoundingClientRect().height)),
+    line: parseFloat(getComputedStyle(rows[0].querySelector("td")).lineHeight),
+  };
+}"""
+
+
+#: For each element ``selector`` matches: its text and the character each
+#: of its lines ends with but the last (where the browser broke it).
+LINE_ENDS = """selector => [...document.querySelectorAll(selector)].map(element => {
+  const ends = [];
+  let top = null, before = "";
+  const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const at = range.getBoundingClientRect().top;
+      if (top !== null && at > top + 2) ends.push(before);
+      top = at;
+      before = node.data[i];
+    }
+  }
+  return {text: element.textContent, ends: ends};
+})"""
+
+
+def assert_table_fits(page, selector):
+    fit = page.evaluate(TABLE_FITS, selector)
+    assert fit["scroll"] <= fit["client"], (page.url, selector, fit)
+    assert fit["right"] <= fit["viewport"], (page.url, selector, fit)
+    assert not fit["spilling"], (page.url, selector, fit)
+    return fit
