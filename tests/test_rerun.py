@@ -248,6 +248,8 @@ def test_the_console_reruns_from_a_step_with_the_verdict_first(
     assert made.status_code == 302 and made["Location"].endswith(f"{rerun.pk}/change/")
     assert fresh(rerun).status == RunStatus.WAITING_FOR_APPROVAL  # ran here, on commit
     new_page = operator_client.get(made["Location"]).content.decode()
+    # The copies are no attempt of the rerun's: its one attempt replayed them.
+    assert "Attempts (1)" in new_page
     assert 'id="rerun-of"' in new_page and "copy of step" in new_page
     old_page = operator_client.get(f"/admin/runs/agentrun/{original.pk}/change/")
     assert str(rerun.pk)[:8] in old_page.content.decode()

@@ -116,6 +116,9 @@ def attempts(run: AgentRun) -> list[dict]:
     its model turns spent. Three queries, however many steps the run has."""
     rows = (
         run.steps.filter(kind__in=[StepKind.REQUEST, StepKind.RESUME, StepKind.LLM, StepKind.TOOL])
+        # Token 0: the steps a rerun copied from its original (G20), which
+        # no attempt of this run made; its first attempt's resume says so.
+        .exclude(lease_token=0)
         .values("lease_token")
         .annotate(
             first=Min("sequence"),
