@@ -1,0 +1,145 @@
+"""Shared rate limits (#42, docs/operations.md#shared-rate-limits): one
+limit per provider configuration and model, held across worker processes
+through Redis; a provider's 429 with ``Retry-After`` pauses every worker;
+Redis away while runs wait lets them go without the limit (fail open).
+
+Real ``rqworker`` processes (the concurrent worker), real Redis, and the
+local chat-completions server, which counts the requests it receives and
+answers 429 past its own limit, as a provider does.
+"""
+
+import json
+import time
+
+import pytest
+
+from runs.models import AgentRun
+from runs.runtime import enqueue
+from runs.runtime.rate_limit import waiting_for
+from runs.vocabulary import RunStatus
+from tests import test_concurrent_worker
+from tests.drifting_model import openai_request
+from tests.test_concurrent_worker import unfinished, wait_until
+
+#: A redis-server of the test's own, which it stops.
+own_redis = test_concurrent_worker.own_redis
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
+
+
+def limited(requests_per_minute: int, **env) -> dict:
+    """A concurrent worker's environment with a limit on the drifting model."""
+    return {
+        "NRLLM_WORKER_CLASS": "runs.worker.ConcurrentWorker",
+        "NRLLM_WORKER_CONCURRENCY": 12,
+        "DATABASE_POOL_MAX_SIZE": 4,
+        "NRLLM_LEASE_SECONDS": 3,
+        "NRLLM_OPERATION_MARGIN_SECONDS": 1,
+        "NRLLM_MAX_REQUEUES": 0,  # a run that is not let through fails: seen
+        "LOG_LEVEL": "WARNING",
+        "NRLLM_PROVIDER_RATE_LIMITS": json.dumps(
+            {"openai:drifting": {"requests_per_minute": requests_per_minute}}
+        ),
+        **env,
+    }
+
+
+def one_turn_runs(count: int, text: str) -> list[AgentRun]:
+    return [enqueue(openai_request(f"{text} {i}", [{"answer": "ok"}], [])) for i in range(count)]
+
+
+def finish_noting_holders(runs, seconds: float) -> set[str]:
+    """Wait until every run ended; the worker processes (pids) seen holding
+    any of ``runs`` meanwhile (a settle clears the lease's owner)."""
+    holders, deadline = set(), time.monotonic() + seconds
+    ids = [run.pk for run in runs]
+    while unfinished() and time.monotonic() < deadline:
+        owners = AgentRun.objects.filter(pk__in=ids, status=RunStatus.RUNNING)
+        holders |= {owner.split(":")[1] for owner in owners.values_list("lease_owner", flat=True)}
+        time.sleep(0.05)
+    assert unfinished() == 0, "runs left unfinished"
+    return holders
+
+
+def test_two_worker_processes_sharing_a_limit_keep_the_providers_rate_within_it(
+    workers, fake_openai, drifting_model
+):
+    """300 requests a minute (5 a second, a burst of 5) shared by two
+    processes of 12 slots each, against a server that refuses past 15
+    requests in any 2 s: no 429, at most the limit in every window, every
+    run completed, and both processes ran some."""
+    fake_openai.limit = (15, 2.0)
+    first = workers.start(**limited(300))
+    second = workers.start(**limited(300))
+    holders = finish_noting_holders(one_turn_runs(24, "shared"), 40)
+
+    statuses = set(AgentRun.objects.values_list("status", flat=True))
+    assert statuses == {RunStatus.COMPLETED}, statuses
+    assert fake_openai.refused == [], f"{len(fake_openai.refused)} requests got 429"
+    # A bucket of 5 at 5 a second: within any 2 s, 5 + 2 × 5 at most.
+    assert fake_openai.most_in_any_window(2.0) <= 15
+    arrivals = sorted(fake_openai.arrivals)
+    steady = (len(arrivals) - 5) / (arrivals[-1] - arrivals[0])
+    assert steady <= 5 * 1.05, f"{steady:.2f} requests a second past the burst"
+    assert holders == {str(first.pid), str(second.pid)}
+
+
+def test_a_429_with_retry_after_pauses_every_worker_and_the_run_that_got_it_waits(
+    workers, fake_openai, drifting_model, operator_client, settings
+):
+    """The first request gets 429 with Retry-After: 2. The run that got it
+    waits out the pause in its attempt (not requeued, it does not fail);
+    runs in another worker process, started after it, wait for the same
+    pause — shown on their run page — and none reaches the provider before
+    it is over."""
+    fake_openai.limit_retry_after = 2
+    fake_openai.limit = (0, 0.5)  # refuses everything until the test lifts it
+    first = workers.start(**limited(6000, NRLLM_WORKER_CONCURRENCY=1))
+    (paused_run,) = one_turn_runs(1, "paused")
+    assert wait_until(lambda: fake_openai.refused, 20)
+    paused_holder = AgentRun.objects.get(pk=paused_run.pk).lease_owner.split(":")[1]
+    refused_at = fake_openai.refused[0]
+    fake_openai.limit = None
+    workers.start(**limited(6000))
+    others = one_turn_runs(4, "others")
+    waiting = wait_until(lambda: waiting_for(others[0].pk) == "openai:drifting", 10)
+    page = operator_client.get(f"/admin/runs/agentrun/{others[0].pk}/change/").content.decode()
+    holders = finish_noting_holders(others, 30)
+
+    assert waiting, "the run of the other process was not seen waiting"
+    assert (
+        "waiting for the provider&#x27;s rate limit" in page
+        or "waiting for the provider's rate limit" in page
+    )
+    assert len(fake_openai.refused) == 1
+    answered = [at for at in fake_openai.arrivals if at != refused_at]
+    assert len(answered) == 5
+    assert min(answered) - refused_at >= 1.9, "a request went out during the pause"
+    assert set(AgentRun.objects.values_list("status", flat=True)) == {RunStatus.COMPLETED}
+    assert AgentRun.objects.get(pk=paused_run.pk).requeue_count == 0
+    assert paused_holder == str(first.pid)
+    assert holders and str(first.pid) not in holders
+
+
+def test_redis_stopped_while_runs_wait_lets_them_go_without_the_limit(
+    workers, fake_openai, drifting_model, settings, own_redis
+):
+    """60 requests a minute: of 8 runs, one goes at once and the others
+    wait, a second each. Redis stops: the limiter fails open, so the runs
+    waiting go without it (none fails, none hangs), well before the limit
+    would have let them."""
+    worker = workers.start(**limited(60, NRLLM_WORKER_CONCURRENCY=8), REDIS_URL=settings.REDIS_URL)
+    one_turn_runs(8, "outage")
+    assert wait_until(lambda: len(fake_openai.arrivals) >= 1, 20)
+    assert wait_until(lambda: AgentRun.objects.filter(status=RunStatus.RUNNING).count() >= 6, 10)
+    sent_before = len(fake_openai.arrivals)
+    own_redis.stop()
+    stopped = time.monotonic()
+    assert wait_until(lambda: unfinished() == 0, 10)
+    took = time.monotonic() - stopped
+
+    assert sent_before <= 2, f"{sent_before} requests went out at once: no limit held them"
+    assert set(AgentRun.objects.values_list("status", flat=True)) == {RunStatus.COMPLETED}
+    # The limit alone would have let the last of them go some 5 s later.
+    assert took < 3, f"the runs waiting took {took:.1f}s after Redis stopped"
+    assert worker.poll() is None
