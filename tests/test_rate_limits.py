@@ -15,7 +15,7 @@ import pytest
 
 from runs.models import AgentRun
 from runs.runtime import enqueue
-from runs.runtime.rate_limit import waiting_for
+from runs.runtime.rate_limit import SharedLimit, waiting_for
 from runs.vocabulary import RunStatus
 from tests import test_concurrent_worker
 from tests.drifting_model import openai_request
@@ -124,22 +124,40 @@ def test_a_429_with_retry_after_pauses_every_worker_and_the_run_that_got_it_wait
 def test_redis_stopped_while_runs_wait_lets_them_go_without_the_limit(
     workers, fake_openai, drifting_model, settings, own_redis
 ):
-    """60 requests a minute: of 8 runs, one goes at once and the others
-    wait, a second each. Redis stops: the limiter fails open, so the runs
-    waiting go without it (none fails, none hangs), well before the limit
-    would have let them."""
-    worker = workers.start(**limited(60, NRLLM_WORKER_CONCURRENCY=8), REDIS_URL=settings.REDIS_URL)
-    one_turn_runs(8, "outage")
-    assert wait_until(lambda: len(fake_openai.arrivals) >= 1, 20)
-    assert wait_until(lambda: AgentRun.objects.filter(status=RunStatus.RUNNING).count() >= 6, 10)
+    """60 requests a minute, 4 runs of 3 model turns each: with the limit,
+    a turn a second, 12 s. Redis stops once the first turns went: the turns
+    already given (up to 5 s off) wait for them and go, and the rest go
+    without the limit (fail open): every run completes, none fails, none
+    hangs, well before the limit would have let them."""
+    search = {"calls": [{"name": "search_notes", "arguments": {"query": "n"}}]}
+    for index in range(4):
+        enqueue(
+            openai_request(f"outage {index}", [search, search, {"answer": "ok"}], ["search_notes"])
+        )
+    worker = workers.start(**limited(60, NRLLM_WORKER_CONCURRENCY=4), REDIS_URL=settings.REDIS_URL)
+    assert wait_until(lambda: len(fake_openai.arrivals) >= 2, 20)
     sent_before = len(fake_openai.arrivals)
     own_redis.stop()
     stopped = time.monotonic()
-    assert wait_until(lambda: unfinished() == 0, 10)
+    assert wait_until(lambda: unfinished() == 0, 15)
     took = time.monotonic() - stopped
 
-    assert sent_before <= 2, f"{sent_before} requests went out at once: no limit held them"
+    assert sent_before <= 3, f"{sent_before} requests went out at once: no limit held them"
     assert set(AgentRun.objects.values_list("status", flat=True)) == {RunStatus.COMPLETED}
-    # The limit alone would have let the last of them go some 5 s later.
-    assert took < 3, f"the runs waiting took {took:.1f}s after Redis stopped"
+    assert len(fake_openai.arrivals) == 12
+    # The limit alone would have let the last of them go some 10 s later.
+    assert took < 6, f"the runs took {took:.1f}s after Redis stopped"
     assert worker.poll() is None
+
+
+def test_tokens_are_charged_as_estimated_and_corrected_to_the_reported_usage(queue):
+    """6,000 tokens a minute (100 a second, a bucket of 100), through the
+    same script on the real Redis: a call estimated at 80 tokens takes them
+    at once; the next must wait for its 80; once the first reports 20 used,
+    the 60 given back let the next go at once."""
+    limit = SharedLimit("openai:m", "openai http://x m", {"tokens_per_minute": 6000})
+    assert limit.take(80, may_wait=10) == (True, 0)
+    refused = limit.take(80, may_wait=0)
+    assert refused[0] is False and 0.5 <= refused[1] <= 0.7
+    limit.correct(estimated=80, used=20)
+    assert limit.take(80, may_wait=0) == (True, 0)

@@ -5,9 +5,11 @@ A limit (``NRLLM_PROVIDER_RATE_LIMITS``, ``"kind:model"`` or ``"kind:*"``) is
 two token buckets in one Redis hash per configuration — the provider's kind,
 its endpoint and the model, so two accounts never share one — refilled at the
 limit's rate and holding at most ``NRLLM_RATE_LIMIT_BURST_SECONDS`` of it.
-One Lua script (``_TAKE``), on Redis's own clock, refills them and takes a
-request and the call's estimated tokens, or says how long until they are
-there: no two workers can both take the last one. The estimate (the
+One Lua script (``_TAKE``), on Redis's own clock, refills them and gives
+the call the next turn they have — a request and its estimated tokens,
+taken in debt when its turn is still to come — and says how long until
+then: no two workers can both take the last one, and a waiting call sleeps
+until its turn without asking again (no herd of waiters polling Redis). The estimate (the
 conversation's characters / 4, plus ``max_tokens``) is corrected to the
 tokens the provider reports once the call returned.
 
@@ -30,7 +32,6 @@ every run for an outage of a part the runs otherwise do not need. Without
 import functools
 import json
 import logging
-import random
 import threading
 import time
 
@@ -57,7 +58,10 @@ _WAIT_PREFIX = "nrllm:rate-limit-wait:"
 
 # KEYS: the buckets' hash, the configuration's pause. ARGV: requests and
 # tokens per millisecond (0: not limited), their capacities, this call's
-# tokens. Returns {1, 0} when taken, or {0, milliseconds to wait}.
+# tokens, the longest it may wait (ms). A call is given the next turn the
+# buckets have, in debt if it must wait: {1, ms until its turn}. Refused,
+# nothing taken: {0, ms} — paused (then the pause's rest), or its turn
+# further off than it may wait.
 _TAKE = """
 local paused = redis.call('PTTL', KEYS[2])
 if paused > 0 then return {0, paused} end
@@ -76,13 +80,13 @@ local needed = math.min(cost, token_cap)
 if token_rate > 0 and tokens < needed then
   wait = math.max(wait, (needed - tokens) / token_rate)
 end
-if wait > 0 then return {0, math.ceil(wait)} end
+if wait > tonumber(ARGV[6]) then return {0, math.ceil(wait)} end
 if request_rate > 0 then requests = requests - 1 end
 if token_rate > 0 then tokens = tokens - cost end
 redis.call('HSET', KEYS[1], 'requests', tostring(requests), 'tokens', tostring(tokens),
   'at', tostring(now))
-redis.call('PEXPIRE', KEYS[1], 120000)
-return {1, 0}
+redis.call('PEXPIRE', KEYS[1], 120000 + math.ceil(wait))
+return {1, math.ceil(wait)}
 """
 
 # A pause never shortens one already standing (another worker's longer 429).
@@ -148,20 +152,28 @@ class SharedLimit:
             per_minute = limits.get(field, 0)
             self.rates += [per_minute / 60_000, max(1.0, per_minute * burst / 60)]
 
-    def take(self, tokens: int) -> float | None:
-        """Take a request and ``tokens``: 0 when taken, or the seconds to wait
-        first. None when Redis cannot say (the call goes without the limit)."""
+    def take(self, tokens: int, may_wait: float) -> tuple[bool, float] | None:
+        """Take a request and ``tokens``: ``(True, seconds)`` — the call's
+        turn comes in that many seconds (0: now) — or ``(False, seconds)``,
+        nothing taken: paused for that long, or its turn further off than
+        ``may_wait``. None when Redis cannot say (the call goes without)."""
         redis = _available()
         if redis is None:
             return None
         try:
             taken, wait_ms = redis.eval(
-                _TAKE, 2, self.bucket_key, self.pause_key, *self.rates, tokens
+                _TAKE,
+                2,
+                self.bucket_key,
+                self.pause_key,
+                *self.rates,
+                tokens,
+                int(may_wait * 1000),
             )
         except RedisError as error:
             _went_down(self.name, error)
             return None
-        return 0.0 if taken else wait_ms / 1000
+        return bool(taken), wait_ms / 1000
 
     def pause(self, seconds: float) -> None:
         """The provider said to come back in ``seconds``: every worker waits."""
@@ -230,15 +242,15 @@ class RateLimitedCalls:
             return turn
 
     def _wait_for_turn(self, tokens: int, deadline: float) -> bool:
-        """Wait until the limit takes the call; whether it did (False: Redis
-        could not say, and the call goes without it)."""
+        """Wait for the call's turn; whether the limit took it (False: Redis
+        could not say, and the call goes without it). A turn given is waited
+        for without asking again: no herd of waiters polls Redis."""
         started, marked = time.monotonic(), False
         try:
-            while (wait := self.limit.take(tokens)) is not None:
-                if wait == 0:
-                    return True
+            while (answer := self.limit.take(tokens, deadline - time.monotonic())) is not None:
+                taken, wait = answer
                 left = deadline - time.monotonic()
-                if wait > left:
+                if not taken and wait > left:
                     RATE_LIMIT_EVENTS.labels(self.limit.name, "gave_up").inc()
                     raise ProviderError(
                         f"rate limit {self.limit.name}: no turn within "
@@ -246,12 +258,13 @@ class RateLimitedCalls:
                         failure_class=FailureClass.RATE_LIMIT,
                         retry_after=wait,
                     )
-                if not marked:
-                    marked = self._mark_waiting(left)
-                # Waiters woken together would race for one request: spread.
-                time.sleep(wait * random.uniform(1, 1.2))
-                if self.heartbeat is not None and self.heartbeat.handed_back:
-                    raise LeaseLost()
+                if wait > 0:
+                    marked = marked or self._mark_waiting(left)
+                    time.sleep(wait)
+                    if self.heartbeat is not None and self.heartbeat.handed_back:
+                        raise LeaseLost()
+                if taken:
+                    return True
             return False
         finally:
             if marked:
