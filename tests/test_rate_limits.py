@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from runs.models import AgentRun
+from runs.models import AgentRun, ProviderCircuit
 from runs.runtime import enqueue
 from runs.runtime.rate_limit import SharedLimit, waiting_for
 from runs.vocabulary import RunStatus
@@ -117,6 +117,8 @@ def test_a_429_with_retry_after_pauses_every_worker_and_the_run_that_got_it_wait
     assert min(answered) - refused_at >= 1.9, "a request went out during the pause"
     assert set(AgentRun.objects.values_list("status", flat=True)) == {RunStatus.COMPLETED}
     assert AgentRun.objects.get(pk=paused_run.pk).requeue_count == 0
+    # The pause answered the 429: the circuit did not count it as well.
+    assert not ProviderCircuit.objects.filter(failures__gt=0).exists()
     assert paused_holder == str(first.pid)
     assert holders and str(first.pid) not in holders
 

@@ -144,8 +144,10 @@ class SharedLimit:
 
     def __init__(self, name: str, configuration: str, limits: dict):
         self.name = name
-        self.bucket_key = f"{_KEY_PREFIX}{configuration}"
-        self.pause_key = f"{_KEY_PREFIX}{configuration}:paused"
+        # One hash tag for both: a Redis Cluster keeps them on one node, as
+        # the script that reads both needs.
+        self.bucket_key = f"{_KEY_PREFIX}{{{configuration}}}"
+        self.pause_key = f"{_KEY_PREFIX}{{{configuration}}}:paused"
         burst = settings.NRLLM_RATE_LIMIT_BURST_SECONDS
         self.rates = []
         for field in ("requests_per_minute", "tokens_per_minute"):
@@ -313,4 +315,6 @@ def calls_for(provider, kind: str, run_id, heartbeat: Heartbeat | None) -> RateL
     # The endpoint is in the circuit's key: two accounts never share a limit.
     configuration = f"{kind} {getattr(provider, 'circuit_key', None) or model}"
     limit = SharedLimit(name, configuration, limits)
+    if hasattr(provider, "paused_on_429"):
+        provider.paused_on_429 = True  # its 429s pause the limit, not the circuit
     return RateLimitedCalls(limit, run_id, heartbeat, getattr(provider, "options", {}))
