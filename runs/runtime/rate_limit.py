@@ -186,6 +186,17 @@ class SharedLimit:
             except RedisError as error:
                 _went_down(self.name, error)
 
+    def paused(self) -> bool:
+        """Whether a provider's pause stands now (False when Redis cannot say)."""
+        redis = _available()
+        if redis is None:
+            return False
+        try:
+            return redis.pttl(self.pause_key) > 0
+        except RedisError as error:
+            _went_down(self.name, error)
+            return False
+
     def correct(self, estimated: int, used: int) -> None:
         """Give back (or charge more of) the tokens the estimate took."""
         redis = _available()
@@ -265,7 +276,10 @@ class RateLimitedCalls:
                     time.sleep(wait)
                     if self.heartbeat is not None and self.heartbeat.handed_back:
                         raise LeaseLost()
-                if taken:
+                # A turn that came during a provider's pause (given before
+                # the 429) is not taken: the call waits the pause out and
+                # asks for a new one.
+                if taken and not (wait > 0 and self.limit.paused()):
                     return True
             return False
         finally:
