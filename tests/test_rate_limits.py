@@ -12,6 +12,7 @@ import json
 import time
 
 import pytest
+from django.db.models.functions import Now
 
 from runs.models import AgentRun, ProviderCircuit
 from runs.runtime import enqueue
@@ -35,6 +36,10 @@ def limited(requests_per_minute: int, **env) -> dict:
         "DATABASE_POOL_MAX_SIZE": 4,
         "NRLLM_LEASE_SECONDS": 3,
         "NRLLM_OPERATION_MARGIN_SECONDS": 1,
+        # A model call's deadline (G16) of 2 s and the margin: a wait longer
+        # than that is kept by the heartbeat for the wait's own bound.
+        "NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS": 1,
+        "NRLLM_OPENAI_READ_TIMEOUT_SECONDS": 1,
         "NRLLM_MAX_REQUEUES": 0,  # a run that is not let through fails: seen
         "LOG_LEVEL": "WARNING",
         "NRLLM_PROVIDER_RATE_LIMITS": json.dumps(
@@ -50,12 +55,16 @@ def one_turn_runs(count: int, text: str) -> list[AgentRun]:
 
 def finish_noting_holders(runs, seconds: float) -> set[str]:
     """Wait until every run ended; the worker processes (pids) seen holding
-    any of ``runs`` meanwhile (a settle clears the lease's owner)."""
+    any of ``runs`` meanwhile (a settle clears the lease's owner). No run
+    running is ever seen with its lease lapsed (the heartbeat keeps it
+    through a wait, G16)."""
     holders, deadline = set(), time.monotonic() + seconds
     ids = [run.pk for run in runs]
     while unfinished() and time.monotonic() < deadline:
         owners = AgentRun.objects.filter(pk__in=ids, status=RunStatus.RUNNING)
         holders |= {owner.split(":")[1] for owner in owners.values_list("lease_owner", flat=True)}
+        lapsed = owners.filter(lease_expires_at__lt=Now()).count()
+        assert lapsed == 0, f"{lapsed} runs waiting with their lease lapsed"
         time.sleep(0.05)
     assert unfinished() == 0, "runs left unfinished"
     return holders
