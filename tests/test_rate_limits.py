@@ -70,6 +70,21 @@ def finish_noting_holders(runs, seconds: float) -> set[str]:
     return holders
 
 
+def workers_metrics(directory) -> dict[str, float]:
+    """The worker processes' metrics, as /metrics sums them (multiprocess mode)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    samples = [
+        line.rpartition(" ")
+        for line in generate_latest(registry).decode().splitlines()
+        if line and not line.startswith("#")
+    ]
+    return {name: float(value) for name, _, value in samples}
+
+
 def test_two_worker_processes_sharing_a_limit_keep_the_providers_rate_within_it(
     workers, fake_openai, drifting_model
 ):
@@ -94,7 +109,7 @@ def test_two_worker_processes_sharing_a_limit_keep_the_providers_rate_within_it(
 
 
 def test_a_429_with_retry_after_pauses_every_worker_and_the_run_that_got_it_waits(
-    workers, queue, fake_openai, drifting_model, operator_client
+    workers, queue, fake_openai, drifting_model, operator_client, tmp_path
 ):
     """The first request gets 429 with Retry-After: 3. The run that got it
     waits out the pause in its attempt (not requeued, it does not fail,
@@ -105,7 +120,8 @@ def test_a_429_with_retry_after_pauses_every_worker_and_the_run_that_got_it_wait
 
     fake_openai.limit_retry_after = 3
     fake_openai.limit = (0, 0.5)  # refuses everything until the test lifts it
-    pair = [workers.start(**limited(6000, NRLLM_WORKER_CONCURRENCY=3)) for _ in range(2)]
+    metrics = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    pair = [workers.start(**limited(6000, NRLLM_WORKER_CONCURRENCY=3, **metrics)) for _ in range(2)]
     assert wait_until(lambda: len(Worker.all(connection=queue.connection)) == 2, 30)
     (paused_run,) = one_turn_runs(1, "paused")
     assert wait_until(lambda: fake_openai.refused, 20)
@@ -136,6 +152,13 @@ def test_a_429_with_retry_after_pauses_every_worker_and_the_run_that_got_it_wait
     assert paused_holder in {str(worker.pid) for worker in pair}
     # The pause answered the 429: the circuit did not count it as well.
     assert not ProviderCircuit.objects.filter(failures__gt=0).exists()
+    # The workers' metrics: the 429, and the waits (each of the 5 runs').
+    scraped = workers_metrics(tmp_path)
+    assert (
+        scraped['nrllm_rate_limit_events_total{event="provider_429",limit="openai:drifting"}'] == 1
+    )
+    assert scraped['nrllm_rate_limit_wait_seconds_count{limit="openai:drifting"}'] == 5
+    assert scraped['nrllm_rate_limit_wait_seconds_sum{limit="openai:drifting"}'] >= 5 * 2
 
 
 def test_redis_stopped_while_runs_wait_lets_them_go_without_the_limit(
