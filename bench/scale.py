@@ -220,7 +220,8 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
         assert lease is not None
     target = targets[-1]
     pages[f"claim with {queued} queued"] = statistics.median(claimed)
-    pages[f"reaper pass, {queued - len(targets)} queued long due, jobs in Redis"] = _reaper_with_backlog()
+    backlog = f"reaper pass, {queued - len(targets)} queued long due, jobs in Redis"
+    pages[backlog] = _reaper_with_backlog()
 
     pages.update(_pruned_oldest_tenth(runs))
 
