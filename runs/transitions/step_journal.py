@@ -28,6 +28,7 @@ from django.db import connection, transaction
 
 from runs.models import AgentRun, RunStep
 from spend.recording import SPEND_CTE, USER_SPENT_COLUMN, spend_params, turns_spend
+from spend.reservations import SETTLE_CTES
 from spend.starting import CLAIM_COLUMNS, starting_spend_from_claim
 from tools.models import ToolSetting
 
@@ -266,6 +267,9 @@ def _owned_run_then_steps(
         returning += _RETURNING_SPEND_KEY
         extra_ctes.append(SPEND_CTE)
         spend_values = spend_params(spend, params["run_id"])
+        if tally is None or tally.reserving:
+            # The final answer's record (no tally) always settles: once a run.
+            extra_ctes.append(SETTLE_CTES)
     if tally is not None and tally.budget_since is not None:
         also_select = USER_SPENT_COLUMN
         spend_values = {**spend_values, **tally.user_params()}
