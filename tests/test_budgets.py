@@ -19,7 +19,7 @@ from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
-from spend.models import DailySpend, ModelPrice, SubmitterBudget
+from spend.models import DailySpend, ModelPrice, SpendHold, SubmitterBudget
 from tests.drifting_model import FAKE_USAGE, MODELS, NOTIFY, SEARCH, request_for
 from tests.fake_openai import Reply, completion, error
 from tests.helpers import fresh, later, wait_until
@@ -250,6 +250,9 @@ def test_a_budget_spent_while_a_write_waits_for_approval_never_repeats_the_write
     workers.run_burst(**RESERVING)
     assert fresh(agent_run).status == RunStatus.WAITING_FOR_APPROVAL
     assert fresh(agent_run).total_tokens == TURN_TOKENS  # the turn that parked counts
+    # ...and its park settled the call's reservation to it (G21).
+    (hold,) = SpendHold.objects.filter(submitter=operator.pk)
+    assert (hold.spent_tokens, hold.reserved_tokens) == (TURN_TOKENS, 0)
 
     # Other runs of the submitter spend the rest while the call waits.
     DailySpend.objects.filter(submitter=operator.pk).update(input_tokens=1000)
