@@ -241,7 +241,11 @@ class LeasedExecution(CallLease):
             steps = [*self.ledger.unwritten, final]
             with metrics.STEP_RECORD_SECONDS.time():
                 outcome = transitions.finish(
-                    self.lease, steps, output=output, recorded=self.ledger.recorded
+                    self.lease,
+                    steps,
+                    output=output,
+                    recorded=self.ledger.recorded,
+                    settle_reservations=self.reservations is not None,
                 )
             if outcome is FinishOutcome.STEPS_LOST:
                 self.ledger.leave_unwritten(steps[:-1])
