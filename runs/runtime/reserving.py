@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from nrllm_ops.database import release_connection
-from runs.metrics import BUDGET_REFUSALS
+from runs.metrics import BUDGET_REFUSALS, RESERVATION_WAITS
 from runs.runtime.errors import BudgetExhausted
 from spend import reservations
 from spend.budgets import Budget, Spent
@@ -60,9 +60,12 @@ class CallReservations:
         cost = reservations.largest_cost(tokens - completion, completion, self.price)
         if self.hold is None:
             self.hold = reservations.hold_for(self.submitter, self.budget, self.today)
-        deadline = time.monotonic() + settings.NRLLM_RESERVATION_WAIT_SECONDS
+        began = time.monotonic()
+        deadline = began + settings.NRLLM_RESERVATION_WAIT_SECONDS
         run_id, token = self.lease.run_id, self.lease.token
+        waited = False
         while not reservations.reserve(self.hold, self.budget, run_id, token, tokens, cost):
+            waited = True
             seen = reservations.held(self.hold)
             why = _no_room(self.budget, seen.spent, tokens, cost)
             if not why and time.monotonic() >= deadline:
@@ -81,6 +84,8 @@ class CallReservations:
             # The calls in flight need connections to settle: none is held.
             release_connection()
             time.sleep(random.uniform(0.05, 0.2))
+        if waited:
+            RESERVATION_WAITS.observe(time.monotonic() - began)
         self.made = True
 
     def release(self) -> None:
