@@ -4,11 +4,14 @@ of its turn, released by the reaper when its attempt died. Real
 PostgreSQL, Redis and rqworkers; every answer reports 18 tokens
 (``FAKE_USAGE``)."""
 
+import re
+from decimal import Decimal
+
 import pytest
 
 from runs.reaper import reap_stale_runs
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
-from spend.models import SpendHold, SpendReservation, SubmitterBudget
+from spend.models import ModelPrice, SpendHold, SpendReservation, SubmitterBudget
 from spend.reservations import largest_tokens
 from tests.drifting_model import FAKE_USAGE, MODELS, request_for
 from tests.helpers import fresh, later, wait_until
@@ -20,6 +23,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 #: The completion tokens a call of these tests reserves (the workers'
 #: ``NRLLM_RESERVE_MAX_TOKENS``: their requests set no ``max_tokens``).
 RESERVED_COMPLETION = 40
+#: The cost variant's price: 1000 a million tokens, in and out.
+PER_TOKEN = Decimal("0.001")
 
 
 def largest_first_call(agent_run) -> int:
@@ -45,18 +50,26 @@ def assert_settled(operator, tokens: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("limit", ["tokens", "cost"])
 def test_a_hundred_runs_in_flight_make_exactly_the_calls_their_submitters_budget_fits(
-    drifting_model, fake_openai, workers, operator
+    limit, drifting_model, fake_openai, workers, operator
 ):
     """100 one-call runs of one submitter on 2 concurrent workers (100 slots
     each), against a budget that fits 10 calls: the 10th call's reservation
-    fits beside 9 settled turns, an 11th's does not."""
+    fits beside 9 settled turns, an 11th's does not. In tokens, or in cost
+    at a price of 0.001 a token (in and out), so the two are the same race."""
     plan = [{"answer": "done", "delay_seconds": 0.2}]
     runs = [enqueue_for(operator, "drifting", plan) for _ in range(100)]
     largest = largest_first_call(runs[0])
     assert largest > TURN_TOKENS
     budget = 9 * TURN_TOKENS + largest
-    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=budget)
+    if limit == "tokens":
+        SubmitterBudget.objects.create(user=operator, period="day", max_tokens=budget)
+    else:
+        ModelPrice.objects.create(
+            provider="openai", model="drifting", input_per_million=1000, output_per_million=1000
+        )
+        SubmitterBudget.objects.create(user=operator, period="day", max_cost=budget * PER_TOKEN)
     env = {
         **CONCURRENT,
         "NRLLM_WORKER_CONCURRENCY": 100,
@@ -76,13 +89,25 @@ def test_a_hundred_runs_in_flight_make_exactly_the_calls_their_submitters_budget
     assert len(fake_openai.requests) == 10 == len(completed)
     assert {run.termination_reason for run in stopped} == {TerminationReason.BUDGET_EXHAUSTED}
     why = stopped[0].error_message
-    assert (
-        f"{10 * TURN_TOKENS} of {budget} tokens spent, and the call may cost up to {largest}" in why
-    ), why
+    if limit == "tokens":
+        shown = (
+            f"{10 * TURN_TOKENS} of {budget} tokens spent, and the call may cost up to {largest}"
+        )
+        assert shown in why, why
+    else:
+        seen = re.search(r"([\d.]+) of ([\d.]+) spent, and the call may cost up to ([\d.]+)", why)
+        assert seen, why
+        assert [Decimal(figure) for figure in seen.groups()] == [
+            10 * TURN_TOKENS * PER_TOKEN,
+            budget * PER_TOKEN,
+            largest * PER_TOKEN,
+        ], why
     # Never over: the day's spend is the 10 turns, within the budget.
-    spent, _, turns = spend_of(operator.pk)
+    spent, cost, turns = spend_of(operator.pk)
     assert (spent, turns) == (10 * TURN_TOKENS, 10)
     assert spent <= budget
+    if limit == "cost":
+        assert cost == 10 * TURN_TOKENS * PER_TOKEN <= budget * PER_TOKEN
     assert_settled(operator, 10 * TURN_TOKENS)
 
 
