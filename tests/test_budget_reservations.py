@@ -10,10 +10,12 @@ from decimal import Decimal
 import pytest
 
 from runs.reaper import reap_stale_runs
+from runs.runtime import enqueue
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from spend.models import ModelPrice, SpendHold, SpendReservation, SubmitterBudget
 from spend.reservations import largest_tokens
 from tests.drifting_model import FAKE_USAGE, MODELS, request_for
+from tests.fake_openai import error
 from tests.helpers import fresh, later, wait_until
 from tests.test_budgets import TURN_TOKENS, spend_of
 from tests.test_concurrent_worker import CONCURRENT
@@ -35,8 +37,6 @@ def largest_first_call(agent_run) -> int:
 
 
 def enqueue_for(operator, model, plan, **extra):
-    from runs.runtime import enqueue
-
     request = request_for(model, plan, [], scripted_usage=FAKE_USAGE, **extra)
     return enqueue(request, submitted_by=operator)
 
@@ -154,6 +154,36 @@ def test_the_reaper_releases_what_a_killed_attempt_reserved_and_the_run_resumes_
     assert agent_run.status == RunStatus.COMPLETED, agent_run.error_message
     assert agent_run.requeue_count == 1
     assert agent_run.steps.filter(kind=StepKind.LLM).count() == 1
+    if model is not None:
+        assert model.requests_by_turn == {0: 2}, model.requests_by_turn
+    assert_settled(operator, TURN_TOKENS)
+
+
+@pytest.mark.parametrize("model", MODELS, indirect=True)
+def test_a_failed_call_releases_its_reservation_and_the_retry_fits(model, workers, operator):
+    """The budget fits one call's reservation, not two. The first call gets
+    a 500: its attempt releases what it reserved, and the retry's fits."""
+    name = "scripted" if model is None else "drifting"
+    if model is not None:
+        model.fail_turn(0, error(500))
+    failure = {"error": "server_error", "attempts": 1}
+    request = request_for(
+        name, [{"answer": "done"}], [], scripted_usage=FAKE_USAGE, scripted_before={0: failure}
+    )
+    agent_run = enqueue(request, submitted_by=operator)
+    largest = largest_first_call(agent_run)
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=largest + 5)
+    # Retried at once (no backoff), by a worker that stays.
+    workers.start(
+        NRLLM_RETRY_BACKOFF_SECONDS=0,
+        NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION,
+        NRLLM_RESERVATION_WAIT_SECONDS=2,
+    )
+    wait_until(lambda: fresh(agent_run).is_terminal, timeout=40, what="the retried run ended")
+
+    agent_run = fresh(agent_run)
+    assert agent_run.status == RunStatus.COMPLETED, agent_run.error_message
+    assert agent_run.requeue_count == 1
     if model is not None:
         assert model.requests_by_turn == {0: 2}, model.requests_by_turn
     assert_settled(operator, TURN_TOKENS)
