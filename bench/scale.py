@@ -1,6 +1,7 @@
 """Server time of the operator and API pages, the reaper and the claim on a
 large database, generated with SQL (not the ORM), and the indexes behind them."""
 
+import statistics
 import time
 from datetime import date, timedelta
 
@@ -139,7 +140,10 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
         cursor.execute(GENERATE_STEPS, {"runs": runs, "steps": steps_per_run})
         cursor.execute(GENERATE_SPEND, {"submitters": 100 if runs >= 100_000 else 5})
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE runs_agentrun")
+        # As autovacuum leaves a table that grew over days (it vacuums after
+        # inserts too): the visibility map set, so a query answered from an
+        # index alone (the overview's charts) reads no run rows.
+        cursor.execute("VACUUM (ANALYZE) runs_agentrun")
         cursor.execute("ANALYZE runs_runstep")
         cursor.execute("ANALYZE spend_dailyspend")
     generated = time.perf_counter() - started
@@ -202,13 +206,22 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
             [queued],
         )
         cursor.execute("ANALYZE runs_agentrun")
-        cursor.execute("SELECT id FROM runs_agentrun WHERE status = 'queued' LIMIT 1")
-        target = cursor.fetchone()[0]
-    started = time.perf_counter()
-    lease = transitions.claim(target, "bench-worker", 60)
-    pages[f"claim with {queued} queued"] = (time.perf_counter() - started) * 1000
-    assert lease is not None
-    pages[f"reaper pass, {queued - 1} queued long due, jobs in Redis"] = _reaper_with_backlog()
+        cursor.execute("SELECT id FROM runs_agentrun WHERE status = 'queued' LIMIT 6")
+        targets = [row[0] for row in cursor.fetchall()]
+    # Timed as a worker makes it: the first claim of a process prepares the
+    # statement (one cold call measured 10.7 ms where warm ones take 3), so
+    # it is left out; the median of five after it.
+    assert transitions.claim(targets[0], "bench-worker", 60) is not None
+    claimed = []
+    for target in targets[1:]:
+        started = time.perf_counter()
+        lease = transitions.claim(target, "bench-worker", 60)
+        claimed.append((time.perf_counter() - started) * 1000)
+        assert lease is not None
+    target = targets[-1]
+    pages[f"claim with {queued} queued"] = statistics.median(claimed)
+    backlog = f"reaper pass, {queued - len(targets)} queued long due, jobs in Redis"
+    pages[backlog] = _reaper_with_backlog()
 
     pages.update(_pruned_oldest_tenth(runs))
 

@@ -72,6 +72,11 @@ BUDGET_REFUSALS = Counter(
     "Budget refusals: at enqueue (429), or before a model call (budget_exhausted)",
     ["where"],
 )
+RESERVATION_WAITS = Histogram(
+    "nrllm_budget_reservation_wait_seconds",
+    "How long a model call waited for room its submitter's calls in flight held (G21)",
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
 
 RATE_LIMIT_WAIT_SECONDS = Histogram(
     "nrllm_rate_limit_wait_seconds",

@@ -131,3 +131,55 @@ class DailySpend(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.submitter} {self.provider}/{self.model}"
+
+
+class SpendHold(models.Model):
+    """One submitter's budget period as the reservations before model calls
+    keep it (G21): what its recorded turns spent and what calls in flight
+    have reserved, on one row, so a reservation is one guarded UPDATE that
+    matches only while ``spent + reserved + the call's largest cost`` fits
+    (``spend.reservations``). Made by an attempt's first reservation of the
+    period, from the period's ``DailySpend``; the statement that records a
+    turn adds its spend here as it adds it to ``DailySpend``."""
+
+    submitter = models.BigIntegerField()
+    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
+    #: The period's first day (UTC, the database's clock).
+    start = models.DateField()
+    spent_tokens = models.BigIntegerField(default=0)
+    spent_cost = models.DecimalField(**MONEY, default=0)
+    reserved_tokens = models.BigIntegerField(default=0)
+    reserved_cost = models.DecimalField(**MONEY, default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["submitter", "period", "start"], name="hold_one_per_period"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.submitter} {self.period} from {self.start}"
+
+
+class SpendReservation(models.Model):
+    """A model call's largest possible cost, held against its submitter's
+    period (``hold``) from before the call until the statement that records
+    its turn settles it (G21). A failed or abandoned call's is released by
+    its attempt; a dead attempt's (its run no longer running under its
+    lease) by the reaper."""
+
+    hold = models.ForeignKey(SpendHold, on_delete=models.CASCADE, related_name="reservations")
+    #: The run and the attempt's lease token (not a foreign key: spend
+    #: imports nothing of the runtime, as ``DailySpend``).
+    run_id = models.UUIDField()
+    lease_token = models.BigIntegerField()
+    tokens = models.BigIntegerField()
+    cost = models.DecimalField(**MONEY)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["run_id", "lease_token"], name="reservation_attempt_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.tokens} tokens for {self.run_id}/{self.lease_token}"

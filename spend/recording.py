@@ -82,6 +82,8 @@ class Tally:
     user_before: Spent = field(default_factory=Spent)
     run: Spent = field(default_factory=Spent)
     user: Spent = field(default_factory=Spent)
+    #: The attempt reserves before its calls (G21): its records settle.
+    reserving: bool = False
 
     def saw_run(self, prompt_tokens, completion_tokens, cost, unpriced_turns) -> None:
         self.run = Spent(

@@ -5,9 +5,10 @@ the last 7 days (``?window=7d``); and the window's runs by status and
 termination reason as a table. Every bar, legend entry and number links to
 the runs list filtered to exactly its rows.
 
-One query feeds all three: the window's runs grouped by hour (Django's
-``Trunc``: ``date_trunc`` on PostgreSQL, ``strftime`` on SQLite), status,
-reason and failure class, reached through the ``created_at`` index. Its
+One query feeds all three: the window's runs grouped by hour
+(``date_bin`` on PostgreSQL, Django's ``Trunc`` elsewhere), status, reason
+and failure class, read from the ``created_at`` index alone (it includes
+the other three columns). Its
 cost grows with the runs created in the window, not with the table: at
 1,000,000 runs made one a second (86,400 a day) the 24-hour window reads
 86,400 rows and the 7-day one 604,800 (docs/console.md has the times).
@@ -17,7 +18,8 @@ Hours are UTC hours of the database's clock.
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import Count
+from django.db import connection
+from django.db.models import Count, DateTimeField, F, Func, Value
 from django.db.models.functions import Trunc
 from django.urls import reverse
 
@@ -83,6 +85,21 @@ def window_of(request) -> str:
     return value if value in WINDOWS else next(iter(WINDOWS))
 
 
+def _hour_of(field: str):
+    """The UTC hour a time falls in. On PostgreSQL ``date_bin`` on the
+    timestamp as it is (``date_trunc`` in UTC converts every row's time
+    zone first: a third of the 7-day query's time at 600,000 runs)."""
+    if connection.vendor != "postgresql":
+        return Trunc(field, "hour", tzinfo=UTC)
+    return Func(
+        Value(timedelta(hours=1)),
+        F(field),
+        Value(datetime(2000, 1, 1, tzinfo=UTC)),
+        function="DATE_BIN",
+        output_field=DateTimeField(),
+    )
+
+
 def charts(now: datetime, window: str) -> dict:
     """Both charts and the table for ``window`` ending in ``now``'s hour."""
     hours = WINDOWS[window]
@@ -90,9 +107,11 @@ def charts(now: datetime, window: str) -> dict:
     since = last - timedelta(hours=hours - 1)
     rows = list(
         AgentRun.objects.filter(created_at__gte=since)
-        .annotate(hour=Trunc("created_at", "hour", tzinfo=UTC))
+        .annotate(hour=_hour_of("created_at"))
         .values("hour", "status", "termination_reason", "failure_class")
-        .annotate(runs=Count("pk"))
+        # COUNT(*), not of the id: every column the query reads is in the
+        # created_at index (runs.models), so PostgreSQL reads only the index.
+        .annotate(runs=Count("*"))
         .order_by()
     )
     starts = [since + timedelta(hours=index) for index in range(hours)]

@@ -42,6 +42,7 @@ from runs.reaper.liveness import Beat, record_pass
 from runs.run_webhooks import DeliveryReport, deliver_due
 from runs.transitions import Reaping, StaleLease, db_time
 from runs.vocabulary import RunMode, RunStatus, StepKind
+from spend.reservations import release_dead
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class ReapReport:
     lost_races: int = 0
     #: The run-ended webhooks this pass tried (G19).
     webhooks: DeliveryReport = field(default_factory=DeliveryReport)
+    #: Reservations of dead attempts released (G21).
+    reservations_released: int = 0
 
     def count(self, action: str) -> int:
         return sum(1 for outcome in self.decisions.values() if outcome.startswith(action))
@@ -101,6 +104,8 @@ def reap_stale_runs(
         again = list(stale.filter(pk__in=lost).values(*_STALE_FIELDS))
         report.lost_races -= len(again)
         _reap_chunk(again, as_of, report)
+    # After the reaping: a reaped attempt's reservations are dead now (G21).
+    report.reservations_released = release_dead(AgentRun._meta.db_table)
     _expire_approvals(as_of, report)
     if settings.REDIS_URL:
         # Without Redis no queued run has a job to lose: the embedded worker

@@ -32,6 +32,7 @@ from runs.runtime.failed_attempts import (
 )
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.runtime.loop import run_agent_loop
+from runs.runtime.reserving import CallReservations
 from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_stored_request
 from runs.transitions import Lease
 from runs.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
@@ -198,6 +199,9 @@ def execute_attempt(
                 )
                 if journal:
                     execution.budget.replayed(journal)
+                execution.reservations = CallReservations.of(
+                    lease, starting_spend, execution.budget.tally
+                )
             offered = offered_tools(request.tools, disabled_tools)
             execution.approvals = _approval_gate(
                 lease, request, offered, approval_overrides, journal
@@ -252,6 +256,9 @@ def execute_attempt(
             traced.ended(spans.AttemptEnd.FAILED, error)
             settle_failure(lease, error, mode, requeue_count=requeue_count)
             return
+        finally:
+            # What a failed or abandoned call reserved (G21); a settled one is gone.
+            execution.release_reservation()
         traced.ended(outcome.reason)
         if not execution.settled:
             transitions.settle(lease, RunStatus.FAILED, outcome.reason)
@@ -267,19 +274,26 @@ class _DeadlinedProvider(TimedProvider):
         self._call_seconds = getattr(provider, "call_seconds", None)
         self._execution = execution
         self._model = getattr(provider, "model", None)  # the one asked for, if named
+        self._max_tokens = getattr(provider, "options", {}).get("max_tokens")
         #: The configuration's shared rate limit, if one is set (None: none).
         self._rate_limit = rate_limit.calls_for(
             provider, kind, execution.lease.run_id, execution.heartbeat
         )
 
     def next_turn(self, messages, tool_specs):
+        self._execution.reserve_call(messages, tool_specs, self._max_tokens)
         self._execution.model_call_begins(self._call_seconds)
         try:
             if self._rate_limit is None:
                 return self._traced_turn(messages, tool_specs)
+            # The reservation (G21) is held through the wait: the call it
+            # covers is still to be made.
             return self._rate_limit.call(
                 lambda: self._traced_turn(messages, tool_specs), messages, self._call_seconds
             )
+        except BaseException:
+            self._execution.release_reservation()
+            raise
         finally:
             self._execution.between_operations()
 

@@ -75,6 +75,8 @@ class LeasedExecution(CallLease):
         self.settled = False
         #: The budget checks before each model call (G17); None: none.
         self.budget = None
+        #: The reservations before each model call (G21); None: none.
+        self.reservations = None
         if budget is not None:
             self.budget_from(budget)
 
@@ -239,7 +241,11 @@ class LeasedExecution(CallLease):
             steps = [*self.ledger.unwritten, final]
             with metrics.STEP_RECORD_SECONDS.time():
                 outcome = transitions.finish(
-                    self.lease, steps, output=output, recorded=self.ledger.recorded
+                    self.lease,
+                    steps,
+                    output=output,
+                    recorded=self.ledger.recorded,
+                    settle_reservations=self.reservations is not None,
                 )
             if outcome is FinishOutcome.STEPS_LOST:
                 self.ledger.leave_unwritten(steps[:-1])
@@ -322,6 +328,24 @@ class LeasedExecution(CallLease):
         if self.budget is not None and event.kind == StepKind.LLM:
             fields["result"] = self.budget.priced(fields["result"])
         return fields
+
+    def reserve_call(self, messages, tool_specs, max_tokens: int | None) -> None:
+        """Reserve the call's largest cost against the submitter's budget
+        (G21), once G17's checks let it go (``BudgetExhausted`` if not)."""
+        if self.reservations is None:
+            return
+        self.budget.check_before_call(self.ledger.unwritten)
+        self.reservations.before_call(messages, tool_specs, max_tokens, self._still_waiting)
+
+    def release_reservation(self) -> None:
+        if self.reservations is not None:
+            self.reservations.release()
+
+    def _still_waiting(self) -> None:
+        """The lease is kept while the attempt waits (``LeaseLost`` if not)."""
+        self.between_operations()
+        if self.heartbeat is not None and self.heartbeat.handed_back:
+            raise LeaseLost()
 
     def model_call_begins(self, call_seconds: float | None) -> None:
         """A model call that may take ``call_seconds`` (its client's own

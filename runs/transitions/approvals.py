@@ -165,7 +165,7 @@ def wait_for_approval(
             },
         }
         _append_steps(lease.run_id, lease.token, [*steps, waiting_step])
-        add_spend_through_the_orm(lease.run_id, steps)
+        add_spend_through_the_orm(lease.run_id, steps, lease_token=lease.token)
         ApprovalRequest.objects.bulk_create(requests)
     _log_change(
         "wait_for_approval",

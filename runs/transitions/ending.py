@@ -130,19 +130,30 @@ class FinishOutcome(enum.Enum):
 
 
 def finish(
-    lease: Lease, steps: Sequence[dict], *, output: str, recorded: int | None = None
+    lease: Lease,
+    steps: Sequence[dict],
+    *,
+    output: str,
+    recorded: int | None = None,
+    settle_reservations: bool = False,
 ) -> FinishOutcome:
     """Record the final answer's step (the last of ``steps``, after any
     earlier ones still unwritten) and settle the run in one write:
     ``completed`` with ``output`` — or ``cancelled`` if a cancel was requested.
     Never raises. ``FAILED`` leaves the run as it was, for the caller to settle
     without the steps (a non-tool step is fail-soft, G2). ``recorded``: as
-    ``record_steps``'.
+    ``record_steps``'. ``settle_reservations``: the attempt's reservations are settled
+    by the same statement (G21).
     """
     try:
         if connection.vendor == "postgresql":
             finished = finish_in_one_statement(
-                lease, steps, output=output, usage=_usage_values(steps), recorded=recorded
+                lease,
+                steps,
+                output=output,
+                usage=_usage_values(steps),
+                recorded=recorded,
+                settle_reservations=settle_reservations,
             )
             if finished is None:
                 return _unmatched(lease, recorded)

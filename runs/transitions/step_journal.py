@@ -28,6 +28,7 @@ from django.db import connection, transaction
 
 from runs.models import AgentRun, RunStep
 from spend.recording import SPEND_CTE, USER_SPENT_COLUMN, spend_params, turns_spend
+from spend.reservations import SETTLE_CTES
 from spend.starting import CLAIM_COLUMNS, starting_spend_from_claim
 from tools.models import ToolSetting
 
@@ -134,13 +135,20 @@ def record_steps_in_one_statement(
 
 
 def finish_in_one_statement(
-    lease, steps: Sequence[dict], *, output: str, usage: dict, recorded: int | None = None
+    lease,
+    steps: Sequence[dict],
+    *,
+    output: str,
+    usage: dict,
+    recorded: int | None = None,
+    settle_reservations: bool = False,
 ):
     """Record the final answer's step (after any earlier ones still
     unwritten) and settle the run. Returns None if the lease is lost (or,
     with ``recorded``, the run does not hold that many of the attempt's
     steps), else (the run's ``cancel_requested_at`` — None: ``completed`` —,
-    the final step's sequence)."""
+    the final step's sequence). ``settle_reservations``: the attempt reserved before its
+    calls, and this settles them (G21)."""
     completed = "cancel_requested_at IS NULL"
     sets = [
         *_counted(len(steps)),
@@ -156,7 +164,7 @@ def finish_in_one_statement(
         "lease_expires_at = NULL",
     ]
     params = {**_lease_params(lease, recorded), "output": output}
-    row = _owned_run_then_steps(sets, steps, usage, params, tally=None)
+    row = _owned_run_then_steps(sets, steps, usage, params, settle_reservations=settle_reservations)
     return None if row is None else (row[3], row[1])
 
 
@@ -249,12 +257,14 @@ def _owned_run_then_steps(
     *,
     wait_for_flush=True,
     tally=None,
+    settle_reservations=False,
 ):
     """The lease-guarded UPDATE of ``sets`` (plus llm steps' usage totals and
     a resume step's saved tokens) with ``steps``, and the model turns' spend
     added to the submitter's day; the row (id, step_count, lease_token,
     cancel_requested_at, the run's totals) or None when the lease no longer
-    matches. ``tally``: as ``record_steps_in_one_statement``'s."""
+    matches. ``tally``: as ``record_steps_in_one_statement``'s; its
+    ``reserving`` (or ``settle_reservations``) settles the attempt's reservations (G21)."""
     returning = _RETURNING
     spend = turns_spend(steps)
     extra_ctes, also_select, spend_values = [], "", {}
@@ -266,6 +276,8 @@ def _owned_run_then_steps(
         returning += _RETURNING_SPEND_KEY
         extra_ctes.append(SPEND_CTE)
         spend_values = spend_params(spend, params["run_id"])
+        if settle_reservations or (tally is not None and tally.reserving):
+            extra_ctes.append(SETTLE_CTES)
     if tally is not None and tally.budget_since is not None:
         also_select = USER_SPENT_COLUMN
         spend_values = {**spend_values, **tally.user_params()}

@@ -21,6 +21,7 @@ from runs.transitions._common import (
 )
 from runs.transitions.step_journal import record_steps_in_one_statement
 from runs.vocabulary import StepKind
+from spend import reservations
 from spend.prices import priced_model
 from spend.recording import TurnsSpend, add_daily_spend, turns_spend, user_spent_since
 from tools.canonical import token_count
@@ -193,10 +194,13 @@ def skips_the_flush(steps: Sequence[dict], *, clear_fence: bool, next_call) -> b
     return not must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call)
 
 
-def add_spend_through_the_orm(run_id, steps: Sequence[dict], tally=None) -> None:
+def add_spend_through_the_orm(
+    run_id, steps: Sequence[dict], tally=None, *, lease_token: int | None = None
+) -> None:
     """What ``step_journal``'s statements do for spend, for the records that
     go through the ORM: the model turns among ``steps`` are added to the
-    submitter's day, and ``tally`` learns the run's totals. Inside the
+    submitter's day (and settle the reservations of the attempt
+    ``lease_token``, G21), and ``tally`` learns the run's totals. Inside the
     transaction of the guarded UPDATE that added them to the run."""
     spend = turns_spend(steps)
     if not spend and tally is None:
@@ -216,6 +220,8 @@ def add_spend_through_the_orm(run_id, steps: Sequence[dict], tally=None) -> None
     if spend:
         provider, model = priced_model((run["request"] or {}).get("provider") or {})
         add_daily_spend(run_id, run["submitted_by_id"] or 0, provider, model, spend)
+        if lease_token is not None:
+            reservations.settle(run_id, lease_token, spend)
     if tally is not None:
         tally.saw_run(
             run["prompt_tokens"], run["completion_tokens"], run["cost"], run["unpriced_turns"]
