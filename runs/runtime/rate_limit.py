@@ -323,6 +323,8 @@ def calls_for(provider, kind: str, run_id, heartbeat: Heartbeat | None) -> RateL
     configured for its kind and model, or no Redis to share one."""
     model = getattr(provider, "model", None)
     configured = _configured(kind, model)
+    if configured is not None and not settings.REDIS_URL:
+        _warn_not_enforced()
     if configured is None or not settings.REDIS_URL:
         return None
     name, limits = configured
@@ -332,3 +334,11 @@ def calls_for(provider, kind: str, run_id, heartbeat: Heartbeat | None) -> RateL
     if hasattr(provider, "paused_on_429"):
         provider.paused_on_429 = True  # its 429s pause the limit, not the circuit
     return RateLimitedCalls(limit, run_id, heartbeat, getattr(provider, "options", {}))
+
+
+@functools.cache
+def _warn_not_enforced() -> None:
+    # Once a process: the embedded default has no Redis to share a limit.
+    logger.warning(
+        "NRLLM_PROVIDER_RATE_LIMITS is set but REDIS_URL is not: the limits are not enforced"
+    )
