@@ -41,9 +41,10 @@ class ModelServer:
     ``latency`` seconds (a run's first turn calls ``read_note``, its second
     answers)."""
 
-    def __init__(self, latency: float):
+    def __init__(self, latency: float, per_minute: int | None = None):
+        limit = [str(per_minute)] if per_minute else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.model_server", str(latency)],
+            [sys.executable, "-m", "bench.model_server", str(latency), *limit],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
@@ -51,6 +52,15 @@ class ModelServer:
         self.base_url = self.process.stdout.readline().strip()
         if not self.base_url:
             raise RuntimeError("the bench's model server did not start")
+
+    def stats(self) -> dict:
+        """When each request was answered and refused (a limited server's)."""
+        import json
+        import urllib.request
+
+        server = self.base_url.removesuffix("/v1")
+        with urllib.request.urlopen(f"{server}/stats", timeout=30) as answer:
+            return json.loads(answer.read())
 
     def stop(self) -> None:
         self.process.terminate()
@@ -80,15 +90,18 @@ def model_latency_round(
     runs: int,
     concurrency: int = 1,
     env: dict | None = None,
+    model_limit: int | None = None,
 ) -> dict:
     """``runs`` two-turn runs drained by ``processes`` workers of ``worker_class``
     (each executing up to ``concurrency`` at once, with ``env`` added)
-    against a model answering after ``latency`` seconds."""
+    against a model answering after ``latency`` seconds (and refusing past
+    ``model_limit`` requests a minute, if set: ``served`` says when)."""
     from runs.models import AgentRun
     from runs.runtime import enqueue
     from tools.models import Note
 
-    model = ModelServer(latency)
+    model = ModelServer(latency, model_limit)
+    served = None
     # This process validates the requests it enqueues: the provider must be
     # configured here too.
     settings.NRLLM_OPENAI_BASE_URL, settings.NRLLM_OPENAI_API_KEY = model.base_url, "sk-bench"
@@ -152,6 +165,8 @@ def model_latency_round(
         while family(pids) != pids and time.monotonic() < reaped_by:
             time.sleep(0.1)  # a horse's CPU counts for its worker once reaped
         cpu_after = sum(cpu_seconds(pid) for pid in pids)
+        if model_limit:
+            served = model.stats()
     finally:
         for worker in workers:
             worker.terminate()
@@ -192,6 +207,7 @@ def model_latency_round(
         "enqueue_to_start_p99_s": _p99(to_start),
         "enqueue_to_end_p50_s": statistics.median(to_end),
         "enqueue_to_end_p99_s": _p99(to_end),
+        "served": served,
     }
 
 

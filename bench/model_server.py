@@ -2,6 +2,11 @@
 that answers every request after ``latency`` seconds. A run's first turn
 calls ``read_note``; once a tool result is in the messages, it answers.
 
+With a limit (``python -m bench.model_server LATENCY RPM``) it is a
+provider's limit: a token bucket of a second of ``RPM`` answers 429 with
+``Retry-After: 1`` past it, and ``GET /stats`` tells when each request was
+answered and refused (the bench's rate-limited row).
+
 It runs as a process of its own (``python -m bench.model_server LATENCY``
 prints its base URL), as a real model does, and spends as little CPU as it
 can: one asyncio thread serves every connection and keeps it open between
@@ -12,6 +17,7 @@ millisecond it spends is one the runtime under measure does not get.
 import asyncio
 import json
 import sys
+import time
 
 from tests.fake_openai import completion
 
@@ -24,9 +30,40 @@ ANSWER = json.dumps(completion("the note says hello", model="bench-model")).enco
 
 def _response(status: str, body: bytes, close: bool) -> bytes:
     head = [f"HTTP/1.1 {status}", "content-type: application/json", f"content-length: {len(body)}"]
+    if status.startswith("429"):
+        head.append("retry-after: 1")
     if close:
         head.append("connection: close")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class Limit:
+    """Requests per minute as a provider keeps them: a bucket of a second's
+    worth, refilled continuously; and when each request came."""
+
+    def __init__(self, per_minute: int):
+        self.rate = per_minute / 60
+        self.tokens = self.capacity = max(1.0, self.rate)
+        self.at = time.monotonic()
+        self.answered: list[float] = []
+        self.refused: list[float] = []
+
+    def admits(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            self.answered.append(now)
+            return True
+        self.refused.append(now)
+        return False
+
+    def stats(self) -> bytes:
+        return json.dumps({"answered": self.answered, "refused": self.refused}).encode()
+
+
+REFUSED = json.dumps({"error": {"message": "rate limit reached", "type": "requests"}}).encode()
 
 
 def _reply(body: bytes) -> bytes:
@@ -36,7 +73,7 @@ def _reply(body: bytes) -> bytes:
     return ANSWER if told else CALL
 
 
-async def _serve(latency: float, reader, writer) -> None:
+async def _serve(latency: float, limit: Limit | None, reader, writer) -> None:
     try:
         while True:
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
@@ -46,6 +83,14 @@ async def _serve(latency: float, reader, writer) -> None:
                     length = int(line.partition(":")[2])
             body = await reader.readexactly(length)
             close = "connection: close" in head
+            if head.startswith("get /stats"):
+                writer.write(_response("200 OK", limit.stats() if limit else b"{}", close))
+                await writer.drain()
+                continue
+            if limit is not None and not limit.admits():
+                writer.write(_response("429 Too Many Requests", REFUSED, close))
+                await writer.drain()
+                continue
             try:
                 status, reply = "200 OK", _reply(body)
             except (ValueError, AttributeError):
@@ -61,9 +106,10 @@ async def _serve(latency: float, reader, writer) -> None:
         writer.close()
 
 
-async def main(latency: float) -> None:
+async def main(latency: float, per_minute: int | None = None) -> None:
+    limit = Limit(per_minute) if per_minute else None
     server = await asyncio.start_server(
-        lambda reader, writer: _serve(latency, reader, writer), "127.0.0.1", 0, backlog=1024
+        lambda reader, writer: _serve(latency, limit, reader, writer), "127.0.0.1", 0, backlog=1024
     )
     port = server.sockets[0].getsockname()[1]
     print(f"http://127.0.0.1:{port}/v1", flush=True)
@@ -72,4 +118,4 @@ async def main(latency: float) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(float(sys.argv[1])))
+    asyncio.run(main(float(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -35,6 +35,8 @@ SIZES = {
         "recovery_runs": 20,
         "recovery_overrides": None,
         "recovery_model_seconds": 60,
+        # (processes, runs in flight each, the model's limit a minute, runs).
+        "rate_limited": (2, 100, 3000, 1500),
     },
     "smoke": {
         "steps": 40,
@@ -53,6 +55,7 @@ SIZES = {
         "recovery_runs": 2,
         "recovery_overrides": {"NRLLM_LEASE_SECONDS": "2", "NRLLM_REAPER_INTERVAL_SECONDS": "1"},
         "recovery_model_seconds": 6,
+        "rate_limited": (1, 4, 120, 20),
     },
 }
 
@@ -98,7 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--database", default="nrllm_bench")
     parser.add_argument(
         "--only",
-        choices=["steps", "peer", "queue", "resume", "latency", "scale"],
+        choices=["steps", "peer", "queue", "resume", "latency", "scale", "rate_limited"],
         help="measure only these figures and print them (results files untouched)",
     )
     args = parser.parse_args(argv)
@@ -117,6 +120,7 @@ def main(argv=None) -> int:
     from bench.measuring import commits_not_waiting_for_the_flush
     from bench.model_latency import model_latency_figures
     from bench.peer import peer_figures
+    from bench.rate_limited import rate_limited_figure, rate_limited_rows
     from bench.recovery import recovery_after_sigkill
     from bench.resume import resume_figures
     from bench.steps import step_figures
@@ -151,6 +155,13 @@ def main(argv=None) -> int:
             model_seconds=size["recovery_model_seconds"],
         )
         print(json.dumps({"latency": figures, "recovery": recovery}, indent=2))
+        return 0
+    if args.only == "rate_limited":
+        from django.conf import settings
+
+        settings.REDIS_URL = redis_url
+        figure = rate_limited_figure(worker_env, *size["rate_limited"])
+        print(json.dumps(figure, indent=2))
         return 0
     if args.only == "scale":
         from django.conf import settings
@@ -214,12 +225,14 @@ def main(argv=None) -> int:
         overrides=size["recovery_overrides"],
         model_seconds=size["recovery_model_seconds"],
     )
+    _part("runs under a provider's rate limit")
+    rate_limited = rate_limited_figure(worker_env, *size["rate_limited"])
     _part("the pages at scale")
     at_scale = scale.at_scale(size["scale_runs"], size["steps_per_run"])
 
     table = results_table(
         steps, baseline, flushless, resume, queue, flushless_queue, latency, recovery, peer
-    )
+    ) + rate_limited_rows(rate_limited)
     results = {
         "mode": "smoke" if args.smoke else "full",
         "seconds": time.perf_counter() - started,
@@ -233,6 +246,7 @@ def main(argv=None) -> int:
         "through_the_queue_not_waiting_for_the_flush": flushless_queue,
         "waiting_on_a_model": latency,
         "recovery_after_sigkill": recovery,
+        "under_a_provider_limit": rate_limited,
         "at_scale": at_scale,
         "table": table,
     }

@@ -112,6 +112,8 @@ def markdown(results: dict) -> str:
         target = f"≥ {row['target']}" if row.get("target") is not None else ""
         if row.get("at_most") is not None:
             target = f"≤ {row['at_most']}"
+        if row.get("within") is not None:
+            target = row["within"]
         ratio = f"{row['ratio']:.2f}" if row.get("ratio") is not None else ""
         lines.append(
             f"| {row['figure']} | {row['value']} | {row.get('baseline', '')} | {ratio} | {target} |"

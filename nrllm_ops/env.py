@@ -114,3 +114,40 @@ def env_http_url(name: str) -> str:
         # Named without the URL: it holds the secret.
         raise ImproperlyConfigured(f"{name} must not hold a user name or password (user@host)")
     return raw
+
+
+#: What an entry of ``NRLLM_PROVIDER_RATE_LIMITS`` may say, per minute.
+RATE_LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute")
+
+
+def env_rate_limits(name: str) -> dict[str, dict[str, int]]:
+    """A JSON object: ``"<kind>:<model>"`` (or ``"<kind>:*"``, any model of the
+    kind) → ``{"requests_per_minute": n, "tokens_per_minute": n}``, either
+    or both, each a positive whole number. {} when unset."""
+    import json
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name} is not JSON ({error})") from None
+    if not isinstance(parsed, dict):
+        raise ImproperlyConfigured(f'{name} must be a JSON object of "kind:model" → limits')
+    limits = {}
+    for target, entry in parsed.items():
+        kind, colon, model = target.partition(":")
+        if not (kind and colon and model):
+            raise ImproperlyConfigured(f'{name}: {target!r} must be "kind:model" or "kind:*"')
+        if not isinstance(entry, dict) or not entry or set(entry) - set(RATE_LIMIT_FIELDS):
+            raise ImproperlyConfigured(
+                f"{name}: {target!r} must be an object of {' and/or '.join(RATE_LIMIT_FIELDS)}"
+            )
+        for field, value in entry.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ImproperlyConfigured(
+                    f"{name}: {target!r} {field}={value!r} must be a whole number of at least 1"
+                )
+        limits[target] = dict(entry)
+    return limits

@@ -19,6 +19,7 @@ from nrllm_ops.env import (
     env_http_url,
     env_int,
     env_list,
+    env_rate_limits,
     env_str,
 )
 from nrllm_ops.tracing import exporters_from_env
@@ -273,6 +274,19 @@ NRLLM_OPENAI_READ_TIMEOUT_SECONDS = env_int("NRLLM_OPENAI_READ_TIMEOUT_SECONDS",
 NRLLM_CIRCUIT_FAILURES = env_int("NRLLM_CIRCUIT_FAILURES", 5, minimum=1)
 NRLLM_CIRCUIT_WINDOW_SECONDS = env_int("NRLLM_CIRCUIT_WINDOW_SECONDS", 60, minimum=1)
 NRLLM_CIRCUIT_COOLDOWN_SECONDS = env_int("NRLLM_CIRCUIT_COOLDOWN_SECONDS", 30, minimum=1)
+# Shared rate limits per provider configuration and model, enforced across
+# every worker through Redis before each model call (runs/runtime/rate_limit.py,
+# docs/operations.md#shared-rate-limits): a JSON object, "kind:model" (or
+# "kind:*") → {"requests_per_minute": n, "tokens_per_minute": n}.
+NRLLM_PROVIDER_RATE_LIMITS = env_rate_limits("NRLLM_PROVIDER_RATE_LIMITS")
+# The burst a limit lets through at once, in seconds of its rate (a bucket
+# holds at most this much; one request at least).
+NRLLM_RATE_LIMIT_BURST_SECONDS = env_int("NRLLM_RATE_LIMIT_BURST_SECONDS", 1, minimum=1, maximum=60)
+# How long one model call may wait for its limit (or a provider's pause)
+# before its attempt ends with rate_limit, retried as G8 says.
+NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS = env_int(
+    "NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS", 120, minimum=1, maximum=3600
+)
 
 # --- Observability -----------------------------------------------------------------
 # /metrics answers a bearer token equal to this, or a staff session.

@@ -78,6 +78,21 @@ RESERVATION_WAITS = Histogram(
     buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 
+RATE_LIMIT_WAIT_SECONDS = Histogram(
+    "nrllm_rate_limit_wait_seconds",
+    "Model calls that waited for a shared rate limit or a provider's pause, and how long "
+    "(_count: the waits)",
+    ["limit"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+RATE_LIMIT_EVENTS = Counter(
+    "nrllm_rate_limit_events_total",
+    "Shared rate limits: provider_429 (answers 429), gave_up (a wait past "
+    "NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS), unavailable (Redis unreachable: the call went "
+    "without the limit)",
+    ["limit", "event"],
+)
+
 
 def count_spend(model: str, spend) -> None:
     """Add recorded turns' spend (a ``spend.recording.TurnsSpend``)."""

@@ -62,6 +62,14 @@ class FakeOpenAI:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: Answers a request's body once the scripted replies are used up.
     brain: Callable[[dict], Reply] | None = None
+    #: (requests, seconds): past that many requests answered within any
+    #: window of that many seconds, a request gets 429 with ``Retry-After``,
+    #: as a provider's limit answers. None: no limit.
+    limit: tuple[int, float] | None = None
+    limit_retry_after: int = 1
+    #: When each chat request arrived (monotonic), and each the limit refused.
+    arrivals: list = field(default_factory=list)
+    refused: list = field(default_factory=list)
 
     @property
     def base_url(self) -> str:
@@ -79,7 +87,34 @@ class FakeOpenAI:
     def script(self, *replies: Reply) -> None:
         self.replies.extend(replies)
 
+    def most_in_any_window(self, seconds: float) -> int:
+        """The most chat requests that arrived within any ``seconds``."""
+        times = sorted(self.arrivals)
+        return max(
+            (
+                sum(1 for later in times[index:] if later - first < seconds)
+                for index, first in enumerate(times)
+            ),
+            default=0,
+        )
+
+    def _over_limit(self) -> Reply | None:
+        now = time.monotonic()
+        with self.lock:
+            self.arrivals.append(now)
+            if self.limit is None:
+                return None
+            count, seconds = self.limit
+            answered = [at for at in self.arrivals[:-1] if now - at < seconds]
+            if len(answered) - sum(1 for at in self.refused if now - at < seconds) < count:
+                return None
+            self.refused.append(now)
+        return error(429, "rate limited", {"retry-after": str(self.limit_retry_after)})
+
     def next_reply(self, body: dict) -> Reply:
+        refusal = self._over_limit()
+        if refusal is not None:
+            return refusal
         with self.lock:
             if self.replies:
                 return self.replies.popleft()

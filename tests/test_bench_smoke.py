@@ -71,6 +71,9 @@ def test_the_bench_produces_every_figure(tmp_path):
     flushless_queue = results["through_the_queue_not_waiting_for_the_flush"]["worker_classes"]
     assert set(flushless_queue) == {"rq.worker.SimpleWorker"}
     assert flushless_queue["rq.worker.SimpleWorker"]["ratio"] > 0
+    limited = results["under_a_provider_limit"]
+    assert limited["completed"] == limited["runs"] and limited["answered_per_second"] > 0
+    assert "rate held under a provider's limit" in (tmp_path / "results.md").read_text()
     scale = results["at_scale"]
     assert len(scale["milliseconds"]) == 25 and scale["reaped"] == 1000
     pruned = [name for name in scale["milliseconds"] if name.startswith("prune, the whole pass")]

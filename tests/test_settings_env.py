@@ -1,12 +1,13 @@
 """Configuration: strict parsing, and a malformed value stops start-up naming the variable."""
 
+import re
 import subprocess
 import sys
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from nrllm_ops.env import env_bool, env_int, env_list
+from nrllm_ops.env import env_bool, env_int, env_list, env_rate_limits
 from tests.conftest import ROOT
 
 
@@ -31,6 +32,11 @@ from tests.conftest import ROOT
             "http://[::1",
             "NRLLM_OPENAI_BASE_URL='http://[::1' is not a valid URL",
         ),
+        (
+            "NRLLM_PROVIDER_RATE_LIMITS",
+            '{"openai:gpt-4o": {"requests_per_minute": 0}}',
+            "NRLLM_PROVIDER_RATE_LIMITS: 'openai:gpt-4o' requests_per_minute=0 must be a whole",
+        ),
     ],
 )
 def test_a_malformed_variable_stops_start_up_naming_it(name, value, message):
@@ -54,6 +60,24 @@ def test_env_helpers(monkeypatch):
     monkeypatch.setenv("X_INT", "0")
     with pytest.raises(ImproperlyConfigured, match="X_INT='0' must be at least 1"):
         env_int("X_INT", 1, minimum=1)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{", "is not JSON"),
+        ("[]", "must be a JSON object"),
+        ('{"gpt-4o": {"requests_per_minute": 5}}', "'gpt-4o' must be \"kind:model\""),
+        ('{"openai:*": {"rpm": 5}}', "must be an object of requests_per_minute and/or"),
+        ('{"openai:*": {"tokens_per_minute": 1.5}}', "tokens_per_minute=1.5 must be a whole"),
+    ],
+)
+def test_a_malformed_rate_limit_is_refused_naming_what_is_wrong(monkeypatch, value, message):
+    monkeypatch.setenv("NRLLM_PROVIDER_RATE_LIMITS", value)
+    with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+        env_rate_limits("NRLLM_PROVIDER_RATE_LIMITS")
+    monkeypatch.setenv("NRLLM_PROVIDER_RATE_LIMITS", '{"openai:*": {"requests_per_minute": 5}}')
+    assert env_rate_limits("NRLLM_PROVIDER_RATE_LIMITS") == {"openai:*": {"requests_per_minute": 5}}
 
 
 def test_the_defaults(settings):

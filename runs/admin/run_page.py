@@ -33,6 +33,7 @@ from runs.operators.actions import write_in_question
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.run_webhooks import deliveries_of
+from runs.runtime.rate_limit import waiting_for
 from runs.vocabulary import RunStatus, StepKind
 
 STEPS_PER_PAGE = 50
@@ -137,6 +138,8 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
             "attempts": len(attempts),
             "created": moment(run.created_at),
             "failed_call": failed_call,
+            # A Redis key the waiting attempt holds (runs.runtime.rate_limit).
+            "rate_limit": waiting_for(run.pk) if run.status == RunStatus.RUNNING else None,
         },
         "since": since,
         "since_heading": since.heading(request.user) if since else "",

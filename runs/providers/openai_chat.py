@@ -32,6 +32,11 @@ from runs.vocabulary import FailureClass
 
 class OpenAIChatProvider:
     kind = "openai"
+    #: Set when a shared rate limit covers the configuration
+    #: (``runs.runtime.rate_limit``): a 429 with ``Retry-After`` pauses every
+    #: worker there, so the circuit does not count it as well — a few 429s
+    #: of a burst's jitter would open it, and fail every run's call fast.
+    paused_on_429 = False
     spec_schema = {
         "type": "object",
         "properties": {
@@ -104,7 +109,9 @@ class OpenAIChatProvider:
             turn = turn_of(answer, latency_ms=int((time.monotonic() - started) * 1000))
         except (openai.OpenAIError, ProviderError) as error:
             failure = error if isinstance(error, ProviderError) else to_provider_error(error)
-            circuit.record_failure(self.circuit_key, failure.failure_class)
+            paused = failure.failure_class == FailureClass.RATE_LIMIT and failure.retry_after
+            if not (paused and self.paused_on_429):
+                circuit.record_failure(self.circuit_key, failure.failure_class)
             raise failure from None
         # Only an answer read whole closes a circuit: a trial answered with
         # a body that is not one failed.

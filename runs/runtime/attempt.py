@@ -21,7 +21,7 @@ from runs.approvals.gate import ApprovalGate, Decisions
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
 from runs.providers import build_provider
 from runs.run_webhooks import deliver_new_events_of
-from runs.runtime import heartbeat, spans
+from runs.runtime import heartbeat, rate_limit, spans
 from runs.runtime.budget_watch import BudgetWatch
 from runs.runtime.errors import AwaitingApproval, LeaseLost, RunCancelled
 from runs.runtime.execution import LeasedExecution
@@ -275,18 +275,31 @@ class _DeadlinedProvider(TimedProvider):
         self._execution = execution
         self._model = getattr(provider, "model", None)  # the one asked for, if named
         self._max_tokens = getattr(provider, "options", {}).get("max_tokens")
+        #: The configuration's shared rate limit, if one is set (None: none).
+        self._rate_limit = rate_limit.calls_for(
+            provider, kind, execution.lease.run_id, execution.heartbeat
+        )
 
     def next_turn(self, messages, tool_specs):
         self._execution.reserve_call(messages, tool_specs, self._max_tokens)
         self._execution.model_call_begins(self._call_seconds)
         try:
-            with spans.model_call(self._execution.lease, self._kind, self._model) as traced:
-                return traced.returned(super().next_turn(messages, tool_specs))
+            if self._rate_limit is None:
+                return self._traced_turn(messages, tool_specs)
+            # The reservation (G21) is held through the wait: the call it
+            # covers is still to be made.
+            return self._rate_limit.call(
+                lambda: self._traced_turn(messages, tool_specs), messages, self._call_seconds
+            )
         except BaseException:
             self._execution.release_reservation()
             raise
         finally:
             self._execution.between_operations()
+
+    def _traced_turn(self, messages, tool_specs):
+        with spans.model_call(self._execution.lease, self._kind, self._model) as traced:
+            return traced.returned(super().next_turn(messages, tool_specs))
 
 
 def _note_resume(execution: LeasedExecution, journal: Journal) -> None:

@@ -12,7 +12,8 @@ G12), so the statement's own guard decides.
 
 The keeper never carries a lease past the deadline of what the attempt is
 doing now (``Heartbeat.until``): a model call's own timeout, a tool's time
-limit, each plus ``NRLLM_OPERATION_MARGIN_SECONDS``; between operations, a
+limit, each plus ``NRLLM_OPERATION_MARGIN_SECONDS``; a wait for a shared
+rate limit (``rate_limit``), its bound plus a lease; between operations, a
 lease. A call stuck past its deadline lets its lease lapse, and the reaper
 takes the run, whatever the worker still does: its late records are refused
 (the fence, G5). A renewal changes nothing the worker counts on, so a
