@@ -55,7 +55,7 @@ SIZES = {
         "recovery_runs": 2,
         "recovery_overrides": {"NRLLM_LEASE_SECONDS": "2", "NRLLM_REAPER_INTERVAL_SECONDS": "1"},
         "recovery_model_seconds": 6,
-        "rate_limited": (1, 4, 120, 20),
+        "rate_limited": (1, 4, 600, 20),
     },
 }
 
