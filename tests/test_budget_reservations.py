@@ -11,6 +11,7 @@ import pytest
 
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
+from runs.runtime.enqueue_spend import BudgetRefused
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from spend.models import ModelPrice, SpendHold, SpendReservation, SubmitterBudget
 from spend.reservations import largest_tokens
@@ -187,3 +188,64 @@ def test_a_failed_call_releases_its_reservation_and_the_retry_fits(model, worker
     if model is not None:
         assert model.requests_by_turn == {0: 2}, model.requests_by_turn
     assert_settled(operator, TURN_TOKENS)
+
+
+def run_burst_for(operator, workers, usage) -> None:
+    """One scripted one-call run of ``operator`` reporting ``usage``, run
+    to its end by a burst worker."""
+    agent_run = enqueue_for_usage(operator, usage)
+    workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
+    agent_run = fresh(agent_run)
+    assert agent_run.status == RunStatus.COMPLETED, agent_run.error_message
+
+
+def enqueue_for_usage(operator, usage):
+    request = request_for("scripted", [{"answer": "done"}], [], scripted_usage=usage)
+    return enqueue(request, submitted_by=operator)
+
+
+def test_spend_made_while_the_budget_was_removed_counts_when_it_is_restored(workers, operator):
+    """An operator removes a submitter's budget for a while and restores
+    it the same day: the turns recorded meanwhile (no reservation, no
+    settle) must count against the restored budget, or the period row
+    reads less than the day's spend and a call passes the budget."""
+    probe = enqueue_for_usage(operator, FAKE_USAGE)
+    largest = largest_first_call(probe)
+    limit = 3 * largest
+    budget = SubmitterBudget.objects.create(user=operator, period="day", max_tokens=limit)
+    workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)  # makes the period row
+    budget.delete()
+    # Unbudgeted: most of the limit spent, outside the period row.
+    run_burst_for(
+        operator, workers, {"prompt_tokens": limit - TURN_TOKENS - 10, "completion_tokens": 0}
+    )
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=limit)
+    assert spend_of(operator.pk)[0] == limit - 10
+    # A call that reports its whole reservation: it must not have been made.
+    answer = {
+        "prompt_tokens": largest - RESERVED_COMPLETION,
+        "completion_tokens": RESERVED_COMPLETION,
+    }
+    last = enqueue_for_usage(operator, answer)
+    workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
+    assert fresh(last).termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert spend_of(operator.pk)[0] <= limit
+    assert_settled(operator, limit - 10)
+
+
+def test_an_answer_reporting_more_than_its_reservation_passes_the_budget_by_that_alone(
+    workers, operator
+):
+    """A provider may report more tokens than the reservation bounds (one
+    that ignores ``max_tokens``, or tokenizes below a byte a token): the
+    spend passes the budget by that excess alone — what G21 admits — and
+    the submitter's next run is refused."""
+    over = enqueue_for_usage(operator, {"prompt_tokens": 5000, "completion_tokens": 5000})
+    largest = largest_first_call(over)
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=largest + 5)
+    workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
+    assert fresh(over).status == RunStatus.COMPLETED
+    assert spend_of(operator.pk)[0] == 10_000 > largest + 5
+    with pytest.raises(BudgetRefused):
+        enqueue_for_usage(operator, FAKE_USAGE)
+    assert_settled(operator, 10_000)
