@@ -58,7 +58,10 @@ def period_start(period: str, today: date) -> date:
 
 def hold_for(submitter: int, budget: Budget, today: date) -> int:
     """The id of the submitter's ``SpendHold`` for the period ``today`` is
-    in, made from the period's ``DailySpend`` if it is the first."""
+    in, made from the period's ``DailySpend`` if it is the first, and
+    caught up with it if not: turns recorded with no reservation to settle
+    (an attempt claimed while the submitter had no budget) are in the
+    period's ``DailySpend`` alone. Never lowered: a settle adds to both."""
     start = period_start(budget.period, today)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -67,7 +70,9 @@ def hold_for(submitter: int, budget: Budget, today: date) -> int:
             " SELECT %(submitter)s, %(period)s, %(start)s,"
             " COALESCE(SUM(input_tokens + output_tokens), 0), COALESCE(SUM(cost), 0), 0, 0"
             f" FROM {_DAILY} WHERE submitter = %(submitter)s AND day >= %(start)s"
-            " ON CONFLICT (submitter, period, start) DO UPDATE SET submitter = EXCLUDED.submitter"
+            " ON CONFLICT (submitter, period, start) DO UPDATE SET"
+            f" spent_tokens = GREATEST({_HOLD}.spent_tokens, EXCLUDED.spent_tokens),"
+            f" spent_cost = GREATEST({_HOLD}.spent_cost, EXCLUDED.spent_cost)"
             " RETURNING id",
             {"submitter": submitter, "period": budget.period, "start": start},
         )
