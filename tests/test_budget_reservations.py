@@ -12,6 +12,7 @@ import pytest
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.runtime.enqueue_spend import BudgetRefused
+from runs.runtime.run_request import InvalidRunRequest
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from spend.models import ModelPrice, SpendHold, SpendReservation, SubmitterBudget
 from spend.reservations import largest_tokens
@@ -249,3 +250,16 @@ def test_an_answer_reporting_more_than_its_reservation_passes_the_budget_by_that
     with pytest.raises(BudgetRefused):
         enqueue_for_usage(operator, FAKE_USAGE)
     assert_settled(operator, 10_000)
+
+
+def test_a_max_tokens_no_reservation_can_hold_is_refused_at_enqueue(
+    drifting_model, workers, operator
+):
+    """A provider ``max_tokens`` past what a reservation's columns hold
+    would make every call's reservation fail in the database: the request
+    is refused at enqueue, naming it."""
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=10**6)
+    request = request_for("drifting", [{"answer": "done"}], [])
+    request["provider"]["max_tokens"] = 10**19
+    with pytest.raises(InvalidRunRequest, match="max_tokens"):
+        enqueue(request, submitted_by=operator)
