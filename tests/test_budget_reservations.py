@@ -263,3 +263,23 @@ def test_a_max_tokens_no_reservation_can_hold_is_refused_at_enqueue(
     request["provider"]["max_tokens"] = 10**19
     with pytest.raises(InvalidRunRequest, match="max_tokens"):
         enqueue(request, submitted_by=operator)
+
+
+def test_a_max_tokens_written_as_a_whole_float_reserves_and_is_sent_whole(
+    drifting_model, fake_openai, workers, operator
+):
+    """JSON Schema counts 40.0 an integer: the request is valid, and its
+    call is reserved (and priced) and sent with ``max_tokens`` 40."""
+    ModelPrice.objects.create(
+        provider="openai", model="drifting", input_per_million=1, output_per_million=1
+    )
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=10**6)
+    request = request_for("drifting", [{"answer": "done"}], [])
+    request["provider"]["max_tokens"] = 40.0
+    agent_run = enqueue(request, submitted_by=operator)
+    workers.run_burst()
+    agent_run = fresh(agent_run)
+    assert agent_run.status == RunStatus.COMPLETED, agent_run.error_message
+    (sent,) = fake_openai.requests
+    assert type(sent["body"]["max_tokens"]) is int
+    assert_settled(operator, TURN_TOKENS)
