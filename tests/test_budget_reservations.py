@@ -8,6 +8,8 @@ import re
 from decimal import Decimal
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
@@ -16,6 +18,7 @@ from runs.runtime.run_request import InvalidRunRequest
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from spend.models import ModelPrice, SpendHold, SpendReservation, SubmitterBudget
 from spend.reservations import largest_tokens
+from tests.approval_requests import waiting
 from tests.drifting_model import FAKE_USAGE, MODELS, request_for
 from tests.fake_openai import error
 from tests.helpers import fresh, later, wait_until
@@ -283,3 +286,20 @@ def test_a_max_tokens_written_as_a_whole_float_reserves_and_is_sent_whole(
     (sent,) = fake_openai.requests
     assert type(sent["body"]["max_tokens"]) is int
     assert_settled(operator, TURN_TOKENS)
+
+
+def test_a_run_without_a_budget_parks_for_approval_without_touching_reservations(approvals):
+    """The hot path of a run whose submitter has no budget makes no
+    reservation statement: not at its calls, nor where its turn is
+    recorded by the park for approval."""
+    with CaptureQueriesContext(connection) as queries:
+        agent_run, _ = waiting(scripted_usage=FAKE_USAGE)
+    assert agent_run.status == RunStatus.WAITING_FOR_APPROVAL
+    assert agent_run.prompt_tokens  # its turns were counted
+    touching = [
+        query["sql"]
+        for query in queries.captured_queries
+        if SpendReservation._meta.db_table in query["sql"]
+        or SpendHold._meta.db_table in query["sql"]
+    ]
+    assert touching == []
