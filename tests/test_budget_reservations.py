@@ -5,6 +5,7 @@ PostgreSQL, Redis and rqworkers; every answer reports 18 tokens
 (``FAKE_USAGE``)."""
 
 import re
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -16,7 +17,7 @@ from runs.runtime import enqueue
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
-from spend.models import ModelPrice, SpendHold, SpendReservation, SubmitterBudget
+from spend.models import DailySpend, ModelPrice, SpendHold, SpendReservation, SubmitterBudget
 from spend.reservations import largest_tokens
 from tests.approval_requests import waiting
 from tests.drifting_model import FAKE_USAGE, MODELS, request_for
@@ -203,8 +204,9 @@ def run_burst_for(operator, workers, usage) -> None:
     assert agent_run.status == RunStatus.COMPLETED, agent_run.error_message
 
 
-def enqueue_for_usage(operator, usage):
-    request = request_for("scripted", [{"answer": "done"}], [], scripted_usage=usage)
+def enqueue_for_usage(operator, usage, delay_seconds=0):
+    plan = [{"answer": "done", "delay_seconds": delay_seconds}]
+    request = request_for("scripted", plan, [], scripted_usage=usage)
     return enqueue(request, submitted_by=operator)
 
 
@@ -303,3 +305,39 @@ def test_a_run_without_a_budget_parks_for_approval_without_touching_reservations
         or SpendHold._meta.db_table in query["sql"]
     ]
     assert touching == []
+
+
+def test_a_call_in_flight_at_the_periods_end_counts_in_the_old_period_and_the_new_days_spend(
+    workers, operator
+):
+    """A call reserved in one period and recorded in the next: the old
+    period's row settles it, the new day's ``DailySpend`` holds it (the day
+    of its record), and a call of the new period reserved meanwhile did not
+    see it — the new day passes the budget by the calls in flight at its
+    start, the bound G21 states. Midnight is the rows of the day moved back
+    one day while the first call is in flight."""
+    message = {"role": "user", "content": request_for("scripted", [], [])["prompt"]}
+    largest = largest_tokens([message], [], RESERVED_COMPLETION)
+    # Each answer costs its whole reservation.
+    usage_of = {
+        "prompt_tokens": largest - RESERVED_COMPLETION,
+        "completion_tokens": RESERVED_COMPLETION,
+    }
+    first = enqueue_for_usage(operator, usage_of, delay_seconds=3)
+    assert largest_first_call(first) == largest
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=largest)
+    workers.start(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
+    wait_until(SpendReservation.objects.exists, timeout=30, what="the first call's reservation")
+    (old,) = SpendHold.objects.filter(submitter=operator.pk)
+    SpendHold.objects.filter(pk=old.pk).update(start=old.start - timedelta(days=1))
+
+    second = enqueue_for_usage(operator, usage_of)
+    workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
+    wait_until(lambda: fresh(first).is_terminal, timeout=30, what="the first run ended")
+    assert fresh(first).status == fresh(second).status == RunStatus.COMPLETED
+    # Each period's row is within the budget; the new day's spend is not.
+    assert [hold.spent_tokens for hold in SpendHold.objects.order_by("start")] == [largest] * 2
+    assert spend_of(operator.pk)[0] == 2 * largest
+    assert set(DailySpend.objects.filter(submitter=operator.pk).values_list("day", flat=True)) == {
+        fresh(second).created_at.date()
+    }
