@@ -20,7 +20,7 @@ from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from spend.models import DailySpend, ModelPrice, SpendHold, SpendReservation, SubmitterBudget
 from spend.reservations import largest_tokens
 from tests.approval_requests import waiting
-from tests.drifting_model import FAKE_USAGE, MODELS, request_for
+from tests.drifting_model import FAKE_USAGE, MODELS, SEARCH, request_for
 from tests.fake_openai import error
 from tests.helpers import fresh, later, wait_until
 from tests.test_budgets import TURN_TOKENS, spend_of
@@ -341,3 +341,32 @@ def test_a_call_in_flight_at_the_periods_end_counts_in_the_old_period_and_the_ne
     assert set(DailySpend.objects.filter(submitter=operator.pk).values_list("day", flat=True)) == {
         fresh(second).created_at.date()
     }
+
+
+def test_an_attempt_running_past_the_periods_end_reserves_its_next_call_in_the_new_period(
+    workers, operator
+):
+    """An attempt claimed before midnight whose next call comes after it:
+    that call is made, and recorded, in the new day, so it is reserved
+    against the new period's row — not the claim day's, where the new
+    day's other calls would never see it. Midnight is the period's row
+    moved back one day while the first call is in flight."""
+    plan = [{"calls": [SEARCH], "delay_seconds": 3}, {"answer": "done"}]
+    request = request_for("scripted", plan, ["search_notes"], scripted_usage=FAKE_USAGE)
+    agent_run = enqueue(request, submitted_by=operator)
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=10**6)
+    workers.start(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
+    wait_until(SpendReservation.objects.exists, timeout=30, what="the first call's reservation")
+    (old,) = SpendHold.objects.filter(submitter=operator.pk)
+    SpendHold.objects.filter(pk=old.pk).update(start=old.start - timedelta(days=1))
+    wait_until(lambda: fresh(agent_run).is_terminal, timeout=30, what="the run ended")
+
+    assert fresh(agent_run).status == RunStatus.COMPLETED, fresh(agent_run).error_message
+    holds = SpendHold.objects.filter(submitter=operator.pk).order_by("start")
+    # The first turn, recorded after midnight, is in both: the old period
+    # settled it, the new one read it from its day's DailySpend.
+    assert [(hold.spent_tokens, hold.reserved_tokens) for hold in holds] == [
+        (TURN_TOKENS, 0),
+        (2 * TURN_TOKENS, 0),
+    ]
+    assert spend_of(operator.pk)[0] == 2 * TURN_TOKENS
