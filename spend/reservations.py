@@ -18,13 +18,12 @@ made and G17's checks alone apply.
 
 import json
 from dataclasses import dataclass
-from datetime import date
 from decimal import Decimal
 
 from django.db import connection
 
 from spend.budgets import Budget, Spent
-from spend.models import BudgetPeriod, DailySpend, SpendHold, SpendReservation
+from spend.models import DailySpend, SpendHold, SpendReservation
 from spend.prices import Price, money
 
 _HOLD = SpendHold._meta.db_table
@@ -52,38 +51,47 @@ def largest_cost(prompt_tokens: int, max_tokens: int, price: Price | None) -> De
     return money((prompt_tokens * per_input + max_tokens * price.output) / _PER_MILLION)
 
 
-def period_start(period: str, today: date) -> date:
-    return today.replace(day=1) if period == BudgetPeriod.MONTH else today
+#: The first day of the period the database's clock is in, for a hold's
+#: ``period`` (a column or a parameter).
+_CURRENT_START = (
+    "CASE {period} WHEN 'month' THEN date_trunc('month', statement_timestamp() AT TIME ZONE 'UTC')"
+    "::date ELSE (statement_timestamp() AT TIME ZONE 'UTC')::date END"
+)
 
 
-def hold_for(submitter: int, budget: Budget, today: date) -> int:
-    """The id of the submitter's ``SpendHold`` for the period ``today`` is
-    in, made from the period's ``DailySpend`` if it is the first, and
-    caught up with it if not: turns recorded with no reservation to settle
-    (an attempt claimed while the submitter had no budget) are in the
-    period's ``DailySpend`` alone. Never lowered: a settle adds to both."""
-    start = period_start(budget.period, today)
+def hold_for(submitter: int, budget: Budget) -> int:
+    """The id of the submitter's ``SpendHold`` for the period the database's
+    clock is in (not the claim's: an attempt's calls after midnight are the
+    new day's), made from the period's ``DailySpend`` if it is the first,
+    and caught up with it if not: turns recorded with no reservation to
+    settle (an attempt claimed while the submitter had no budget) are in
+    the period's ``DailySpend`` alone. Never lowered: a settle adds to both."""
+    start = _CURRENT_START.format(period="%(period)s::text")
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {_HOLD} (submitter, period, start, spent_tokens, spent_cost,"
             " reserved_tokens, reserved_cost)"
-            " SELECT %(submitter)s, %(period)s, %(start)s,"
+            f" SELECT %(submitter)s, %(period)s::text, {start},"
             " COALESCE(SUM(input_tokens + output_tokens), 0), COALESCE(SUM(cost), 0), 0, 0"
-            f" FROM {_DAILY} WHERE submitter = %(submitter)s AND day >= %(start)s"
+            f" FROM {_DAILY} WHERE submitter = %(submitter)s AND day >= {start}"
             " ON CONFLICT (submitter, period, start) DO UPDATE SET"
             f" spent_tokens = GREATEST({_HOLD}.spent_tokens, EXCLUDED.spent_tokens),"
             f" spent_cost = GREATEST({_HOLD}.spent_cost, EXCLUDED.spent_cost)"
             " RETURNING id",
-            {"submitter": submitter, "period": budget.period, "start": start},
+            {"submitter": submitter, "period": budget.period},
         )
         return cursor.fetchone()[0]
 
+
+#: ``_CURRENT_START`` of a hold row: a reservation is made only in the
+#: period the database's clock is in.
+_HOLDS_PERIOD_START = _CURRENT_START.format(period="period")
 
 _RESERVE = f"""
     WITH hold AS (
         UPDATE {_HOLD} SET reserved_tokens = reserved_tokens + %(tokens)s,
             reserved_cost = reserved_cost + %(cost)s
-        WHERE id = %(hold)s
+        WHERE id = %(hold)s AND start = {_HOLDS_PERIOD_START}
           AND (%(max_tokens)s::bigint IS NULL
                OR spent_tokens + reserved_tokens + %(tokens)s <= %(max_tokens)s::bigint)
           AND (%(max_cost)s::numeric IS NULL
@@ -102,6 +110,8 @@ class Held:
 
     spent: Spent
     reserved: Spent
+    #: Whether the database's clock is still in its period.
+    current: bool
 
 
 def reserve(hold: int, budget: Budget, run_id, token: int, tokens: int, cost: Decimal) -> bool:
@@ -125,10 +135,14 @@ def reserve(hold: int, budget: Budget, run_id, token: int, tokens: int, cost: De
 
 
 def held(hold: int) -> Held:
-    row = SpendHold.objects.values_list(
-        "spent_tokens", "spent_cost", "reserved_tokens", "reserved_cost"
-    ).get(pk=hold)
-    return Held(Spent(row[0], row[1]), Spent(row[2], row[3]))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT spent_tokens, spent_cost, reserved_tokens, reserved_cost,"
+            f" start = {_HOLDS_PERIOD_START} FROM {_HOLD} WHERE id = %s",
+            [hold],
+        )
+        row = cursor.fetchone()
+    return Held(Spent(row[0], row[1]), Spent(row[2], row[3]), row[4])
 
 
 #: Frees what ``doomed`` (a CTE of deleted reservations: hold_id, tokens,

@@ -59,14 +59,18 @@ class CallReservations:
         tokens = reservations.largest_tokens(messages, tool_specs, completion)
         cost = reservations.largest_cost(tokens - completion, completion, self.price)
         if self.hold is None:
-            self.hold = reservations.hold_for(self.submitter, self.budget, self.today)
+            self.hold = reservations.hold_for(self.submitter, self.budget)
         began = time.monotonic()
         deadline = began + settings.NRLLM_RESERVATION_WAIT_SECONDS
         run_id, token = self.lease.run_id, self.lease.token
         waited = False
         while not reservations.reserve(self.hold, self.budget, run_id, token, tokens, cost):
-            waited = True
             seen = reservations.held(self.hold)
+            if not seen.current:
+                # Its period ended: the call is the new period's.
+                self.hold = reservations.hold_for(self.submitter, self.budget)
+                continue
+            waited = True
             why = _no_room(self.budget, seen.spent, tokens, cost)
             if not why and time.monotonic() >= deadline:
                 why = (
