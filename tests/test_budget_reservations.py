@@ -370,3 +370,22 @@ def test_an_attempt_running_past_the_periods_end_reserves_its_next_call_in_the_n
         (2 * TURN_TOKENS, 0),
     ]
     assert spend_of(operator.pk)[0] == 2 * TURN_TOKENS
+
+
+def test_a_turn_answered_without_its_usage_spends_its_whole_reservation(workers, operator):
+    """A call whose answer reports no usage may have cost up to its
+    reservation, never 0: its record settles the reservation as spent, so
+    the submitter's next call, which would fit only were it free, is not
+    made."""
+    unreported = enqueue(request_for("scripted", [{"answer": "done"}], []), submitted_by=operator)
+    largest = largest_first_call(unreported)
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=largest + 5)
+    workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
+    assert fresh(unreported).status == RunStatus.COMPLETED
+    (hold,) = SpendHold.objects.filter(submitter=operator.pk)
+    assert (hold.spent_tokens, hold.reserved_tokens) == (largest, 0)
+
+    second = enqueue_for_usage(operator, FAKE_USAGE)
+    workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
+    assert fresh(second).termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert not SpendReservation.objects.exists()
