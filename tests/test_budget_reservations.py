@@ -377,7 +377,8 @@ def test_a_turn_answered_without_its_usage_spends_its_whole_reservation(workers,
     reservation, never 0: its record settles the reservation as spent, so
     the submitter's next call, which would fit only were it free, is not
     made."""
-    unreported = enqueue(request_for("scripted", [{"answer": "done"}], []), submitted_by=operator)
+    plan = [{"answer": "done", "usage": {}}]  # none reported
+    unreported = enqueue(request_for("scripted", plan, []), submitted_by=operator)
     largest = largest_first_call(unreported)
     SubmitterBudget.objects.create(user=operator, period="day", max_tokens=largest + 5)
     workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
