@@ -190,8 +190,10 @@ def release_dead(runs_table: str) -> int:
 #: with model turns, once the run's guarded UPDATE (the CTE ``run``)
 #: matched: the attempt's reservations go and the turns' reported spend
 #: (the ``spend_*`` parameters of ``spend.recording.spend_params``) comes
-#: to the hold they were on. No reservation (none was made, or the reaper
-#: released it): nothing here changes.
+#: to the hold they were on — or, when a turn's usage went unreported, what
+#: was reserved: the most it can have cost (unknown is never 0, G17). No
+#: reservation (none was made, or the reaper released it): nothing here
+#: changes.
 SETTLE_CTES = f"""
     doomed AS (
         DELETE FROM {_RESERVATION} WHERE run_id = %(run_id)s AND lease_token = %(token)s
@@ -201,8 +203,10 @@ SETTLE_CTES = f"""
     settled AS (
         UPDATE {_HOLD} AS hold SET reserved_tokens = hold.reserved_tokens - freed.tokens,
             reserved_cost = hold.reserved_cost - freed.cost,
-            spent_tokens = hold.spent_tokens + %(spend_input_tokens)s + %(spend_output_tokens)s,
-            spent_cost = hold.spent_cost + %(spend_cost)s
+            spent_tokens = hold.spent_tokens + CASE WHEN %(spend_unreported_turns)s > 0
+                THEN freed.tokens ELSE %(spend_input_tokens)s + %(spend_output_tokens)s END,
+            spent_cost = hold.spent_cost + CASE WHEN %(spend_unreported_turns)s > 0
+                THEN freed.cost ELSE %(spend_cost)s END
         FROM (SELECT hold_id, SUM(tokens) AS tokens, SUM(cost) AS cost FROM doomed
               GROUP BY hold_id) AS freed
         WHERE hold.id = freed.hold_id
@@ -226,5 +230,6 @@ def settle(run_id, token: int, spend) -> None:
                 "spend_input_tokens": spend.input_tokens,
                 "spend_output_tokens": spend.output_tokens,
                 "spend_cost": spend.cost,
+                "spend_unreported_turns": spend.unreported_turns,
             },
         )
