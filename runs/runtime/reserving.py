@@ -34,7 +34,6 @@ class CallReservations:
         self.budget = starting.budget
         self.price = starting.price
         self.submitter = starting.submitter
-        self.today = starting.today
         #: The submitter's ``SpendHold`` id, found at the first reservation.
         self.hold = None
         #: Whether a reservation may be outstanding (the attempt's end
