@@ -5,6 +5,7 @@ PostgreSQL, Redis and rqworkers; every answer reports 18 tokens
 (``FAKE_USAGE``)."""
 
 import re
+import time
 from datetime import timedelta
 from decimal import Decimal
 
@@ -12,6 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from runs.faults import step_inserts_refused
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.runtime.enqueue_spend import BudgetRefused
@@ -389,4 +391,25 @@ def test_a_turn_answered_without_its_usage_spends_its_whole_reservation(workers,
     second = enqueue_for_usage(operator, FAKE_USAGE)
     workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=RESERVED_COMPLETION)
     assert fresh(second).termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert not SpendReservation.objects.exists()
+
+
+def test_an_attempt_never_waits_for_its_own_unrecorded_call(workers, operator):
+    """The database refused to record the first turn (G2: the attempt holds
+    it, and its reservation). The next call fits beside what is spent, not
+    beside that reservation too: nothing another call can settle — the
+    attempt's own — so it stops at once, not after waiting
+    ``NRLLM_RESERVATION_WAIT_SECONDS`` for itself."""
+    plan = [{"calls": [SEARCH]}, {"answer": "done"}]
+    request = request_for("scripted", plan, ["search_notes"], scripted_usage=FAKE_USAGE)
+    agent_run = enqueue(request, submitted_by=operator)
+    # Reservations of about 1000 tokens (the completion's): each fits, not two.
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=2000)
+    began = time.monotonic()
+    with step_inserts_refused(kind="llm"):
+        workers.run_burst(NRLLM_RESERVE_MAX_TOKENS=1000, NRLLM_RESERVATION_WAIT_SECONDS=30)
+    assert time.monotonic() - began < 20
+    agent_run = fresh(agent_run)
+    assert agent_run.termination_reason == TerminationReason.BUDGET_EXHAUSTED
+    assert "tokens spent, and the call may cost up to" in agent_run.error_message
     assert not SpendReservation.objects.exists()
