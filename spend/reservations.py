@@ -112,6 +112,9 @@ class Held:
     reserved: Spent
     #: Whether the database's clock is still in its period.
     current: bool
+    #: Of ``reserved``, the asking attempt's own (a call whose record the
+    #: database refused): no other call's settle frees it.
+    own: Spent
 
 
 def reserve(hold: int, budget: Budget, run_id, token: int, tokens: int, cost: Decimal) -> bool:
@@ -134,15 +137,21 @@ def reserve(hold: int, budget: Budget, run_id, token: int, tokens: int, cost: De
         return cursor.fetchone() is not None
 
 
-def held(hold: int) -> Held:
+def held(hold: int, run_id, token: int) -> Held:
+    """The hold as the attempt ``run_id``/``token`` finds it."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT spent_tokens, spent_cost, reserved_tokens, reserved_cost,"
-            f" start = {_HOLDS_PERIOD_START} FROM {_HOLD} WHERE id = %s",
-            [hold],
+            f" start = {_HOLDS_PERIOD_START},"
+            " (SELECT COALESCE(SUM(tokens), 0) FROM"
+            f" {_RESERVATION} WHERE run_id = %(run_id)s AND lease_token = %(token)s),"
+            " (SELECT COALESCE(SUM(cost), 0) FROM"
+            f" {_RESERVATION} WHERE run_id = %(run_id)s AND lease_token = %(token)s)"
+            f" FROM {_HOLD} WHERE id = %(hold)s",
+            {"hold": hold, "run_id": str(run_id), "token": token},
         )
         row = cursor.fetchone()
-    return Held(Spent(row[0], row[1]), Spent(row[2], row[3]), row[4])
+    return Held(Spent(row[0], row[1]), Spent(row[2], row[3]), row[4], Spent(row[5], row[6]))
 
 
 #: Frees what ``doomed`` (a CTE of deleted reservations: hold_id, tokens,

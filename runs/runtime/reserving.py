@@ -64,13 +64,14 @@ class CallReservations:
         run_id, token = self.lease.run_id, self.lease.token
         waited = False
         while not reservations.reserve(self.hold, self.budget, run_id, token, tokens, cost):
-            seen = reservations.held(self.hold)
+            seen = reservations.held(self.hold, run_id, token)
             if not seen.current:
                 # Its period ended: the call is the new period's.
                 self.hold = reservations.hold_for(self.submitter, self.budget)
                 continue
             waited = True
-            why = _no_room(self.budget, seen.spent, tokens, cost)
+            # Its own reservations wait for no other call: as good as spent.
+            why = _no_room(self.budget, seen.spent.plus(seen.own), tokens, cost)
             if not why and time.monotonic() >= deadline:
                 why = (
                     f"calls in flight held {seen.reserved.tokens} tokens and left no room "
