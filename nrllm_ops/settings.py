@@ -203,7 +203,7 @@ NRLLM_USER_MAX_COST = env_decimal("NRLLM_USER_MAX_COST", maximum=10**9)
 # completion tokens reserved for a call whose request sets no max_tokens,
 # and how long a call waits for room that calls in flight hold before its
 # run stops budget_exhausted.
-NRLLM_RESERVE_MAX_TOKENS = env_int("NRLLM_RESERVE_MAX_TOKENS", 4096, minimum=1)
+NRLLM_RESERVE_MAX_TOKENS = env_int("NRLLM_RESERVE_MAX_TOKENS", 4096, minimum=1, maximum=10**9)
 NRLLM_RESERVATION_WAIT_SECONDS = env_int("NRLLM_RESERVATION_WAIT_SECONDS", 60, minimum=0)
 # The currency prices and costs are in (shown beside them; never converted).
 NRLLM_CURRENCY = env_str("NRLLM_CURRENCY", "USD")

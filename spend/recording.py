@@ -33,6 +33,8 @@ class TurnsSpend:
     output_tokens: int = 0
     cost: Decimal = Decimal(0)
     unpriced_turns: int = 0
+    #: Of ``turns``, those whose provider reported no usage (counted as 0).
+    unreported_turns: int = 0
 
     @property
     def tokens(self) -> int:
@@ -46,7 +48,7 @@ def turns_spend(steps: Sequence[dict]) -> TurnsSpend:
     """The spend of the llm steps among ``steps`` that report usage. Each
     carries its cost (``result["cost"]``, None: unpriced) from when the
     attempt made it (``runs.runtime.budget_watch``)."""
-    turns = input_tokens = cached = output = unpriced = 0
+    turns = input_tokens = cached = output = unpriced = unreported = 0
     cost = Decimal(0)
     for step in steps:
         result = step.get("result")
@@ -54,6 +56,7 @@ def turns_spend(steps: Sequence[dict]) -> TurnsSpend:
         if usage is None:
             continue
         turns += 1
+        unreported += not usage.reported
         input_tokens += usage.prompt
         cached += usage.cached
         output += usage.completion
@@ -61,7 +64,9 @@ def turns_spend(steps: Sequence[dict]) -> TurnsSpend:
             unpriced += 1
         else:
             cost += Decimal(result["cost"])
-    return TurnsSpend(turns, input_tokens, cached, output, money(cost), unpriced)
+    return TurnsSpend(
+        turns, input_tokens, cached, output, money(cost), unpriced, unreported_turns=unreported
+    )
 
 
 @dataclass
@@ -158,6 +163,7 @@ def spend_params(spend: TurnsSpend, run_id) -> dict:
     return {
         "spend_shard": shard_of(run_id),
         **{f"spend_{name}": getattr(spend, name) for name in _COUNTS},
+        "spend_unreported_turns": spend.unreported_turns,
     }
 
 

@@ -18,13 +18,12 @@ made and G17's checks alone apply.
 
 import json
 from dataclasses import dataclass
-from datetime import date
 from decimal import Decimal
 
 from django.db import connection
 
 from spend.budgets import Budget, Spent
-from spend.models import BudgetPeriod, DailySpend, SpendHold, SpendReservation
+from spend.models import DailySpend, SpendHold, SpendReservation
 from spend.prices import Price, money
 
 _HOLD = SpendHold._meta.db_table
@@ -52,33 +51,47 @@ def largest_cost(prompt_tokens: int, max_tokens: int, price: Price | None) -> De
     return money((prompt_tokens * per_input + max_tokens * price.output) / _PER_MILLION)
 
 
-def period_start(period: str, today: date) -> date:
-    return today.replace(day=1) if period == BudgetPeriod.MONTH else today
+#: The first day of the period the database's clock is in, for a hold's
+#: ``period`` (a column or a parameter).
+_CURRENT_START = (
+    "CASE {period} WHEN 'month' THEN date_trunc('month', statement_timestamp() AT TIME ZONE 'UTC')"
+    "::date ELSE (statement_timestamp() AT TIME ZONE 'UTC')::date END"
+)
 
 
-def hold_for(submitter: int, budget: Budget, today: date) -> int:
-    """The id of the submitter's ``SpendHold`` for the period ``today`` is
-    in, made from the period's ``DailySpend`` if it is the first."""
-    start = period_start(budget.period, today)
+def hold_for(submitter: int, budget: Budget) -> int:
+    """The id of the submitter's ``SpendHold`` for the period the database's
+    clock is in (not the claim's: an attempt's calls after midnight are the
+    new day's), made from the period's ``DailySpend`` if it is the first,
+    and caught up with it if not: turns recorded with no reservation to
+    settle (an attempt claimed while the submitter had no budget) are in
+    the period's ``DailySpend`` alone. Never lowered: a settle adds to both."""
+    start = _CURRENT_START.format(period="%(period)s::text")
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {_HOLD} (submitter, period, start, spent_tokens, spent_cost,"
             " reserved_tokens, reserved_cost)"
-            " SELECT %(submitter)s, %(period)s, %(start)s,"
+            f" SELECT %(submitter)s, %(period)s::text, {start},"
             " COALESCE(SUM(input_tokens + output_tokens), 0), COALESCE(SUM(cost), 0), 0, 0"
-            f" FROM {_DAILY} WHERE submitter = %(submitter)s AND day >= %(start)s"
-            " ON CONFLICT (submitter, period, start) DO UPDATE SET submitter = EXCLUDED.submitter"
+            f" FROM {_DAILY} WHERE submitter = %(submitter)s AND day >= {start}"
+            " ON CONFLICT (submitter, period, start) DO UPDATE SET"
+            f" spent_tokens = GREATEST({_HOLD}.spent_tokens, EXCLUDED.spent_tokens),"
+            f" spent_cost = GREATEST({_HOLD}.spent_cost, EXCLUDED.spent_cost)"
             " RETURNING id",
-            {"submitter": submitter, "period": budget.period, "start": start},
+            {"submitter": submitter, "period": budget.period},
         )
         return cursor.fetchone()[0]
 
+
+#: ``_CURRENT_START`` of a hold row: a reservation is made only in the
+#: period the database's clock is in.
+_HOLDS_PERIOD_START = _CURRENT_START.format(period="period")
 
 _RESERVE = f"""
     WITH hold AS (
         UPDATE {_HOLD} SET reserved_tokens = reserved_tokens + %(tokens)s,
             reserved_cost = reserved_cost + %(cost)s
-        WHERE id = %(hold)s
+        WHERE id = %(hold)s AND start = {_HOLDS_PERIOD_START}
           AND (%(max_tokens)s::bigint IS NULL
                OR spent_tokens + reserved_tokens + %(tokens)s <= %(max_tokens)s::bigint)
           AND (%(max_cost)s::numeric IS NULL
@@ -97,6 +110,11 @@ class Held:
 
     spent: Spent
     reserved: Spent
+    #: Whether the database's clock is still in its period.
+    current: bool
+    #: Of ``reserved``, the asking attempt's own (a call whose record the
+    #: database refused): no other call's settle frees it.
+    own: Spent
 
 
 def reserve(hold: int, budget: Budget, run_id, token: int, tokens: int, cost: Decimal) -> bool:
@@ -119,11 +137,21 @@ def reserve(hold: int, budget: Budget, run_id, token: int, tokens: int, cost: De
         return cursor.fetchone() is not None
 
 
-def held(hold: int) -> Held:
-    row = SpendHold.objects.values_list(
-        "spent_tokens", "spent_cost", "reserved_tokens", "reserved_cost"
-    ).get(pk=hold)
-    return Held(Spent(row[0], row[1]), Spent(row[2], row[3]))
+def held(hold: int, run_id, token: int) -> Held:
+    """The hold as the attempt ``run_id``/``token`` finds it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT spent_tokens, spent_cost, reserved_tokens, reserved_cost,"
+            f" start = {_HOLDS_PERIOD_START},"
+            " (SELECT COALESCE(SUM(tokens), 0) FROM"
+            f" {_RESERVATION} WHERE run_id = %(run_id)s AND lease_token = %(token)s),"
+            " (SELECT COALESCE(SUM(cost), 0) FROM"
+            f" {_RESERVATION} WHERE run_id = %(run_id)s AND lease_token = %(token)s)"
+            f" FROM {_HOLD} WHERE id = %(hold)s",
+            {"hold": hold, "run_id": str(run_id), "token": token},
+        )
+        row = cursor.fetchone()
+    return Held(Spent(row[0], row[1]), Spent(row[2], row[3]), row[4], Spent(row[5], row[6]))
 
 
 #: Frees what ``doomed`` (a CTE of deleted reservations: hold_id, tokens,
@@ -171,8 +199,10 @@ def release_dead(runs_table: str) -> int:
 #: with model turns, once the run's guarded UPDATE (the CTE ``run``)
 #: matched: the attempt's reservations go and the turns' reported spend
 #: (the ``spend_*`` parameters of ``spend.recording.spend_params``) comes
-#: to the hold they were on. No reservation (none was made, or the reaper
-#: released it): nothing here changes.
+#: to the hold they were on — or, when a turn's usage went unreported, what
+#: was reserved: the most it can have cost (unknown is never 0, G17). No
+#: reservation (none was made, or the reaper released it): nothing here
+#: changes.
 SETTLE_CTES = f"""
     doomed AS (
         DELETE FROM {_RESERVATION} WHERE run_id = %(run_id)s AND lease_token = %(token)s
@@ -182,8 +212,10 @@ SETTLE_CTES = f"""
     settled AS (
         UPDATE {_HOLD} AS hold SET reserved_tokens = hold.reserved_tokens - freed.tokens,
             reserved_cost = hold.reserved_cost - freed.cost,
-            spent_tokens = hold.spent_tokens + %(spend_input_tokens)s + %(spend_output_tokens)s,
-            spent_cost = hold.spent_cost + %(spend_cost)s
+            spent_tokens = hold.spent_tokens + CASE WHEN %(spend_unreported_turns)s > 0
+                THEN freed.tokens ELSE %(spend_input_tokens)s + %(spend_output_tokens)s END,
+            spent_cost = hold.spent_cost + CASE WHEN %(spend_unreported_turns)s > 0
+                THEN freed.cost ELSE %(spend_cost)s END
         FROM (SELECT hold_id, SUM(tokens) AS tokens, SUM(cost) AS cost FROM doomed
               GROUP BY hold_id) AS freed
         WHERE hold.id = freed.hold_id
@@ -207,5 +239,6 @@ def settle(run_id, token: int, spend) -> None:
                 "spend_input_tokens": spend.input_tokens,
                 "spend_output_tokens": spend.output_tokens,
                 "spend_cost": spend.cost,
+                "spend_unreported_turns": spend.unreported_turns,
             },
         )

@@ -17,6 +17,19 @@ from tests.conftest import ROOT
         ("NRLLM_LEASE_SECONDS", "ninety", "NRLLM_LEASE_SECONDS='ninety' is not an integer"),
         ("NRLLM_MAX_REQUEUES", "-1", "NRLLM_MAX_REQUEUES='-1' must be at least 0"),
         ("NRLLM_MAX_ITERATIONS", "1.5", "NRLLM_MAX_ITERATIONS='1.5' is not an integer"),
+        ("NRLLM_RESERVE_MAX_TOKENS", "lots", "NRLLM_RESERVE_MAX_TOKENS='lots' is not an integer"),
+        ("NRLLM_RESERVE_MAX_TOKENS", "0", "NRLLM_RESERVE_MAX_TOKENS='0' must be at least 1"),
+        # Every reservation would fail in the database (bigint).
+        (
+            "NRLLM_RESERVE_MAX_TOKENS",
+            "10000000000000000000",
+            "NRLLM_RESERVE_MAX_TOKENS='10000000000000000000' must be at most 1000000000",
+        ),
+        (
+            "NRLLM_RESERVATION_WAIT_SECONDS",
+            "a minute",
+            "NRLLM_RESERVATION_WAIT_SECONDS='a minute' is not an integer",
+        ),
         ("DEBUG", "maybe", "DEBUG='maybe' is not a boolean"),
         ("DATABASE_URL", "nosuchdb://x", "DATABASE_URL is not a usable database URL"),
         ("NRLLM_TOOLS", "no.such.Tool", "NRLLM_TOOLS: cannot import 'no.such.Tool'"),

@@ -43,7 +43,8 @@ class OpenAIChatProvider:
             "kind": {"const": "openai"},
             "model": {"type": "string", "minLength": 1, "maxLength": 200},
             "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-            "max_tokens": {"type": "integer", "minimum": 1},
+            # At most what a call's reservation holds (G21; models answer far less).
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": 10**9},
         },
         "required": ["kind", "model"],
         "additionalProperties": False,
@@ -64,6 +65,9 @@ class OpenAIChatProvider:
             raise ProviderError(problem, failure_class=FailureClass.CONFIGURATION)
         self.model = spec["model"]
         self.options = {key: spec[key] for key in ("temperature", "max_tokens") if key in spec}
+        if "max_tokens" in self.options:
+            # JSON Schema's integer includes 40.0: whole, for the API and the reservation.
+            self.options["max_tokens"] = int(self.options["max_tokens"])
         self.circuit_key = f"{settings.NRLLM_OPENAI_BASE_URL} {self.model}"
         self.client = shared_client()
         #: How long one call may take by its client's timeouts (the SDK's

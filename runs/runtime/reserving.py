@@ -34,7 +34,6 @@ class CallReservations:
         self.budget = starting.budget
         self.price = starting.price
         self.submitter = starting.submitter
-        self.today = starting.today
         #: The submitter's ``SpendHold`` id, found at the first reservation.
         self.hold = None
         #: Whether a reservation may be outstanding (the attempt's end
@@ -59,15 +58,20 @@ class CallReservations:
         tokens = reservations.largest_tokens(messages, tool_specs, completion)
         cost = reservations.largest_cost(tokens - completion, completion, self.price)
         if self.hold is None:
-            self.hold = reservations.hold_for(self.submitter, self.budget, self.today)
+            self.hold = reservations.hold_for(self.submitter, self.budget)
         began = time.monotonic()
         deadline = began + settings.NRLLM_RESERVATION_WAIT_SECONDS
         run_id, token = self.lease.run_id, self.lease.token
         waited = False
         while not reservations.reserve(self.hold, self.budget, run_id, token, tokens, cost):
+            seen = reservations.held(self.hold, run_id, token)
+            if not seen.current:
+                # Its period ended: the call is the new period's.
+                self.hold = reservations.hold_for(self.submitter, self.budget)
+                continue
             waited = True
-            seen = reservations.held(self.hold)
-            why = _no_room(self.budget, seen.spent, tokens, cost)
+            # Its own reservations wait for no other call: as good as spent.
+            why = _no_room(self.budget, seen.spent.plus(seen.own), tokens, cost)
             if not why and time.monotonic() >= deadline:
                 why = (
                     f"calls in flight held {seen.reserved.tokens} tokens and left no room "

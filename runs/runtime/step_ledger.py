@@ -316,6 +316,7 @@ class StepLedger:
                 turn_sequence=turn_sequence,
                 timeout_seconds=settings.NRLLM_APPROVAL_TIMEOUT_SECONDS,
                 recorded=self.recorded,
+                settle_reservations=self.tally is not None and self.tally.reserving,
             )
             if outcome is not ParkOutcome.STEPS_LOST:
                 break

@@ -92,6 +92,7 @@ def wait_for_approval(
     turn_sequence: int | None,
     timeout_seconds: float,
     recorded: int | None = None,
+    settle_reservations: bool = False,
 ) -> tuple[ParkOutcome, list[ApprovalRequest]]:
     """Park the run: record ``steps`` (any still unwritten, then — for a
     turn asked live — the turn itself, which must be the last of them),
@@ -100,7 +101,8 @@ def wait_for_approval(
     the turn's step if it was recorded before (a resumed attempt), else
     None. Raises DatabaseError (nothing changed, or — a broken connection
     — perhaps everything: the attempt's settle then matches nothing).
-    ``recorded``: as ``record_steps``'.
+    ``recorded``: as ``record_steps``'. ``settle_reservations``: the
+    attempt reserved before its calls, and this settles them (G21).
     """
     with reaching_disk():
         rows = _update_returning(
@@ -165,7 +167,9 @@ def wait_for_approval(
             },
         }
         _append_steps(lease.run_id, lease.token, [*steps, waiting_step])
-        add_spend_through_the_orm(lease.run_id, steps, lease_token=lease.token)
+        add_spend_through_the_orm(
+            lease.run_id, steps, lease_token=lease.token if settle_reservations else None
+        )
         ApprovalRequest.objects.bulk_create(requests)
     _log_change(
         "wait_for_approval",
