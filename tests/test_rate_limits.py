@@ -15,11 +15,12 @@ import pytest
 from django.db.models.functions import Now
 
 from runs.models import AgentRun, ProviderCircuit
-from runs.runtime import enqueue
+from runs.runtime import enqueue, rate_limit, run
 from runs.runtime.rate_limit import SharedLimit, waiting_for
 from runs.vocabulary import RunStatus
 from tests import test_concurrent_worker
 from tests.drifting_model import openai_request
+from tests.fake_openai import Reply
 from tests.test_concurrent_worker import unfinished, wait_until
 
 #: A redis-server of the test's own, which it stops.
@@ -220,3 +221,26 @@ def test_turns_given_before_a_429_wait_for_its_pause(workers, fake_openai, drift
     answered = [at for at in fake_openai.arrivals if at != refused_at]
     assert len(answered) == 4
     assert min(answered) - refused_at >= 2.9, "a turn given before the 429 went during its pause"
+
+
+@pytest.mark.parametrize("retry_after", ["inf", "1e20"])
+def test_an_absurd_retry_after_neither_crashes_the_run_nor_pauses_past_the_wait_bound(
+    queue, fake_openai, settings, monkeypatch, retry_after
+):
+    """A 429 whose ``Retry-After`` is infinite or far past anything Redis
+    can store: the run fails ``rate_limit`` (retryable) as for any 429, the
+    configuration's pause is at most the wait's bound, and Redis is still
+    asked (the limiter not taken for down)."""
+    from tests.fake_openai import completion, error
+    from tests.test_openai_provider import request
+
+    settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 600}}
+    settings.NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS = 2
+    monkeypatch.setattr(rate_limit, "_down_until", 0.0)  # restored: no other test's Redis down
+    fake_openai.script(error(429, headers={"retry-after": retry_after}))
+    fake_openai.default = Reply(body=completion("late"))
+    agent_run = run(request())
+    assert agent_run.failure_class == "rate_limit"
+    pauses = [queue.connection.pttl(key) for key in queue.connection.keys("*:paused")]
+    assert pauses and all(0 < pause <= 2000 for pause in pauses), pauses
+    assert rate_limit._available() is not None, "a 429 took Redis for down"
