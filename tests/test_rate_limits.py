@@ -15,7 +15,8 @@ import pytest
 from django.db.models.functions import Now
 
 from runs.models import AgentRun, ProviderCircuit
-from runs.runtime import enqueue, rate_limit, run
+from runs.runtime import enqueue, rate_limit
+from runs.runtime import run as run_in_process
 from runs.runtime.rate_limit import SharedLimit, waiting_for
 from runs.vocabulary import RunStatus
 from tests import test_concurrent_worker
@@ -229,8 +230,8 @@ def test_an_absurd_retry_after_neither_crashes_the_run_nor_pauses_past_the_wait_
 ):
     """A 429 whose ``Retry-After`` is infinite or far past anything Redis
     can store: the run fails ``rate_limit`` (retryable) as for any 429, the
-    configuration's pause is at most the wait's bound, and Redis is still
-    asked (the limiter not taken for down)."""
+    configuration's pause is at most the wait's bound (none for "inf": no
+    Retry-After), and Redis is still asked (the limiter not taken for down)."""
     from tests.fake_openai import completion, error
     from tests.test_openai_provider import request
 
@@ -239,8 +240,10 @@ def test_an_absurd_retry_after_neither_crashes_the_run_nor_pauses_past_the_wait_
     monkeypatch.setattr(rate_limit, "_down_until", 0.0)  # restored: no other test's Redis down
     fake_openai.script(error(429, headers={"retry-after": retry_after}))
     fake_openai.default = Reply(body=completion("late"))
-    agent_run = run(request())
+    agent_run = run_in_process(request())
     assert agent_run.failure_class == "rate_limit"
     pauses = [queue.connection.pttl(key) for key in queue.connection.keys("*:paused")]
-    assert pauses and all(0 < pause <= 2000 for pause in pauses), pauses
+    assert all(0 < pause <= 2000 for pause in pauses), pauses
+    # An infinite Retry-After is none (the requeue's backoff applies).
+    assert len(pauses) == (0 if retry_after == "inf" else 1)
     assert rate_limit._available() is not None, "a 429 took Redis for down"

@@ -178,7 +178,12 @@ class SharedLimit:
         return bool(taken), wait_ms / 1000
 
     def pause(self, seconds: float) -> None:
-        """The provider said to come back in ``seconds``: every worker waits."""
+        """The provider said to come back in ``seconds``: every worker waits,
+        at most the wait's bound (a call past it fails anyway, and one sent
+        then meets the provider's own 429 again if its limit still stands;
+        a longer pause would outlive any Retry-After sent by mistake, and one
+        past what Redis stores would be refused)."""
+        seconds = min(seconds, settings.NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS)
         redis = _available()
         if redis is not None:
             try:
