@@ -247,3 +247,43 @@ def test_an_absurd_retry_after_neither_crashes_the_run_nor_pauses_past_the_wait_
     # An infinite Retry-After is none (the requeue's backoff applies).
     assert len(pauses) == (0 if retry_after == "inf" else 1)
     assert rate_limit._available() is not None, "a 429 took Redis for down"
+
+
+def test_a_cancel_requested_during_a_rate_limit_wait_sends_no_call_after_it(
+    queue, fake_openai, settings, monkeypatch
+):
+    """20 requests a minute (a bucket of one, a turn every 3 s): the first
+    run goes at once, the second waits its turn; cancelled meanwhile, it
+    ends ``cancelled`` and the provider never sees its call (G9: a cancel
+    noticed before the next call spends nothing more)."""
+    import threading
+
+    from django.db import connection
+
+    from runs import transitions
+    from tests.fake_openai import completion
+    from tests.test_openai_provider import request
+
+    settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 20}}
+    monkeypatch.setattr(rate_limit, "_down_until", 0.0)
+    fake_openai.default = Reply(body=completion("done"))
+    assert run_in_process(request()).status == RunStatus.COMPLETED
+    ended = {}
+
+    def second():
+        try:
+            ended["run"] = run_in_process(request())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    assert wait_until(
+        lambda: any(waiting_for(pk) for pk in AgentRun.objects.values_list("pk", flat=True)), 5
+    )
+    waiting = next(pk for pk in AgentRun.objects.values_list("pk", flat=True) if waiting_for(pk))
+    transitions.cancel(waiting)
+    thread.join(10)
+
+    assert ended["run"].status == RunStatus.CANCELLED
+    assert len(fake_openai.arrivals) == 1, "the cancelled run's call went out after its wait"
