@@ -277,7 +277,7 @@ class _DeadlinedProvider(TimedProvider):
         self._max_tokens = getattr(provider, "options", {}).get("max_tokens")
         #: The configuration's shared rate limit, if one is set (None: none).
         self._rate_limit = rate_limit.calls_for(
-            provider, kind, execution.lease.run_id, execution.heartbeat
+            provider, kind, execution.lease, execution.heartbeat
         )
 
     def next_turn(self, messages, tool_specs):
