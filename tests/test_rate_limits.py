@@ -287,3 +287,51 @@ def test_a_cancel_requested_during_a_rate_limit_wait_sends_no_call_after_it(
 
     assert ended["run"].status == RunStatus.CANCELLED
     assert len(fake_openai.arrivals) == 1, "the cancelled run's call went out after its wait"
+
+
+def test_a_run_waiting_for_its_rate_limit_holds_no_budget_reservation(
+    queue, fake_openai, settings, monkeypatch, operator
+):
+    """G21 beside a wait: a submitter's budget fits one call's reservation,
+    not two. Their run on a paused configuration waits 3 s for it; their
+    other run, on a model with no limit, is not kept from its call (nor
+    stopped ``budget_exhausted`` after NRLLM_RESERVATION_WAIT_SECONDS) by a
+    reservation for a call that is not being made. Both complete."""
+    import threading
+
+    from django.db import connection
+
+    from spend.models import SubmitterBudget
+    from spend.reservations import largest_tokens
+    from tests.fake_openai import completion
+    from tests.test_openai_provider import request
+
+    settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:limited": {"requests_per_minute": 600}}
+    settings.NRLLM_RESERVATION_WAIT_SECONDS = 1
+    settings.NRLLM_RESERVE_MAX_TOKENS = 40
+    monkeypatch.setattr(rate_limit, "_down_until", 0.0)
+    fake_openai.default = Reply(body=completion("done"))
+    largest = largest_tokens([{"role": "user", "content": "do it"}], [], 40)
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=largest * 3 // 2)
+    pause = f"nrllm:rate-limit:{{openai {settings.NRLLM_OPENAI_BASE_URL} limited}}:paused"
+    queue.connection.set(pause, "1", px=3000)
+    ended = {}
+
+    def limited_run():
+        try:
+            ended["limited"] = run_in_process(
+                request(tools=(), model="limited"), submitted_by=operator
+            )
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=limited_run)
+    thread.start()
+    assert wait_until(
+        lambda: any(waiting_for(pk) for pk in AgentRun.objects.values_list("pk", flat=True)), 5
+    )
+    other = run_in_process(request(tools=()), submitted_by=operator)
+    thread.join(10)
+
+    assert (other.status, other.termination_reason) == (RunStatus.COMPLETED, "completed")
+    assert ended["limited"].status == RunStatus.COMPLETED
