@@ -335,3 +335,23 @@ def test_a_run_waiting_for_its_rate_limit_holds_no_budget_reservation(
 
     assert (other.status, other.termination_reason) == (RunStatus.COMPLETED, "completed")
     assert ended["limited"].status == RunStatus.COMPLETED
+
+
+def test_redis_down_a_429_with_retry_after_is_not_sent_again_at_once(
+    fake_openai, settings, monkeypatch
+):
+    """Redis unreachable (fail open), a provider answering 429 with
+    ``Retry-After: 1``: the pause cannot be set, so the call is not sent
+    again in a loop until the wait's bound — it fails ``rate_limit`` as it
+    would with no limit (the requeue's backoff honours Retry-After)."""
+    from tests.fake_openai import error
+    from tests.test_openai_provider import request
+
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 600}}
+    settings.NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS = 3
+    monkeypatch.setattr(rate_limit, "_down_until", 0.0)
+    fake_openai.default = error(429, headers={"retry-after": "1"})
+    agent_run = run_in_process(request(tools=()))
+    assert agent_run.failure_class == "rate_limit"
+    assert len(fake_openai.arrivals) <= 2, f"{len(fake_openai.arrivals)} calls in a loop"
