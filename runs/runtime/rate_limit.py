@@ -255,7 +255,10 @@ class RateLimitedCalls:
                 if error.failure_class != FailureClass.RATE_LIMIT:
                     raise
                 RATE_LIMIT_EVENTS.labels(self.limit.name, "provider_429").inc()
-                if error.retry_after is None:
+                # Redis could not say (fail open): no pause holds the call
+                # back, so it fails as with no limit (the requeue's backoff
+                # honours Retry-After) rather than being sent again at once.
+                if error.retry_after is None or not taken:
                     raise
                 self.limit.pause(error.retry_after)
                 if time.monotonic() + error.retry_after > deadline:
