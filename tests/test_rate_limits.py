@@ -15,11 +15,13 @@ import pytest
 from django.db.models.functions import Now
 
 from runs.models import AgentRun, ProviderCircuit
-from runs.runtime import enqueue
+from runs.runtime import enqueue, rate_limit
+from runs.runtime import run as run_in_process
 from runs.runtime.rate_limit import SharedLimit, waiting_for
 from runs.vocabulary import RunStatus
 from tests import test_concurrent_worker
 from tests.drifting_model import openai_request
+from tests.fake_openai import Reply
 from tests.test_concurrent_worker import unfinished, wait_until
 
 #: A redis-server of the test's own, which it stops.
@@ -220,3 +222,136 @@ def test_turns_given_before_a_429_wait_for_its_pause(workers, fake_openai, drift
     answered = [at for at in fake_openai.arrivals if at != refused_at]
     assert len(answered) == 4
     assert min(answered) - refused_at >= 2.9, "a turn given before the 429 went during its pause"
+
+
+@pytest.mark.parametrize("retry_after", ["inf", "1e20"])
+def test_an_absurd_retry_after_neither_crashes_the_run_nor_pauses_past_the_wait_bound(
+    queue, fake_openai, settings, monkeypatch, retry_after
+):
+    """A 429 whose ``Retry-After`` is infinite or far past anything Redis
+    can store: the run fails ``rate_limit`` (retryable) as for any 429, the
+    configuration's pause is at most the wait's bound (none for "inf": no
+    Retry-After), and Redis is still asked (the limiter not taken for down)."""
+    from tests.fake_openai import completion, error
+    from tests.test_openai_provider import request
+
+    settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 600}}
+    settings.NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS = 2
+    monkeypatch.setattr(rate_limit, "_down_until", 0.0)  # restored: no other test's Redis down
+    fake_openai.script(error(429, headers={"retry-after": retry_after}))
+    fake_openai.default = Reply(body=completion("late"))
+    agent_run = run_in_process(request())
+    assert agent_run.failure_class == "rate_limit"
+    pauses = [queue.connection.pttl(key) for key in queue.connection.keys("*:paused")]
+    assert all(0 < pause <= 2000 for pause in pauses), pauses
+    # An infinite Retry-After is none (the requeue's backoff applies).
+    assert len(pauses) == (0 if retry_after == "inf" else 1)
+    assert rate_limit._available() is not None, "a 429 took Redis for down"
+
+
+def test_a_cancel_requested_during_a_rate_limit_wait_sends_no_call_after_it(
+    queue, fake_openai, settings, monkeypatch
+):
+    """20 requests a minute (a bucket of one, a turn every 3 s): the first
+    run goes at once, the second waits its turn; cancelled meanwhile, it
+    ends ``cancelled`` and the provider never sees its call (G9: a cancel
+    noticed before the next call spends nothing more)."""
+    import threading
+
+    from django.db import connection
+
+    from runs import transitions
+    from tests.fake_openai import completion
+    from tests.test_openai_provider import request
+
+    settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 20}}
+    monkeypatch.setattr(rate_limit, "_down_until", 0.0)
+    fake_openai.default = Reply(body=completion("done"))
+    assert run_in_process(request()).status == RunStatus.COMPLETED
+    ended = {}
+
+    def second():
+        try:
+            ended["run"] = run_in_process(request())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    assert wait_until(
+        lambda: any(waiting_for(pk) for pk in AgentRun.objects.values_list("pk", flat=True)), 5
+    )
+    waiting = next(pk for pk in AgentRun.objects.values_list("pk", flat=True) if waiting_for(pk))
+    transitions.cancel(waiting)
+    thread.join(10)
+
+    assert ended["run"].status == RunStatus.CANCELLED
+    assert len(fake_openai.arrivals) == 1, "the cancelled run's call went out after its wait"
+
+
+def test_a_run_waiting_for_its_rate_limit_holds_no_budget_reservation(
+    queue, fake_openai, settings, monkeypatch, operator
+):
+    """G21 beside a wait: a submitter's budget fits one call's reservation,
+    not two. Their run on a paused configuration waits 3 s for it; their
+    other run, on a model with no limit, is not kept from its call (nor
+    stopped ``budget_exhausted`` after NRLLM_RESERVATION_WAIT_SECONDS) by a
+    reservation for a call that is not being made. Both complete."""
+    import threading
+
+    from django.db import connection
+
+    from spend.models import SubmitterBudget
+    from spend.reservations import largest_tokens
+    from tests.fake_openai import completion
+    from tests.test_openai_provider import request
+
+    settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:limited": {"requests_per_minute": 600}}
+    settings.NRLLM_RESERVATION_WAIT_SECONDS = 1
+    settings.NRLLM_RESERVE_MAX_TOKENS = 40
+    monkeypatch.setattr(rate_limit, "_down_until", 0.0)
+    fake_openai.default = Reply(body=completion("done"))
+    largest = largest_tokens([{"role": "user", "content": "do it"}], [], 40)
+    SubmitterBudget.objects.create(user=operator, period="day", max_tokens=largest * 3 // 2)
+    pause = f"nrllm:rate-limit:{{openai {settings.NRLLM_OPENAI_BASE_URL} limited}}:paused"
+    queue.connection.set(pause, "1", px=3000)
+    ended = {}
+
+    def limited_run():
+        try:
+            ended["limited"] = run_in_process(
+                request(tools=(), model="limited"), submitted_by=operator
+            )
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=limited_run)
+    thread.start()
+    assert wait_until(
+        lambda: any(waiting_for(pk) for pk in AgentRun.objects.values_list("pk", flat=True)), 5
+    )
+    other = run_in_process(request(tools=()), submitted_by=operator)
+    thread.join(10)
+
+    assert (other.status, other.termination_reason) == (RunStatus.COMPLETED, "completed")
+    assert ended["limited"].status == RunStatus.COMPLETED
+
+
+def test_redis_down_a_429_with_retry_after_is_not_sent_again_at_once(
+    fake_openai, settings, monkeypatch
+):
+    """Redis unreachable (fail open), a provider answering 429 with
+    ``Retry-After: 1``: the pause cannot be set, so the call is not sent
+    again in a loop until the wait's bound — it fails ``rate_limit`` as it
+    would with no limit (the requeue's backoff honours Retry-After)."""
+    from tests.fake_openai import error
+    from tests.test_openai_provider import request
+
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 600}}
+    settings.NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS = 3
+    monkeypatch.setattr(rate_limit, "_down_until", 0.0)
+    fake_openai.default = error(429, headers={"retry-after": "1"})
+    agent_run = run_in_process(request(tools=()))
+    assert agent_run.failure_class == "rate_limit"
+    assert len(fake_openai.arrivals) <= 2, f"{len(fake_openai.arrivals)} calls in a loop"

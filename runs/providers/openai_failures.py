@@ -1,5 +1,7 @@
 """The one table from an OpenAI SDK error to the failure taxonomy (G8)."""
 
+import math
+
 import openai
 
 from runs.providers.base import ProviderError
@@ -31,9 +33,11 @@ def _retry_after(error: Exception) -> float | None:
     response = getattr(error, "response", None)
     raw = response.headers.get("retry-after") if response is not None else None
     try:
-        return max(0.0, float(raw)) if raw is not None else None
+        seconds = float(raw) if raw is not None else None
     except ValueError:
         return None  # an HTTP date; the exponential backoff applies
+    # "inf" and "nan" parse too: no pause can be that long, the backoff applies.
+    return max(0.0, seconds) if seconds is not None and math.isfinite(seconds) else None
 
 
 def to_provider_error(error: Exception) -> ProviderError:

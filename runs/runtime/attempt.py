@@ -277,25 +277,37 @@ class _DeadlinedProvider(TimedProvider):
         self._max_tokens = getattr(provider, "options", {}).get("max_tokens")
         #: The configuration's shared rate limit, if one is set (None: none).
         self._rate_limit = rate_limit.calls_for(
-            provider, kind, execution.lease.run_id, execution.heartbeat
+            provider, kind, execution.lease, execution.heartbeat
         )
 
     def next_turn(self, messages, tool_specs):
-        self._execution.reserve_call(messages, tool_specs, self._max_tokens)
+        if self._rate_limit is None:
+            self._execution.reserve_call(messages, tool_specs, self._max_tokens)
         self._execution.model_call_begins(self._call_seconds)
         try:
             if self._rate_limit is None:
                 return self._traced_turn(messages, tool_specs)
-            # The reservation (G21) is held through the wait: the call it
-            # covers is still to be made.
+            # Reserved (G21) once the limit lets the call go, each time it is
+            # sent: held through the wait, a reservation would keep the
+            # submitter's other runs from calls they may make now.
             return self._rate_limit.call(
-                lambda: self._traced_turn(messages, tool_specs), messages, self._call_seconds
+                lambda: self._reserved_turn(messages, tool_specs), messages, self._call_seconds
             )
         except BaseException:
             self._execution.release_reservation()
             raise
         finally:
             self._execution.between_operations()
+
+    def _reserved_turn(self, messages, tool_specs):
+        self._execution.reserve_call(messages, tool_specs, self._max_tokens)
+        self._execution.model_call_begins(self._call_seconds)
+        try:
+            return self._traced_turn(messages, tool_specs)
+        except BaseException:
+            # A 429 sent again after its pause reserves again then.
+            self._execution.release_reservation()
+            raise
 
     def _traced_turn(self, messages, tool_specs):
         with spans.model_call(self._execution.lease, self._kind, self._model) as traced:

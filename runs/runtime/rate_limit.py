@@ -36,15 +36,18 @@ import threading
 import time
 
 from django.conf import settings
+from django.db import DatabaseError
 from redis import Redis, RedisError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from nrllm_ops.database import release_connection
+from runs import transitions
 from runs.metrics import RATE_LIMIT_EVENTS, RATE_LIMIT_WAIT_SECONDS
 from runs.providers.base import ProviderError
-from runs.runtime.errors import LeaseLost
+from runs.runtime.errors import LeaseLost, RunCancelled
 from runs.runtime.heartbeat import Heartbeat
+from runs.transitions import Lease
 from runs.vocabulary import FailureClass
 
 logger = logging.getLogger(__name__)
@@ -178,7 +181,12 @@ class SharedLimit:
         return bool(taken), wait_ms / 1000
 
     def pause(self, seconds: float) -> None:
-        """The provider said to come back in ``seconds``: every worker waits."""
+        """The provider said to come back in ``seconds``: every worker waits,
+        at most the wait's bound (a call past it fails anyway, and one sent
+        then meets the provider's own 429 again if its limit still stands;
+        a longer pause would outlive any Retry-After sent by mistake, and one
+        past what Redis stores would be refused)."""
+        seconds = min(seconds, settings.NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS)
         redis = _available()
         if redis is not None:
             try:
@@ -223,9 +231,12 @@ def waiting_for(run_id) -> str | None:
 class RateLimitedCalls:
     """A run's model calls through their configuration's shared limit."""
 
-    def __init__(self, limit: SharedLimit, run_id, heartbeat: Heartbeat | None, options: dict):
+    def __init__(
+        self, limit: SharedLimit, lease: Lease, heartbeat: Heartbeat | None, options: dict
+    ):
         self.limit = limit
-        self.run_id = run_id
+        self.lease = lease
+        self.run_id = lease.run_id
         self.heartbeat = heartbeat
         self.max_tokens = int(options.get("max_tokens") or 0)
 
@@ -244,7 +255,10 @@ class RateLimitedCalls:
                 if error.failure_class != FailureClass.RATE_LIMIT:
                     raise
                 RATE_LIMIT_EVENTS.labels(self.limit.name, "provider_429").inc()
-                if error.retry_after is None:
+                # Redis could not say (fail open): no pause holds the call
+                # back, so it fails as with no limit (the requeue's backoff
+                # honours Retry-After) rather than being sent again at once.
+                if error.retry_after is None or not taken:
                     raise
                 self.limit.pause(error.retry_after)
                 if time.monotonic() + error.retry_after > deadline:
@@ -274,8 +288,7 @@ class RateLimitedCalls:
                 if wait > 0:
                     marked = marked or self._mark_waiting(left)
                     time.sleep(wait)
-                    if self.heartbeat is not None and self.heartbeat.handed_back:
-                        raise LeaseLost()
+                    self._still_to_send()
                 # A turn that came during a provider's pause (given before
                 # the 429) is not taken: the call waits the pause out and
                 # asks for a new one.
@@ -286,6 +299,23 @@ class RateLimitedCalls:
             if marked:
                 self._unmark_waiting()
                 RATE_LIMIT_WAIT_SECONDS.labels(self.limit.name).observe(time.monotonic() - started)
+
+    def _still_to_send(self) -> None:
+        """After a wait: the attempt still holds the run (``LeaseLost`` if
+        handed back) and no cancel came meanwhile (``RunCancelled``: G9, the
+        call is not sent). The database away: the call goes, and the next
+        step boundary sees the cancel."""
+        if self.heartbeat is not None and self.heartbeat.handed_back:
+            raise LeaseLost()
+        try:
+            cancelled = transitions.cancel_requested(self.lease)
+        except DatabaseError:
+            transitions.recover_connection(discard=True)
+            return
+        finally:
+            release_connection()  # the model call holds none either
+        if cancelled:
+            raise RunCancelled()
 
     def _mark_waiting(self, seconds: float) -> bool:
         # The wait holds no connection, and the heartbeat keeps the lease
@@ -318,7 +348,9 @@ def _tokens_used(turn, estimated: int) -> int:
     return estimated  # not reported: the estimate stands
 
 
-def calls_for(provider, kind: str, run_id, heartbeat: Heartbeat | None) -> RateLimitedCalls | None:
+def calls_for(
+    provider, kind: str, lease: Lease, heartbeat: Heartbeat | None
+) -> RateLimitedCalls | None:
     """The shared limit of the provider's configuration, or None: no limit
     configured for its kind and model, or no Redis to share one."""
     model = getattr(provider, "model", None)
@@ -333,7 +365,7 @@ def calls_for(provider, kind: str, run_id, heartbeat: Heartbeat | None) -> RateL
     limit = SharedLimit(name, configuration, limits)
     if hasattr(provider, "paused_on_429"):
         provider.paused_on_429 = True  # its 429s pause the limit, not the circuit
-    return RateLimitedCalls(limit, run_id, heartbeat, getattr(provider, "options", {}))
+    return RateLimitedCalls(limit, lease, heartbeat, getattr(provider, "options", {}))
 
 
 @functools.cache
