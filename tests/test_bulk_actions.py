@@ -15,6 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs import transitions
+from runs.models import AgentRun
 from runs.operators import actions as operator_actions
 from runs.operators import bulk
 from runs.runtime import enqueue
@@ -48,6 +49,16 @@ def safe_failed_run(prompt="Summarise the incidents"):
 
 def completed_run():
     return fresh(enqueue(scripted(answer("ok"), prompt="Say ok")))
+
+
+def queued_runs(count: int) -> list:
+    """``count`` queued runs, inserted at once: enough to pass the cap."""
+    return AgentRun.objects.bulk_create(
+        AgentRun(
+            request={"prompt": "p", "tools": []}, prompt="p", status=RunStatus.QUEUED, mode="queued"
+        )
+        for _ in range(count)
+    )
 
 
 def operator_steps(agent_run) -> int:
@@ -134,7 +145,7 @@ def test_a_bulk_requeue_previews_each_verdict_then_applies_each_under_its_own(
 
 
 def test_all_runs_matching_the_filter_are_previewed_and_cancelled_within_the_cap(
-    operator_client, monkeypatch
+    operator_client,
 ):
     queued = [
         transitions.create_queued_run({"prompt": f"p{n}", "tools": []}, f"p{n}") for n in "12"
@@ -160,11 +171,12 @@ def test_all_runs_matching_the_filter_are_previewed_and_cancelled_within_the_cap
     )
 
     # More than the cap: refused whole, nothing previewed or done.
-    monkeypatch.setattr(bulk, "MAX_RUNS", 1)
+    beyond = queued_runs(bulk.MAX_RUNS - 1)
     refused = operator_client.post(filtered, across, follow=True)
     (message,) = messages_on(refused)
-    assert message.startswith("Nothing was done: more than 1 runs are selected")
-    monkeypatch.setattr(bulk, "MAX_RUNS", 200)
+    assert message.startswith(f"Nothing was done: more than {bulk.MAX_RUNS} runs are selected")
+    assert AgentRun.objects.filter(status=RunStatus.QUEUED).count() == bulk.MAX_RUNS + 1
+    AgentRun.objects.filter(pk__in=[run.pk for run in beyond]).delete()
 
     confirm = {
         "action": "cancel_selected",
@@ -270,15 +282,15 @@ def test_bad_input_to_a_bulk_action_is_a_400_naming_the_field_and_changes_nothin
     assert fresh(queued).status == RunStatus.QUEUED
 
 
-def test_more_runs_than_the_cap_matching_a_filter_is_a_400_and_changes_nothing(api, monkeypatch):
-    runs = [transitions.create_queued_run({"prompt": "p", "tools": []}, "p") for _ in range(3)]
-    monkeypatch.setattr(bulk, "MAX_RUNS", 2)
+def test_more_runs_than_the_cap_matching_a_filter_is_a_400_and_changes_nothing(api):
+    queued_runs(bulk.MAX_RUNS + 1)
 
     response = api.post(BULK, {"action": "cancel", "filter": {"status": "queued"}}, format="json")
 
     assert response.status_code == 400
     assert response.json()["detail"] == (
-        "filter: more than 2 runs match; one bulk action takes at most 2: narrow the filter "
+        f"filter: more than {bulk.MAX_RUNS} runs match; one bulk action takes at most "
+        f"{bulk.MAX_RUNS}: narrow the filter "
         "(created_after, created_before)"
     )
-    assert all(fresh(run).status == RunStatus.QUEUED for run in runs)
+    assert AgentRun.objects.filter(status=RunStatus.QUEUED).count() == bulk.MAX_RUNS + 1

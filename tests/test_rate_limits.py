@@ -237,7 +237,6 @@ def test_an_absurd_retry_after_neither_crashes_the_run_nor_pauses_past_the_wait_
 
     settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 600}}
     settings.NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS = 2
-    monkeypatch.setattr(rate_limit, "_down_until", 0.0)  # restored: no other test's Redis down
     fake_openai.script(error(429, headers={"retry-after": retry_after}))
     fake_openai.default = Reply(body=completion("late"))
     agent_run = run_in_process(request())
@@ -265,7 +264,6 @@ def test_a_cancel_requested_during_a_rate_limit_wait_sends_no_call_after_it(
     from tests.test_openai_provider import request
 
     settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 20}}
-    monkeypatch.setattr(rate_limit, "_down_until", 0.0)
     fake_openai.default = Reply(body=completion("done"))
     assert run_in_process(request()).status == RunStatus.COMPLETED
     ended = {}
@@ -309,7 +307,6 @@ def test_a_run_waiting_for_its_rate_limit_holds_no_budget_reservation(
     settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:limited": {"requests_per_minute": 600}}
     settings.NRLLM_RESERVATION_WAIT_SECONDS = 1
     settings.NRLLM_RESERVE_MAX_TOKENS = 40
-    monkeypatch.setattr(rate_limit, "_down_until", 0.0)
     fake_openai.default = Reply(body=completion("done"))
     largest = largest_tokens([{"role": "user", "content": "do it"}], [], 40)
     SubmitterBudget.objects.create(user=operator, period="day", max_tokens=largest * 3 // 2)
@@ -350,7 +347,6 @@ def test_redis_down_a_429_with_retry_after_is_not_sent_again_at_once(
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 600}}
     settings.NRLLM_RATE_LIMIT_MAX_WAIT_SECONDS = 3
-    monkeypatch.setattr(rate_limit, "_down_until", 0.0)
     fake_openai.default = error(429, headers={"retry-after": "1"})
     agent_run = run_in_process(request(tools=()))
     assert agent_run.failure_class == "rate_limit"

@@ -99,7 +99,10 @@ if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then
 end
 """
 
-_down_until = 0.0
+#: Redis URL → until when calls skip it, having found it unreachable: the
+#: memo of one Redis, so pointing at another (a test's, a reconfigured
+#: deployment's) starts afresh.
+_down_until: dict[str, float] = {}
 _down_lock = threading.Lock()
 
 
@@ -115,22 +118,22 @@ def _redis(url: str) -> Redis:
 
 
 def _available() -> Redis | None:
-    if not settings.REDIS_URL or time.monotonic() < _down_until:
+    if not settings.REDIS_URL or time.monotonic() < _down_until.get(settings.REDIS_URL, 0.0):
         return None
     return _redis(settings.REDIS_URL)
 
 
 def _went_down(limit_name: str, error: Exception) -> None:
-    global _down_until
+    url = settings.REDIS_URL
     with _down_lock:
-        if time.monotonic() >= _down_until:
+        if time.monotonic() >= _down_until.get(url, 0.0):
             logger.warning(
                 "rate limit %s: Redis unreachable (%s); calls go without the shared limit for %ss",
                 limit_name,
                 type(error).__name__,
                 _REDIS_DOWN_SECONDS,
             )
-        _down_until = time.monotonic() + _REDIS_DOWN_SECONDS
+        _down_until[url] = time.monotonic() + _REDIS_DOWN_SECONDS
     RATE_LIMIT_EVENTS.labels(limit_name, "unavailable").inc()
 
 
