@@ -152,6 +152,20 @@ def over_budget(budget: Budget, spent: Spent, *, projected_tokens=0, projected_c
     return ""
 
 
+def no_room(budget: Budget, spent: Spent, tokens: int, cost) -> str:
+    """Why a call that may cost up to ``tokens`` and ``cost`` (its
+    ``spend.call_size.CallSize``) would not fit within ``budget`` beside
+    what is ``spent``, or "" if it fits."""
+    if budget.max_tokens is not None and spent.tokens + tokens > budget.max_tokens:
+        return (
+            f"{spent.tokens} of {budget.max_tokens} tokens spent, "
+            f"and the call may cost up to {tokens}"
+        )
+    if budget.max_cost is not None and spent.cost + cost > budget.max_cost:
+        return f"{spent.cost} of {budget.max_cost} spent, and the call may cost up to {cost}"
+    return ""
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why a submitter may not start a run now, and when they may again."""

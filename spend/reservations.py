@@ -2,8 +2,8 @@
 (G21).
 
 Before a model call its attempt reserves the call's largest possible cost
-(``largest_tokens``: the prompt's UTF-8 bytes, an upper bound of its tokens
-for a byte-level tokenizer, plus the completion's ``max_tokens``) against
+(``spend.call_size``: the prompt's UTF-8 bytes, an upper bound of its
+tokens for a byte-level tokenizer, plus the completion's ``max_tokens``) against
 its submitter's period in one guarded UPDATE of the period's ``SpendHold``:
 it matches only while ``spent + reserved + this`` stays within the budget,
 and a row lock orders concurrent reservations, so two runs cannot both take
@@ -16,7 +16,6 @@ PostgreSQL only: elsewhere (SQLite, the embedded default) no reservation is
 made and G17's checks alone apply.
 """
 
-import json
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -24,31 +23,10 @@ from django.db import connection
 
 from spend.budgets import Budget, Spent
 from spend.models import DailySpend, SpendHold, SpendReservation
-from spend.prices import Price, money
 
 _HOLD = SpendHold._meta.db_table
 _RESERVATION = SpendReservation._meta.db_table
 _DAILY = DailySpend._meta.db_table
-_PER_MILLION = Decimal(1_000_000)
-
-
-def largest_tokens(messages, tool_specs, max_tokens: int) -> int:
-    """The most tokens a call of ``messages`` and ``tool_specs`` answered in
-    at most ``max_tokens`` can cost: a byte-level BPE token (OpenAI's and
-    most others') covers at least one byte, so the prompt's tokens are at
-    most the UTF-8 bytes of what is sent (its JSON, with the quoting and
-    keys, a generous margin for a message's few framing tokens)."""
-    sent = json.dumps([messages, tool_specs], ensure_ascii=False, separators=(",", ":"))
-    return len(sent.encode()) + max_tokens
-
-
-def largest_cost(prompt_tokens: int, max_tokens: int, price: Price | None) -> Decimal:
-    """What ``prompt_tokens`` in and ``max_tokens`` out cost at most at
-    ``price`` (none: 0, for a budget in tokens; a cost limit needs a price)."""
-    if price is None:
-        return Decimal(0)
-    per_input = max(price.input, price.cached_input)
-    return money((prompt_tokens * per_input + max_tokens * price.output) / _PER_MILLION)
 
 
 #: The first day of the period the database's clock is in, for a hold's

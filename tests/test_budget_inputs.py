@@ -208,7 +208,9 @@ def test_a_turn_whose_provider_reports_no_usage_is_unknown_and_stops_a_limited_r
         silent["usage"] = usage
     drifting_model.fail_turn(0, Reply(body=silent))
     plan = [{"calls": [SEARCH]}, {"answer": "done"}]
-    limited = run(openai_request("ship it", plan, ["search_notes"], max_total_tokens=1000))
+    limited = openai_request("ship it", plan, ["search_notes"], max_total_tokens=1000)
+    limited["provider"]["max_tokens"] = 40  # the call's largest cost fits the limit
+    limited = run(limited)
 
     assert limited.termination_reason == TerminationReason.BUDGET_EXHAUSTED
     assert "without reporting its usage" in limited.error_message

@@ -17,8 +17,8 @@ from runs.runtime import enqueue
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
 from runs.vocabulary import RunStatus, TerminationReason
+from spend.call_size import largest_tokens
 from spend.models import DailySpend, ModelPrice, SpendHold, SpendReservation, SubmitterBudget
-from spend.reservations import largest_tokens
 from tests.approval_requests import waiting
 from tests.drifting_model import FAKE_USAGE, SEARCH, request_for
 from tests.helpers import fresh, wait_until

@@ -12,8 +12,8 @@ import pytest
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
+from spend.call_size import largest_tokens
 from spend.models import ModelPrice, SpendHold, SpendReservation, SubmitterBudget
-from spend.reservations import largest_tokens
 from tests.drifting_model import FAKE_USAGE, MODELS, request_for
 from tests.fake_openai import error
 from tests.helpers import fresh, later, wait_until

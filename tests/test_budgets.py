@@ -51,6 +51,13 @@ def a_request(model, plan, tools, **extra) -> dict:
     return request_for(model_name(model), plan, tools, scripted_usage=FAKE_USAGE, **extra)
 
 
+def capped(request: dict) -> dict:
+    """``request`` with its model's answers bounded by 40 tokens: the most
+    each call can cost is its prompt's bytes and 40 (G17)."""
+    request["provider"]["max_tokens"] = 40
+    return request
+
+
 def turns_of(agent_run) -> list[dict]:
     return [step.result for step in agent_run.steps.filter(kind=StepKind.LLM)]
 
@@ -78,21 +85,28 @@ def test_a_run_stops_before_the_call_that_would_cross_its_limit_and_a_resume_cou
     500 (retried) or a SIGKILL (reaped). The resumed attempt goes on."""
     priced()
     plan = [{"calls": [SEARCH]}, {"calls": [SEARCH]}, {"calls": [SEARCH]}, {"answer": "done"}]
-    tools, limit = ["search_notes"], {"max_total_tokens": 40}
+    # A call's largest cost is its prompt's bytes and its max_tokens (40):
+    # about 585 tokens for turn 2 and 828 for turn 3 on the scripted
+    # provider, 928 and 1182 on the drifting one (whose prompt carries its
+    # plan). Turn 2 fits beside turn 1's 18 tokens, turn 3 not beside 36.
+    tools, ceiling = ["search_notes"], {"scripted": 730, "drifting": 1080}[model_name(model)]
+    limit = {"max_total_tokens": ceiling}
+
+    def a_limited_request(**extra):
+        return capped(a_request(model, plan, tools, **limit, **extra))
+
     if cut == "retried":
         if model is not None:
             model.fail_turn(1, error(500))
         server_error = {"error": "server_error", "attempts": 1}
-        agent_run = enqueue(
-            a_request(model, plan, tools, scripted_before={1: server_error}, **limit)
-        )
+        agent_run = enqueue(a_limited_request(scripted_before={1: server_error}))
         # Retried at once (no backoff): test_crash_recovery.py's scheduler
         # test waits a backoff out.
         workers.start(NRLLM_RETRY_BACKOFF_SECONDS=0)
     else:
         if model is not None:
             model.hold_turn(1)
-        agent_run = enqueue(a_request(model, plan, tools, scripted_delays={1: 3}, **limit))
+        agent_run = enqueue(a_limited_request(scripted_delays={1: 3}))
         worker = workers.start(NRLLM_LEASE_SECONDS=2)
         wait_until(
             lambda: fresh(agent_run).steps.filter(kind=StepKind.TOOL).exists(),
@@ -109,11 +123,15 @@ def test_a_run_stops_before_the_call_that_would_cross_its_limit_and_a_resume_cou
 
     agent_run = fresh(agent_run)
     # The resumed attempt replayed turn 1 (not counted again), made turn 2
-    # and stopped before a third call: 36 spent, and a call of at least 18
-    # more would pass 40.
+    # and stopped before a third call: 36 spent, and the call could cost
+    # more than the limit leaves.
     assert agent_run.termination_reason == TerminationReason.BUDGET_EXHAUSTED
     assert agent_run.requeue_count == 1
-    assert "36 of 40 tokens spent" in agent_run.error_message, agent_run.error_message
+    stopped = re.search(
+        rf"36 of {ceiling} tokens spent, and the call may cost up to (\d+)",
+        agent_run.error_message,
+    )
+    assert stopped and 36 + int(stopped[1]) > ceiling, agent_run.error_message
     assert agent_run.failure_class == ""
     (letter,) = DeadLetter.objects.filter(run=agent_run)
     assert letter.reason == "budget_exhausted"
@@ -127,11 +145,14 @@ def test_a_run_stops_before_the_call_that_would_cross_its_limit_and_a_resume_cou
     assert agent_run.steps.filter(kind=StepKind.TOOL).count() == 2
     if model is not None:
         assert model.requests_by_turn == {0: 1, 1: 2}, model.requests_by_turn
-    # A requeue would resume and stop at once: its verdict says so. A restart
-    # replays nothing and projects no turn: it would make one call.
+    # A requeue would resume and stop at once, before the very call: its
+    # verdict sizes it as the attempt would. A restart's first call, of
+    # the prompt alone, fits.
     verdict = requeue_safety(agent_run)
     assert (verdict.allowed, verdict.code) == (False, "run_limit_spent"), verdict
-    assert "36 of 40 tokens spent (the next call: at least 18)" in verdict.reason
+    assert f"36 of {ceiling} tokens spent, and the call may cost up to {stopped[1]}" in (
+        verdict.reason
+    )
     assert restart_safety(agent_run).allowed
 
 
@@ -299,7 +320,7 @@ def test_a_turn_without_its_usage_stops_a_limited_run_in_every_later_attempt(
         body["usage"] = {}
         model.fail_turn(0, Reply(body=body))
     limit = {"max_total_tokens": 1000}
-    agent_run = enqueue(a_request(model, plan, ["send_notification"], **limit))
+    agent_run = enqueue(capped(a_request(model, plan, ["send_notification"], **limit)))
     workers.run_burst()
     agent_run = fresh(agent_run)
     assert agent_run.status == RunStatus.WAITING_FOR_APPROVAL

@@ -299,8 +299,8 @@ def test_a_run_waiting_for_its_rate_limit_holds_no_budget_reservation(
 
     from django.db import connection
 
+    from spend.call_size import largest_tokens
     from spend.models import SubmitterBudget
-    from spend.reservations import largest_tokens
     from tests.fake_openai import completion
     from tests.test_openai_provider import request
 

@@ -77,7 +77,10 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
         code, why = why_a_resume_stops(
             request,
             run,
+            # A call going live first: its outcome sizes the next call.
+            turns=None if journal and not journal.ends_with_whole_turn else journal.turns,
             last_turn_result=journal.last_turn_result,
+            disabled=disabled,
             unreported_turns=journal.unreported_turns,
         )
         if code:
@@ -98,7 +101,12 @@ def restart_safety(run: AgentRun) -> RequeueVerdict:
     if refused is not None:
         return refused
     code, why = why_a_resume_stops(
-        request, run, last_turn_result=None, unreported_turns=lambda: _unreported_turns(run)
+        request,
+        run,
+        turns=(),
+        last_turn_result=None,
+        disabled=disabled_tool_names() & set(request.tools),
+        unreported_turns=lambda: _unreported_turns(run),
     )
     if code:
         return RequeueVerdict(False, code, f"its first model call would stop: {why}")

@@ -7,6 +7,9 @@ the failure happens only on the run's first N attempts and is skipped after.
 Any turn may add ``"delay_seconds"``, and an answer ``"usage"`` (the
 tokens it reports, as a model's provider would: ``prompt_tokens``,
 ``completion_tokens``, ``cached_tokens``); without it a turn reports none.
+The script may set ``max_tokens``, the completion bound a model's request
+sets (what a run's limits must have room for); it plays its turns whatever
+they report.
 
 It records the system message it was sent (an agent's instructions, G18)
 in each turn's meta, as ``instructions`` (its first ``INSTRUCTIONS_SHOWN``
@@ -85,6 +88,7 @@ class ScriptedProvider:
         "properties": {
             "kind": {"const": "scripted"},
             "turns": {"type": "array", "minItems": 1, "items": _TURN_SCHEMA},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": 10**9},
         },
         "required": ["kind", "turns"],
         "additionalProperties": False,
@@ -94,7 +98,11 @@ class ScriptedProvider:
     def configuration_problem() -> str | None:
         return None
 
-    def __init__(self, turns: list[dict], *, attempt: int):
+    def __init__(self, turns: list[dict], *, attempt: int, max_tokens: int | None = None):
+        #: As a model's: the completion's bound, which a run's limits and its
+        #: submitter's budget must have room for before each call (G17,
+        #: G21). A script's ``usage`` may report more, as a provider may.
+        self.options = {"max_tokens": max_tokens} if max_tokens else {}
         # Error turns limited to earlier attempts are skipped on this one.
         self._turns = [
             turn
@@ -104,7 +112,7 @@ class ScriptedProvider:
 
     @classmethod
     def from_spec(cls, spec: dict, *, attempt: int) -> "ScriptedProvider":
-        return cls(spec["turns"], attempt=attempt)
+        return cls(spec["turns"], attempt=attempt, max_tokens=spec.get("max_tokens"))
 
     def next_turn(self, messages: list[dict], tool_specs: list[dict]) -> Turn:
         played = sum(1 for message in messages if message["role"] == "assistant")

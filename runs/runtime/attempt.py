@@ -281,9 +281,10 @@ class _DeadlinedProvider(TimedProvider):
         )
 
     def next_turn(self, messages, tool_specs):
+        size = self._execution.call_size(messages, tool_specs, self._max_tokens)
         if self._rate_limit is None:
-            self._execution.reserve_call(messages, tool_specs, self._max_tokens)
-        self._execution.model_call_begins(self._call_seconds)
+            self._execution.reserve_call(size)
+        self._execution.model_call_begins(self._call_seconds, size)
         try:
             if self._rate_limit is None:
                 return self._traced_turn(messages, tool_specs)
@@ -291,7 +292,9 @@ class _DeadlinedProvider(TimedProvider):
             # sent: held through the wait, a reservation would keep the
             # submitter's other runs from calls they may make now.
             return self._rate_limit.call(
-                lambda: self._reserved_turn(messages, tool_specs), messages, self._call_seconds
+                lambda: self._reserved_turn(messages, tool_specs, size),
+                messages,
+                self._call_seconds,
             )
         except BaseException:
             self._execution.release_reservation()
@@ -299,9 +302,9 @@ class _DeadlinedProvider(TimedProvider):
         finally:
             self._execution.between_operations()
 
-    def _reserved_turn(self, messages, tool_specs):
-        self._execution.reserve_call(messages, tool_specs, self._max_tokens)
-        self._execution.model_call_begins(self._call_seconds)
+    def _reserved_turn(self, messages, tool_specs, size):
+        self._execution.reserve_call(size)
+        self._execution.model_call_begins(self._call_seconds, size)
         try:
             return self._traced_turn(messages, tool_specs)
         except BaseException:

@@ -9,16 +9,22 @@ turns of the budget's period add up to, read by the claim and again by
 every record this attempt makes (no statement of its own), so a check
 lags the other runs' spend by at most the step the attempt just took.
 
-"Would go over": the next call's prompt repeats the whole conversation the
-last call sent and got back, so it costs at least the last turn's tokens.
-A call is made only while what is spent, plus that, stays within the limit.
+"Would go over": a call is made only while what is spent, plus the most
+the call can cost (``spend.call_size``: its prompt's bytes and its
+``max_tokens``, at the model's price), stays within the limit. A run's
+calls are its lease holder's alone, one at a time, so for the run's own
+limits that is the reservation: no statement is needed to keep them. A
+submitter's budget is shared by their runs in flight: on PostgreSQL each
+call also reserves its size against it (``runs.runtime.reserving``, G21).
 """
 
 from decimal import Decimal
 
 from runs.metrics import BUDGET_REFUSALS
 from runs.runtime.errors import BudgetExhausted
-from spend.budgets import Budget, Spent, budget_of, over_budget
+from runs.runtime.next_call import first_call_size
+from spend.budgets import Budget, Spent, budget_of, no_room, over_budget
+from spend.call_size import CallSize
 from spend.prices import Usage, price_of, priced_model
 from spend.recording import turns_spend
 from spend.starting import StartingSpend
@@ -38,10 +44,11 @@ class BudgetWatch:
         self.submitter_budget = starting.budget
         #: What the database said last (the claim, then every record).
         self.tally = starting.tally()
-        #: The last turn's tokens and cost: the least the next call costs.
-        self._last_turn = (0, Decimal(0))
         #: This attempt's turns whose provider reported no usage.
         self.unreported_turns = 0
+        #: The last turn's tokens and cost: the least the next call costs,
+        #: which the submitter's reserved budget is checked against first.
+        self._last_turn = (0, Decimal(0))
 
     @property
     def limits_cost(self) -> bool:
@@ -62,25 +69,32 @@ class BudgetWatch:
         self._last_turn = (usage.total, cost or Decimal(0))
         return {**result, "cost": None if cost is None else str(cost)}
 
+    @property
+    def limits_anything(self) -> bool:
+        return self.run_limit is not None or self.submitter_budget is not None
+
+    def size(self, messages, tool_specs, max_tokens: int | None) -> CallSize | None:
+        """The most the next call can cost, if a limit needs to know."""
+        if not self.limits_anything:
+            return None
+        return CallSize.of(messages, tool_specs, max_tokens, self.price)
+
     def replayed(self, journal) -> None:
         """The turns the attempt replays from its ``journal``: counted
-        already. The last one still tells what the next call costs at least;
-        one whose usage was not reported leaves what the run spent unknown,
-        in this attempt as in the one that made it."""
+        already. One whose usage was not reported leaves what the run spent
+        unknown, in this attempt as in the one that made it."""
         self.unreported_turns += journal.unreported_turns
-        result = journal.last_turn_result
-        usage = Usage.of_result(result)
-        if usage is not None:
-            cost = result.get("cost")
-            self._last_turn = (usage.total, Decimal(cost) if cost is not None else Decimal(0))
+        self._last_turn = _least_next_call(journal.last_turn_result)
 
-    def check_before_call(self, unwritten: list[dict]) -> None:
-        """Raise ``BudgetExhausted`` if the next model call would go over the
-        run's limit or its submitter's budget. ``unwritten``: the attempt's
-        steps the database has not recorded yet (their turns count too)."""
+    def check_before_call(self, unwritten: list[dict], size: CallSize | None) -> None:
+        """Raise ``BudgetExhausted`` if the next model call, of ``size``
+        (``self.size``), could go over the run's limit or its submitter's
+        budget. ``unwritten``: the attempt's steps the database has not
+        recorded yet (their turns count too)."""
+        if size is None:
+            return
         pending = turns_spend(unwritten)
-        tokens, cost = self._last_turn
-        if self.unreported_turns and (self.run_limit or self.submitter_budget):
+        if self.unreported_turns:
             self._refuse(
                 f"the model {self.model} answered without reporting its usage: what the "
                 "run spent is unknown, so its limits cannot be kept",
@@ -100,21 +114,21 @@ class BudgetWatch:
                     "price, or no usage reported), so its cost limit cannot be kept",
                     "run",
                 )
-            why = over_budget(
-                self.run_limit,
-                spent.plus(pending),
-                projected_tokens=tokens,
-                projected_cost=cost,
-            )
+            why = no_room(self.run_limit, spent.plus(pending), size.tokens, size.cost)
             if why:
                 self._refuse(f"the run's limit: {why}", "run")
         if self.submitter_budget is not None:
-            why = over_budget(
-                self.submitter_budget,
-                self.tally.user.plus(pending),
-                projected_tokens=tokens,
-                projected_cost=cost,
-            )
+            spent = self.tally.user.plus(pending)
+            if self.tally.reserving:
+                # Its reservation sizes the call against every call in
+                # flight (G21): first, the least it costs, before it waits
+                # for a rate limit or a reservation.
+                tokens, cost = self._last_turn
+                why = over_budget(
+                    self.submitter_budget, spent, projected_tokens=tokens, projected_cost=cost
+                )
+            else:
+                why = no_room(self.submitter_budget, spent, size.tokens, size.cost)
             if why:
                 period = "daily" if self.submitter_budget.period == "day" else "monthly"
                 self._refuse(f"the submitter's {period} budget: {why}", "submitter")
@@ -125,16 +139,30 @@ class BudgetWatch:
         raise BudgetExhausted(f"stopped before a model call: {message}", where=where)
 
 
-def why_a_resume_stops(request, run, *, last_turn_result, unreported_turns) -> tuple[str, str]:
+def _least_next_call(last_turn_result) -> tuple[int, Decimal]:
+    """The least the call after a turn costs: its prompt repeats the whole
+    conversation the turn's call sent and got back."""
+    usage = Usage.of_result(last_turn_result) if last_turn_result else None
+    if usage is None:
+        return 0, Decimal(0)
+    return usage.total, Decimal(last_turn_result.get("cost") or 0)
+
+
+def why_a_resume_stops(
+    request, run, *, turns, last_turn_result, disabled, unreported_turns
+) -> tuple[str, str]:
     """(code, why, with what to do) an attempt of ``run`` would stop before
     its next model call, as ``BudgetWatch`` would stop it, or ("", "").
-    ``last_turn_result``: the last turn the attempt replays (None: a
-    restart, nothing replayed). ``unreported_turns``: the run's turns whose
-    usage is unknown, or a callable counting them (asked only when a limit
-    applies) — for a restart, those of every attempt: stricter than the
-    restarted attempt, which replays none of them (G17: unknown is never 0).
-    A run's own limits are fixed with its request and count every attempt:
-    neither waiting nor a requeue lifts them."""
+    ``turns``: what the attempt replays (a journal's turns, each call with
+    its outcome; () for a restart), or None when a call of the last one
+    goes live first: its outcome is unknown, so the next call is sized by
+    ``last_turn_result``'s tokens, the least it can cost. ``unreported_turns``:
+    the run's turns whose usage is unknown, or a callable counting them
+    (asked only when a limit applies) — for a restart, those of every
+    attempt: stricter than the restarted attempt, which replays none of
+    them (G17: unknown is never 0). A run's own limits are fixed with its
+    request and count every attempt: neither waiting nor a requeue lifts
+    them."""
     limit = Budget.of("run", request.max_total_tokens, request.max_cost)
     budget = budget_of(run.submitted_by_id)
     if limit is None and budget is None:
@@ -146,8 +174,9 @@ def why_a_resume_stops(request, run, *, last_turn_result, unreported_turns) -> t
             "unknown, so its limits cannot be kept; submit the request again instead"
         )
     provider, model = priced_model(request.provider)
+    price = price_of(provider, model)
     limits_cost = any(each is not None and each.max_cost is not None for each in (limit, budget))
-    if limits_cost and price_of(provider, model) is None:
+    if limits_cost and price is None:
         return "price_missing", (
             f"the model {provider}/{model} has no price, so a cost limit cannot be kept; "
             "set its price in Spend › Model prices, then requeue"
@@ -160,11 +189,11 @@ def why_a_resume_stops(request, run, *, last_turn_result, unreported_turns) -> t
             f"{run.unpriced_turns} turn(s) of the run are of unknown cost, so its cost "
             f"limit cannot be kept{fixed}"
         )
-    tokens, cost = 0, Decimal(0)
-    usage = Usage.of_result(last_turn_result) if last_turn_result else None
-    if usage is not None:
-        tokens = usage.total
-        cost = Decimal(last_turn_result.get("cost") or 0)
     spent = Spent(run.prompt_tokens + run.completion_tokens, run.cost, run.unpriced_turns)
-    why = over_budget(limit, spent, projected_tokens=tokens, projected_cost=cost)
+    if turns is None:
+        tokens, cost = _least_next_call(last_turn_result)
+        why = over_budget(limit, spent, projected_tokens=tokens, projected_cost=cost)
+    else:
+        size = first_call_size(request, turns, disabled, price)
+        why = "" if size is None else no_room(limit, spent, size.tokens, size.cost)
     return ("run_limit_spent", f"the run's limit: {why}{fixed}") if why else ("", "")

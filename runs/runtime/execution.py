@@ -41,6 +41,7 @@ from runs.runtime.step_ledger import (
 )
 from runs.transitions import FinishOutcome, Lease, RecordOutcome
 from runs.vocabulary import StepKind
+from spend.call_size import CallSize
 from tools.contract import ToolContext, idempotency_key_for
 
 logger = logging.getLogger(__name__)
@@ -329,13 +330,18 @@ class LeasedExecution(CallLease):
             fields["result"] = self.budget.priced(fields["result"])
         return fields
 
-    def reserve_call(self, messages, tool_specs, max_tokens: int | None) -> None:
+    def call_size(self, messages, tool_specs, max_tokens: int | None) -> CallSize | None:
+        """The most the call can cost, when a limit or a budget must have
+        room for it (None: none applies, and nothing is measured)."""
+        return None if self.budget is None else self.budget.size(messages, tool_specs, max_tokens)
+
+    def reserve_call(self, size: CallSize | None) -> None:
         """Reserve the call's largest cost against the submitter's budget
         (G21), once G17's checks let it go (``BudgetExhausted`` if not)."""
-        if self.reservations is None:
+        if self.reservations is None or size is None:
             return
-        self.budget.check_before_call(self.ledger.unwritten)
-        self.reservations.before_call(messages, tool_specs, max_tokens, self._still_waiting)
+        self.budget.check_before_call(self.ledger.unwritten, size)
+        self.reservations.before_call(size, self._still_waiting)
 
     def release_reservation(self) -> None:
         if self.reservations is not None:
@@ -347,14 +353,14 @@ class LeasedExecution(CallLease):
         if self.heartbeat is not None and self.heartbeat.handed_back:
             raise LeaseLost()
 
-    def model_call_begins(self, call_seconds: float | None) -> None:
+    def model_call_begins(self, call_seconds: float | None, size: CallSize | None) -> None:
         """A model call that may take ``call_seconds`` (its client's own
-        timeouts; None: unbounded) is about to be sent: unless it would go
-        over a budget (``BudgetExhausted``, G17). No tool is running now,
+        timeouts; None: unbounded) and cost up to ``size`` is about to be
+        sent: unless it could go over a limit (``BudgetExhausted``, G17). No tool is running now,
         and every call of the last turn has its outcome recorded or
         unwritten (a write's is always recorded before the next call)."""
         if self.budget is not None:
-            self.budget.check_before_call(self.ledger.unwritten)
+            self.budget.check_before_call(self.ledger.unwritten, size)
         if self.heartbeat is not None:
             self.heartbeat.model_call(call_seconds)
             if self.heartbeat.handed_back:

@@ -21,7 +21,8 @@ from nrllm_ops.database import release_connection
 from runs.metrics import BUDGET_REFUSALS, RESERVATION_WAITS
 from runs.runtime.errors import BudgetExhausted
 from spend import reservations
-from spend.budgets import Budget, Spent
+from spend.budgets import no_room
+from spend.call_size import CallSize
 from spend.starting import StartingSpend
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,6 @@ class CallReservations:
     def __init__(self, lease, starting: StartingSpend):
         self.lease = lease
         self.budget = starting.budget
-        self.price = starting.price
         self.submitter = starting.submitter
         #: The submitter's ``SpendHold`` id, found at the first reservation.
         self.hold = None
@@ -49,14 +49,12 @@ class CallReservations:
         tally.reserving = True
         return cls(lease, starting)
 
-    def before_call(self, messages, tool_specs, max_tokens: int | None, still_waiting) -> None:
-        """Reserve the call's largest cost, waiting while calls in flight hold
-        the room (``still_waiting()`` before each pause keeps the lease, and
-        raises when the attempt lost it); raise ``BudgetExhausted`` when it
-        cannot fit."""
-        completion = max_tokens or settings.NRLLM_RESERVE_MAX_TOKENS
-        tokens = reservations.largest_tokens(messages, tool_specs, completion)
-        cost = reservations.largest_cost(tokens - completion, completion, self.price)
+    def before_call(self, size: CallSize, still_waiting) -> None:
+        """Reserve the call's largest cost (``size``), waiting while calls in
+        flight hold the room (``still_waiting()`` before each pause keeps the
+        lease, and raises when the attempt lost it); raise
+        ``BudgetExhausted`` when it cannot fit."""
+        tokens, cost = size.tokens, size.cost
         if self.hold is None:
             self.hold = reservations.hold_for(self.submitter, self.budget)
         began = time.monotonic()
@@ -71,7 +69,7 @@ class CallReservations:
                 continue
             waited = True
             # Its own reservations wait for no other call: as good as spent.
-            why = _no_room(self.budget, seen.spent.plus(seen.own), tokens, cost)
+            why = no_room(self.budget, seen.spent.plus(seen.own), size.tokens, size.cost)
             if not why and time.monotonic() >= deadline:
                 why = (
                     f"calls in flight held {seen.reserved.tokens} tokens and left no room "
@@ -104,16 +102,3 @@ class CallReservations:
             logger.warning("run=%s reservation not released; the reaper will", self.lease.run_id)
             return
         self.made = False
-
-
-def _no_room(budget: Budget, spent: Spent, tokens: int, cost) -> str:
-    """Why a call that may cost ``tokens`` and ``cost`` cannot fit beside
-    what is ``spent`` whatever the calls in flight leave, or ""."""
-    if budget.max_tokens is not None and spent.tokens + tokens > budget.max_tokens:
-        return (
-            f"{spent.tokens} of {budget.max_tokens} tokens spent, "
-            f"and the call may cost up to {tokens}"
-        )
-    if budget.max_cost is not None and spent.cost + cost > budget.max_cost:
-        return f"{spent.cost} of {budget.max_cost} spent, and the call may cost up to {cost}"
-    return ""

@@ -206,7 +206,8 @@ DENIED = _notifying(
 )
 
 #: Stops before its third model call: two turns spent 1,170 tokens, and the
-#: next, which sends the whole conversation again, would pass 1,600.
+#: next, which sends the whole conversation again and may be answered in up
+#: to 256 tokens, could pass 1,600.
 OVER_BUDGET = _with_usage(
     {
         "prompt": "Search every incident note and summarise them all.",
@@ -214,6 +215,7 @@ OVER_BUDGET = _with_usage(
         "max_total_tokens": 1600,
         "provider": {
             "kind": "scripted",
+            "max_tokens": 256,
             "turns": [
                 {"tool_calls": [{"name": "search_notes", "arguments": {"query": "incident"}}]},
                 {"tool_calls": [{"name": "search_notes", "arguments": {"query": "outage"}}]},
