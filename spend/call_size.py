@@ -30,8 +30,10 @@ class CallSize:
     @classmethod
     def of(cls, messages, tool_specs, max_tokens: int | None, price: Price | None) -> "CallSize":
         """The call of ``messages`` and ``tool_specs`` answered in at most
-        ``max_tokens`` (None: ``NRLLM_RESERVE_MAX_TOKENS``) at ``price``."""
-        completion = max_tokens or settings.NRLLM_RESERVE_MAX_TOKENS
+        ``max_tokens`` (None: ``NRLLM_RESERVE_MAX_TOKENS``) at ``price``.
+        Whole: JSON Schema's integer takes 40.0, which a stored request
+        keeps, and a float cannot be priced in decimals."""
+        completion = int(max_tokens or settings.NRLLM_RESERVE_MAX_TOKENS)
         tokens = largest_tokens(messages, tool_specs, completion)
         return cls(tokens, completion, largest_cost(tokens - completion, completion, price))
 

@@ -4,6 +4,7 @@ what was recorded."""
 
 import io
 import json
+import re
 from datetime import timedelta
 from decimal import Decimal
 
@@ -13,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from runs.models import AgentRun
-from runs.operators.requeue_safety import requeue_safety
+from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import run
 from runs.runtime.run_request import parse_stored_request
 from runs.vocabulary import TerminationReason
@@ -21,6 +22,7 @@ from spend.budgets import database_now
 from spend.models import DailySpend, ModelPrice
 from tests.drifting_model import FAKE_USAGE, SEARCH, openai_request, request_for
 from tests.fake_openai import Reply, completion
+from tests.helpers import fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -245,3 +247,30 @@ def test_a_cost_limited_run_whose_model_lost_its_price_is_requeued_once_priced_a
         provider="scripted", model="scripted", input_per_million=1, output_per_million=1
     )
     assert requeue_safety(failed).allowed
+
+
+def test_a_max_tokens_written_as_a_whole_float_bounds_a_limited_run_and_its_verdicts():
+    """JSON Schema counts 40.0 an integer, so a script (or an ``openai``
+    request) may carry it: a limited run's calls, and the verdicts that size
+    its next one from the stored request, read it as 40 — never a float
+    priced in decimals, a TypeError that failed the run and made its page
+    and its requeue a 500 (G17)."""
+    ModelPrice.objects.create(
+        provider="scripted", model="scripted", input_per_million=1, output_per_million=1
+    )
+    plan = [{"calls": [SEARCH]}] * 3 + [{"answer": "done"}]
+    request = request_for(
+        "scripted", plan, ["search_notes"], max_total_tokens=730, scripted_usage=FAKE_USAGE
+    )
+    request["provider"]["max_tokens"] = 40.0
+    stopped = fresh(run(request))
+
+    # As test_budgets.py's run capped at 40: turn 3's call does not fit.
+    why = stopped.error_message
+    assert stopped.termination_reason == TerminationReason.BUDGET_EXHAUSTED, why
+    size = re.search(r"36 of 730 tokens spent, and the call may cost up to (\d+)", why)
+    assert size, why
+    verdict = requeue_safety(stopped)
+    assert (verdict.allowed, verdict.code) == (False, "run_limit_spent"), verdict
+    assert f"the call may cost up to {size[1]};" in verdict.reason
+    assert restart_safety(stopped).allowed
