@@ -13,16 +13,20 @@ from django.contrib.admin.models import LogEntry
 from django.core.management import CommandError, call_command
 from django.test import Client
 
+from runs import transitions
 from runs.models import AgentRun
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import run
+from runs.runtime.loop import tool_spec
 from runs.runtime.run_request import parse_stored_request
-from runs.vocabulary import TerminationReason
+from runs.vocabulary import RunStatus, TerminationReason
 from spend.budgets import database_now
+from spend.call_size import largest_tokens
 from spend.models import DailySpend, ModelPrice
-from tests.drifting_model import FAKE_USAGE, SEARCH, openai_request, request_for
+from tests.drifting_model import FAKE_USAGE, NOTIFY, SEARCH, openai_request, request_for
 from tests.fake_openai import Reply, completion
 from tests.helpers import fresh
+from tools.registry import get_registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -274,3 +278,28 @@ def test_a_max_tokens_written_as_a_whole_float_bounds_a_limited_run_and_its_verd
     assert (verdict.allowed, verdict.code) == (False, "run_limit_spent"), verdict
     assert f"the call may cost up to {size[1]};" in verdict.reason
     assert restart_safety(stopped).allowed
+
+
+@pytest.mark.usefixtures("approvals")
+def test_a_requeue_whose_last_calls_go_live_first_sizes_the_call_that_sends_their_outcomes():
+    """A run cancelled while its write waits for approval: resumed, it would
+    wait again, run the write once approved, then stop before its next
+    call, which sends the write's outcome with the whole conversation and
+    cannot fit the limit. The verdict sizes that call (the outcome at its
+    shortest: the least the attempt's check can find), not by the last
+    turn's 18 tokens, which fit: the write would run for nothing."""
+    plan = [{"calls": [NOTIFY]}, {"answer": "sent"}]
+    request = request_for("scripted", plan, ["send_notification"], scripted_usage=FAKE_USAGE)
+    request["provider"]["max_tokens"] = 40
+    prompt = {"role": "user", "content": request["prompt"]}
+    first = largest_tokens([prompt], [tool_spec(get_registry().get("send_notification"))], 40)
+    # The first call fits, and so would a next one of the last turn's 18 tokens.
+    limit = first + 2 * 18
+    parked = fresh(run({**request, "max_total_tokens": limit}))
+    assert parked.status == RunStatus.WAITING_FOR_APPROVAL, parked.error_message
+    transitions.cancel(parked.pk)
+
+    verdict = requeue_safety(fresh(parked))
+    assert (verdict.allowed, verdict.code) == (False, "run_limit_spent"), verdict
+    assert f"18 of {limit} tokens spent, and the call may cost up to" in verdict.reason
+    assert "at least: the calls of its last turn go live first" in verdict.reason

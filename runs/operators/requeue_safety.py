@@ -77,9 +77,7 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
         code, why = why_a_resume_stops(
             request,
             run,
-            # A call going live first: its outcome sizes the next call.
-            turns=None if journal and not journal.ends_with_whole_turn else journal.turns,
-            last_turn_result=journal.last_turn_result,
+            turns=journal.turns,
             disabled=disabled,
             unreported_turns=journal.unreported_turns,
         )
@@ -104,7 +102,6 @@ def restart_safety(run: AgentRun) -> RequeueVerdict:
         request,
         run,
         turns=(),
-        last_turn_result=None,
         disabled=disabled_tool_names() & set(request.tools),
         unreported_turns=lambda: _unreported_turns(run),
     )

@@ -22,7 +22,7 @@ from decimal import Decimal
 
 from runs.metrics import BUDGET_REFUSALS
 from runs.runtime.errors import BudgetExhausted
-from runs.runtime.next_call import first_call_size
+from runs.runtime.next_call import first_call_size, going_live
 from spend.budgets import Budget, Spent, budget_of, no_room, over_budget
 from spend.call_size import CallSize
 from spend.prices import Usage, price_of, priced_model
@@ -148,15 +148,12 @@ def _least_next_call(last_turn_result) -> tuple[int, Decimal]:
     return usage.total, Decimal(last_turn_result.get("cost") or 0)
 
 
-def why_a_resume_stops(
-    request, run, *, turns, last_turn_result, disabled, unreported_turns
-) -> tuple[str, str]:
+def why_a_resume_stops(request, run, *, turns, disabled, unreported_turns) -> tuple[str, str]:
     """(code, why, with what to do) an attempt of ``run`` would stop before
     its next model call, as ``BudgetWatch`` would stop it, or ("", "").
-    ``turns``: what the attempt replays (a journal's turns, each call with
-    its outcome; () for a restart), or None when a call of the last one
-    goes live first: its outcome is unknown, so the next call is sized by
-    ``last_turn_result``'s tokens, the least it can cost. ``unreported_turns``:
+    ``turns``: what the attempt replays (a journal's turns; () for a
+    restart); calls of the last one that go live first are sized by their
+    shortest outcome (``first_call_size``). ``unreported_turns``:
     the run's turns whose usage is unknown, or a callable counting them
     (asked only when a limit applies) — for a restart, those of every
     attempt: stricter than the restarted attempt, which replays none of
@@ -190,10 +187,10 @@ def why_a_resume_stops(
             f"limit cannot be kept{fixed}"
         )
     spent = Spent(run.prompt_tokens + run.completion_tokens, run.cost, run.unpriced_turns)
-    if turns is None:
-        tokens, cost = _least_next_call(last_turn_result)
-        why = over_budget(limit, spent, projected_tokens=tokens, projected_cost=cost)
-    else:
-        size = first_call_size(request, turns, disabled, price)
-        why = "" if size is None else no_room(limit, spent, size.tokens, size.cost)
+    size = first_call_size(request, turns, disabled, price)
+    why = "" if size is None else no_room(limit, spent, size.tokens, size.cost)
+    if why and going_live(turns):
+        why += (
+            " at least: the calls of its last turn go live first, and it sends their outcomes too"
+        )
     return ("run_limit_spent", f"the run's limit: {why}{fixed}") if why else ("", "")
