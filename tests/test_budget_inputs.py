@@ -9,6 +9,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.core.management import CommandError, call_command
 from django.test import Client
@@ -303,3 +304,18 @@ def test_a_requeue_whose_last_calls_go_live_first_sizes_the_call_that_sends_thei
     assert (verdict.allowed, verdict.code) == (False, "run_limit_spent"), verdict
     assert f"18 of {limit} tokens spent, and the call may cost up to" in verdict.reason
     assert "at least: the calls of its last turn go live first" in verdict.reason
+
+
+def test_a_limited_run_whose_request_sets_no_max_tokens_holds_the_model_to_its_bound(
+    drifting_model, fake_openai
+):
+    """Its calls are sized by their prompt's bytes and
+    ``NRLLM_RESERVE_MAX_TOKENS``: the model is sent that bound, or an honest
+    answer longer than it passes the limit (G17). A run under no limit or
+    budget sends none."""
+    request = openai_request("ship it", [{"answer": "done"}], [])
+    run({**request, "max_total_tokens": 10_000})
+    run(request)
+    limited, free = fake_openai.requests
+    assert limited["body"]["max_tokens"] == settings.NRLLM_RESERVE_MAX_TOKENS
+    assert "max_tokens" not in free["body"]

@@ -274,7 +274,13 @@ class _DeadlinedProvider(TimedProvider):
         self._call_seconds = getattr(provider, "call_seconds", None)
         self._execution = execution
         self._model = getattr(provider, "model", None)  # the one asked for, if named
-        self._max_tokens = getattr(provider, "options", {}).get("max_tokens")
+        options = getattr(provider, "options", None)
+        self._max_tokens = (options or {}).get("max_tokens")
+        if self._max_tokens is None and options is not None and execution.sizes_calls:
+            # Its calls are sized by this bound (G17, G21): the model is held
+            # to it, or an honest answer longer than it passes a limit.
+            self._max_tokens = settings.NRLLM_RESERVE_MAX_TOKENS
+            provider.options = {**options, "max_tokens": self._max_tokens}
         #: The configuration's shared rate limit, if one is set (None: none).
         self._rate_limit = rate_limit.calls_for(
             provider, kind, execution.lease, execution.heartbeat

@@ -330,6 +330,11 @@ class LeasedExecution(CallLease):
             fields["result"] = self.budget.priced(fields["result"])
         return fields
 
+    @property
+    def sizes_calls(self) -> bool:
+        """Whether a limit or a budget must have room for each model call."""
+        return self.budget is not None and self.budget.limits_anything
+
     def call_size(self, messages, tool_specs, max_tokens: int | None) -> CallSize | None:
         """The most the call can cost, when a limit or a budget must have
         room for it (None: none applies, and nothing is measured)."""
