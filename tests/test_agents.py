@@ -163,7 +163,7 @@ def test_a_start_by_agent_that_cannot_run_is_a_400_naming_the_field_and_stores_n
     define(
         api,
         "capped",
-        provider={"kind": "scripted", "turns": [{"content": "ok"}]},
+        provider={"kind": "scripted", "turns": [{"content": "ok"}], "max_tokens": 100},
         max_total_tokens=1000,
     )
     # A version that leaves the cost limit blank takes the deployment's:
@@ -178,6 +178,8 @@ def test_a_start_by_agent_that_cannot_run_is_a_400_naming_the_field_and_stores_n
         ("version", {"agent": "capped", "version": 7, "input": "x"}),
         ("input", {"agent": "capped", "input": ""}),
         ("max_total_tokens", {"agent": "capped", "input": "x", "max_total_tokens": 5000}),
+        # No room for the first call's largest cost (its prompt and 100).
+        ("max_total_tokens", {"agent": "capped", "input": "x", "max_total_tokens": 10}),
         ("max_cost", {"agent": "capped", "input": "x", "max_cost": "1000000"}),
         ("request", {"agent": "capped", "input": "x", "tools": ["read_note"]}),
     ]
@@ -188,10 +190,10 @@ def test_a_start_by_agent_that_cannot_run_is_a_400_naming_the_field_and_stores_n
     assert not AgentRun.objects.exists()
 
     lowered = api.post(
-        "/api/runs/", {"agent": "capped", "input": "x", "max_total_tokens": 10}, format="json"
+        "/api/runs/", {"agent": "capped", "input": "x", "max_total_tokens": 500}, format="json"
     )
     assert lowered.status_code == 201
-    assert lowered.json()["request"]["max_total_tokens"] == 10
+    assert lowered.json()["request"]["max_total_tokens"] == 500
     cheaper = {"agent": "capped", "input": "x", "max_cost": "0.5"}
     assert api.post("/api/runs/", cheaper, format="json").json()["request"]["max_cost"] == "0.5"
 

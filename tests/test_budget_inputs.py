@@ -65,9 +65,11 @@ def test_a_bad_limit_is_a_400_naming_it_and_stores_nothing(api, limits, named):
 
 def test_a_tiny_cost_limit_is_stored_as_a_resumed_attempt_reads_it(api):
     """``str(Decimal)`` writes 5e-7 as "5E-7", which the stored form's check
-    once refused: every resume of such a run was dead-lettered."""
+    once refused: every resume of such a run was dead-lettered. (Priced so
+    low that its first call's largest cost, ~4,140 tokens, fits.)"""
+    cheap = Decimal("0.0001")
     ModelPrice.objects.create(
-        provider="scripted", model="scripted", input_per_million=1, output_per_million=1
+        provider="scripted", model="scripted", input_per_million=cheap, output_per_million=cheap
     )
     response = api.post("/api/runs/", a_request(max_cost=5e-7), format="json")
     assert response.status_code == 201, response.content

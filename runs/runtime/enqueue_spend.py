@@ -1,8 +1,11 @@
 """The budget checks a run meets before anything of it is stored (G17)."""
 
+from decimal import Decimal
+
 from runs.metrics import BUDGET_REFUSALS
+from runs.runtime.next_call import first_call_size
 from runs.runtime.run_request import InvalidRunRequest, RunRequest
-from spend.budgets import Refusal, budget_of, refusal_at_enqueue
+from spend.budgets import Budget, Refusal, Spent, budget_of, no_room, refusal_at_enqueue
 from spend.prices import price_of, priced_model
 
 
@@ -18,7 +21,8 @@ class BudgetRefused(Exception):
 def check_spend_at_enqueue(request: RunRequest, submitted_by) -> None:
     """Raise ``BudgetRefused`` when the submitter's budget is spent, and
     ``InvalidRunRequest`` when a cost limit applies to a model with no price
-    (its cost could not be known, so the limit could not be kept)."""
+    (its cost could not be known, so the limit could not be kept) or the
+    run's own limits leave no room for its first model call."""
     user_id = getattr(submitted_by, "pk", submitted_by)
     budget = budget_of(user_id)
     budget_limits_cost = budget is not None and budget.max_cost is not None
@@ -31,9 +35,34 @@ def check_spend_at_enqueue(request: RunRequest, submitted_by) -> None:
                 f"{provider}/{model} has no price, so {whose} cannot be kept (an operator "
                 "sets prices in the admin: Spend > Model prices)"
             )
+    _refuse_limits_no_call_fits(request)
     if budget is None:
         return
     refusal = refusal_at_enqueue(user_id, budget)
     if refusal is not None:
         BUDGET_REFUSALS.labels("enqueue").inc()
         raise BudgetRefused(refusal)
+
+
+def _refuse_limits_no_call_fits(request: RunRequest) -> None:
+    """A run whose own limits have no room for the most its first model
+    call can cost would only ever stop before it (G17): refused now, naming
+    the limit, rather than stored to fail at once."""
+    limit = Budget.of("run", request.max_total_tokens, request.max_cost)
+    if limit is None:
+        return
+    provider, model = priced_model(request.provider)
+    size = first_call_size(request, (), (), price_of(provider, model))
+    if size is None or not no_room(limit, Spent(0, Decimal(0), 0), size.tokens, size.cost):
+        return
+    if limit.max_tokens is not None and size.tokens > limit.max_tokens:
+        field, room, most = "max_total_tokens", limit.max_tokens, size.tokens
+        room, most = f"{room} tokens", f"{most} tokens"
+    else:
+        field, room, most = "max_cost", f"{limit.max_cost:f}", f"{size.cost:f}"
+    raise InvalidRunRequest(
+        f"{field}: the limit of {room} has no room for the run's first model call, which "
+        f"may cost up to {most} (its prompt, instructions and tool specifications as sent, "
+        f"and max_tokens {size.completion}); raise the limit or set the provider's "
+        "max_tokens lower"
+    )
