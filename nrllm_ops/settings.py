@@ -268,6 +268,12 @@ NRLLM_OPENAI_BASE_URL = (
     else "https://api.openai.com/v1"
 )
 NRLLM_OPENAI_API_KEY = env_str("NRLLM_OPENAI_API_KEY")
+#: The body field a completion's bound is sent in: OpenAI's reasoning
+#: models take only ``max_completion_tokens``; older compatible servers
+#: only ``max_tokens``.
+NRLLM_OPENAI_MAX_TOKENS_PARAMETER = env_choice(
+    "NRLLM_OPENAI_MAX_TOKENS_PARAMETER", "max_tokens", ("max_tokens", "max_completion_tokens")
+)
 NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS = env_int("NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS", 5, minimum=1)
 NRLLM_OPENAI_READ_TIMEOUT_SECONDS = env_int("NRLLM_OPENAI_READ_TIMEOUT_SECONDS", 120, minimum=1)
 # The circuit breaker, per endpoint and model, shared by every worker.

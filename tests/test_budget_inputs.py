@@ -9,7 +9,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.core.management import CommandError, call_command
 from django.test import Client
@@ -309,15 +308,21 @@ def test_a_requeue_whose_last_calls_go_live_first_sizes_the_call_that_sends_thei
 
 
 def test_a_limited_run_whose_request_sets_no_max_tokens_holds_the_model_to_its_bound(
-    drifting_model, fake_openai
+    drifting_model, fake_openai, settings
 ):
     """Its calls are sized by their prompt's bytes and
     ``NRLLM_RESERVE_MAX_TOKENS``: the model is sent that bound, or an honest
     answer longer than it passes the limit (G17). A run under no limit or
-    budget sends none."""
+    budget sends none. An endpoint that takes the bound only as
+    ``max_completion_tokens`` (OpenAI's reasoning models) is sent it so."""
     request = openai_request("ship it", [{"answer": "done"}], [])
     run({**request, "max_total_tokens": 10_000})
     run(request)
-    limited, free = fake_openai.requests
+    settings.NRLLM_OPENAI_MAX_TOKENS_PARAMETER = "max_completion_tokens"
+    run({**request, "max_total_tokens": 10_000})
+    limited, free, renamed = fake_openai.requests
     assert limited["body"]["max_tokens"] == settings.NRLLM_RESERVE_MAX_TOKENS
     assert "max_tokens" not in free["body"]
+    assert "max_completion_tokens" not in free["body"]
+    assert renamed["body"]["max_completion_tokens"] == settings.NRLLM_RESERVE_MAX_TOKENS
+    assert "max_tokens" not in renamed["body"]

@@ -91,6 +91,8 @@ class OpenAIChatProvider:
         release_connection()
         tools = [{"type": "function", "function": spec} for spec in tool_specs]
         body = {"model": self.model, "messages": messages, **self.options}
+        if "max_tokens" in body:
+            body[settings.NRLLM_OPENAI_MAX_TOKENS_PARAMETER] = body.pop("max_tokens")
         if tools:
             body["tools"] = tools
         started = time.monotonic()
