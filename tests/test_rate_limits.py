@@ -9,9 +9,11 @@ answers 429 past its own limit, as a provider does.
 """
 
 import json
+import threading
 import time
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 
 from runs.models import AgentRun, ProviderCircuit
@@ -28,6 +30,26 @@ from tests.test_concurrent_worker import unfinished, wait_until
 own_redis = test_concurrent_worker.own_redis
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
+
+
+def waiting_in_a_thread(start_run) -> tuple[threading.Thread, dict]:
+    """``start_run()`` in a thread of its own (and its own connection),
+    returned once a run waits for its rate limit: the thread, and a dict
+    that holds the run as ``"run"`` once it ended."""
+    ended = {}
+
+    def target():
+        try:
+            ended["run"] = start_run()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    assert wait_until(
+        lambda: any(waiting_for(pk) for pk in AgentRun.objects.values_list("pk", flat=True)), 5
+    )
+    return thread, ended
 
 
 def limited(requests_per_minute: int, **env) -> dict:
@@ -226,7 +248,7 @@ def test_turns_given_before_a_429_wait_for_its_pause(workers, fake_openai, drift
 
 @pytest.mark.parametrize("retry_after", ["inf", "1e20"])
 def test_an_absurd_retry_after_neither_crashes_the_run_nor_pauses_past_the_wait_bound(
-    queue, fake_openai, settings, monkeypatch, retry_after
+    queue, fake_openai, settings, retry_after
 ):
     """A 429 whose ``Retry-After`` is infinite or far past anything Redis
     can store: the run fails ``rate_limit`` (retryable) as for any 429, the
@@ -249,16 +271,12 @@ def test_an_absurd_retry_after_neither_crashes_the_run_nor_pauses_past_the_wait_
 
 
 def test_a_cancel_requested_during_a_rate_limit_wait_sends_no_call_after_it(
-    queue, fake_openai, settings, monkeypatch
+    queue, fake_openai, settings
 ):
     """20 requests a minute (a bucket of one, a turn every 3 s): the first
     run goes at once, the second waits its turn; cancelled meanwhile, it
     ends ``cancelled`` and the provider never sees its call (G9: a cancel
     noticed before the next call spends nothing more)."""
-    import threading
-
-    from django.db import connection
-
     from runs import transitions
     from tests.fake_openai import completion
     from tests.test_openai_provider import request
@@ -266,19 +284,7 @@ def test_a_cancel_requested_during_a_rate_limit_wait_sends_no_call_after_it(
     settings.NRLLM_PROVIDER_RATE_LIMITS = {"openai:*": {"requests_per_minute": 20}}
     fake_openai.default = Reply(body=completion("done"))
     assert run_in_process(request()).status == RunStatus.COMPLETED
-    ended = {}
-
-    def second():
-        try:
-            ended["run"] = run_in_process(request())
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=second)
-    thread.start()
-    assert wait_until(
-        lambda: any(waiting_for(pk) for pk in AgentRun.objects.values_list("pk", flat=True)), 5
-    )
+    thread, ended = waiting_in_a_thread(lambda: run_in_process(request()))
     waiting = next(pk for pk in AgentRun.objects.values_list("pk", flat=True) if waiting_for(pk))
     transitions.cancel(waiting)
     thread.join(10)
@@ -288,17 +294,13 @@ def test_a_cancel_requested_during_a_rate_limit_wait_sends_no_call_after_it(
 
 
 def test_a_run_waiting_for_its_rate_limit_holds_no_budget_reservation(
-    queue, fake_openai, settings, monkeypatch, operator
+    queue, fake_openai, settings, operator
 ):
     """G21 beside a wait: a submitter's budget fits one call's reservation,
     not two. Their run on a paused configuration waits 3 s for it; their
     other run, on a model with no limit, is not kept from its call (nor
     stopped ``budget_exhausted`` after NRLLM_RESERVATION_WAIT_SECONDS) by a
     reservation for a call that is not being made. Both complete."""
-    import threading
-
-    from django.db import connection
-
     from spend.call_size import largest_tokens
     from spend.models import SubmitterBudget
     from tests.fake_openai import completion
@@ -312,31 +314,17 @@ def test_a_run_waiting_for_its_rate_limit_holds_no_budget_reservation(
     SubmitterBudget.objects.create(user=operator, period="day", max_tokens=largest * 3 // 2)
     pause = f"nrllm:rate-limit:{{openai {settings.NRLLM_OPENAI_BASE_URL} limited}}:paused"
     queue.connection.set(pause, "1", px=3000)
-    ended = {}
-
-    def limited_run():
-        try:
-            ended["limited"] = run_in_process(
-                request(tools=(), model="limited"), submitted_by=operator
-            )
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=limited_run)
-    thread.start()
-    assert wait_until(
-        lambda: any(waiting_for(pk) for pk in AgentRun.objects.values_list("pk", flat=True)), 5
+    thread, ended = waiting_in_a_thread(
+        lambda: run_in_process(request(tools=(), model="limited"), submitted_by=operator)
     )
     other = run_in_process(request(tools=()), submitted_by=operator)
     thread.join(10)
 
     assert (other.status, other.termination_reason) == (RunStatus.COMPLETED, "completed")
-    assert ended["limited"].status == RunStatus.COMPLETED
+    assert ended["run"].status == RunStatus.COMPLETED
 
 
-def test_redis_down_a_429_with_retry_after_is_not_sent_again_at_once(
-    fake_openai, settings, monkeypatch
-):
+def test_redis_down_a_429_with_retry_after_is_not_sent_again_at_once(fake_openai, settings):
     """Redis unreachable (fail open), a provider answering 429 with
     ``Retry-After: 1``: the pause cannot be set, so the call is not sent
     again in a loop until the wait's bound — it fails ``rate_limit`` as it

@@ -46,6 +46,11 @@ from tests.conftest import ROOT
             "NRLLM_OPENAI_BASE_URL='http://[::1' is not a valid URL",
         ),
         (
+            "NRLLM_OPENAI_MAX_TOKENS_PARAMETER",
+            "max_output_tokens",
+            "NRLLM_OPENAI_MAX_TOKENS_PARAMETER='max_output_tokens' must be one of",
+        ),
+        (
             "NRLLM_PROVIDER_RATE_LIMITS",
             '{"openai:gpt-4o": {"requests_per_minute": 0}}',
             "NRLLM_PROVIDER_RATE_LIMITS: 'openai:gpt-4o' requests_per_minute=0 must be a whole",
