@@ -11,7 +11,8 @@ redirect and reads a bounded answer.
 At most once and best effort: a failure is logged and counted, never
 retried, and never changes the run; a worker killed between the park and
 the POST sends none. ``GET /api/approvals/?status=pending`` is the reliable
-way to learn what waits.
+way to learn what waits. The POST (``post``, the run-ended webhook's
+too) holds no database connection while the receiver answers.
 
 With ``NRLLM_APPROVAL_WEBHOOK_SECRET`` set, ``X-Nrllm-Signature-256`` carries
 ``sha256=`` and the hex HMAC-SHA256 of the body's exact bytes under it, so
@@ -30,6 +31,7 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
+from nrllm_ops.database import release_connection
 from runs.metrics import APPROVAL_WEBHOOKS
 from runs.models import AgentRun
 from tools.builtin.http_guard import check_url
@@ -156,7 +158,13 @@ def post(
     """POST ``body`` once to ``url`` as checked by the guard (``host_allowed``:
     ``check_url``'s), within ``seconds``; the status and the start of the
     answer. Raises ``ToolError`` (refused: nothing sent) or ``httpx.HTTPError``.
-    The run-ended webhook (``runs.run_webhooks``) posts through it too."""
+    The run-ended webhook (``runs.run_webhooks``) posts through it too.
+
+    Holds no database connection: a receiver may take all of ``seconds``
+    to answer, and the caller's pooled connection serves other runs
+    meanwhile, as around a model call (a caller inside a transaction keeps
+    its own)."""
+    release_connection()
     target = check_url(url, host_allowed=host_allowed)
     # The deadline bounds the whole exchange (each connect, write and read
     # within what remains of it): a receiver that trickles its answer ends
