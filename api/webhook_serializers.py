@@ -6,7 +6,7 @@ receiver's token."""
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from runs.approvals.webhook import origin
+from runs.approvals.webhook_url import origin
 from runs.run_events import EVENT_TYPES, RunEvent
 
 DELIVERY_STATES = [

@@ -11,8 +11,6 @@ import hashlib
 import hmac
 import json
 import sqlite3
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import schemathesis
@@ -27,73 +25,12 @@ from runs.run_webhooks import outbox
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus
 from tests.drifting_model import NOTIFY, request_for
-from tests.helpers import free_port, fresh, later, manage, scripted, sqlite_env, stored
+from tests.helpers import fresh, later, manage, scripted, sqlite_env, stored
+from tests.webhook_receiver import TOKEN, Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SECRET = "run-webhook-secret"
-#: In the URL's query, as hook URLs often carry their credential: never shown.
-TOKEN = "tok-SECRET-42"
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1:``port``, started when the test says
-    (before that, connections are refused). It answers ``status`` (and
-    ``body``), or with ``hold`` set holds the next POST until ``release``.
-    ``answered`` lists (event id, status) of every answer it wrote whole."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.status, self.body, self.hold = 200, "", False
-        self.posts: list[tuple[dict, bytes]] = []
-        self.answered: list[tuple[str, int]] = []
-        self.held, self.release = threading.Event(), threading.Event()
-        self._server = None
-
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hooks/runs?token={TOKEN}"
-
-    def start(self):
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["content-length"]))
-                headers = {name.lower(): value for name, value in self.headers.items()}
-                receiver.posts.append((headers, body))
-                status, answer = receiver.status, receiver.body.encode()
-                if receiver.hold:
-                    receiver.hold = False
-                    receiver.held.set()
-                    receiver.release.wait(timeout=60)
-                    status = None  # its client is gone: nobody reads this answer
-                self.send_response(status or 200)
-                self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-                if status is not None:
-                    receiver.answered.append((headers["x-nrllm-event-id"], status))
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.release.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-    def delivered(self) -> dict[str, int]:
-        """How many 2xx answers each event id got."""
-        counts: dict[str, int] = {}
-        for event_id, status in self.answered:
-            if 200 <= status < 300:
-                counts[event_id] = counts.get(event_id, 0) + 1
-        return counts
 
 
 @pytest.fixture
@@ -273,13 +210,13 @@ def test_a_worker_killed_after_the_settle_leaves_the_event_to_the_reaper(model, 
     """The receiver holds the worker's first POST; the test kills the worker
     there, after the settle committed. The reaper's pass delivers it."""
     receiver.start()
-    receiver.hold = True
+    receiver.holding = 1
     plan = [{"answer": "shipped (take {take})"}]
     agent_run = enqueue(
         {**request_for("drifting" if model else "scripted", plan, []), "webhook": receiver.url()}
     )
     worker = workers.start(NRLLM_RUN_WEBHOOK_SECRET=SECRET)
-    assert receiver.held.wait(timeout=60), "the worker never posted"
+    assert receiver.wait_held(1), "the worker never posted"
     assert fresh(agent_run).status == RunStatus.COMPLETED
     workers.kill(worker)
     receiver.release.set()

@@ -11,7 +11,10 @@ redirect and reads a bounded answer.
 At most once and best effort: a failure is logged and counted, never
 retried, and never changes the run; a worker killed between the park and
 the POST sends none. ``GET /api/approvals/?status=pending`` is the reliable
-way to learn what waits.
+way to learn what waits. What is logged of an answer or an error is
+``webhook_url.scrubbed`` of the URL (a receiver may echo its token), and
+the POST (``post``, the run-ended webhook's too) holds no database
+connection while the receiver answers.
 
 With ``NRLLM_APPROVAL_WEBHOOK_SECRET`` set, ``X-Nrllm-Signature-256`` carries
 ``sha256=`` and the hex HMAC-SHA256 of the body's exact bytes under it, so
@@ -30,6 +33,8 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
+from nrllm_ops.database import release_connection
+from runs.approvals.webhook_url import scrubbed, scrubbed_traceback
 from runs.metrics import APPROVAL_WEBHOOKS
 from runs.models import AgentRun
 from tools.builtin.http_guard import check_url
@@ -63,13 +68,13 @@ def notify(run_id, approvals: list) -> None:
         APPROVAL_WEBHOOKS.labels("failed").inc()
         # The guard's refusal quotes the URL, whose path or query is often
         # the receiver's credential (a hook token): the log shows its origin.
-        shown = str(error).replace(url, origin(url))
+        shown = scrubbed(str(error), url)
         logger.warning("run=%s approval webhook not delivered: %s", run_id, shown)
         return
     except Exception:
         # Whatever it is, the run is parked already and must stay so.
         APPROVAL_WEBHOOKS.labels("failed").inc()
-        logger.exception("run=%s approval webhook failed", run_id)
+        logger.error("run=%s approval webhook failed: %s", run_id, scrubbed_traceback(url))
         return
     if 200 <= status < 300:
         APPROVAL_WEBHOOKS.labels("delivered").inc()
@@ -80,7 +85,8 @@ def notify(run_id, approvals: list) -> None:
             "run=%s approval webhook answered %d: %s",
             run_id,
             status,
-            answer[:LOGGED_BODY_CHARS],
+            # Scrubbed whole, then cut: a token cut in two would be missed.
+            scrubbed(answer, url)[:LOGGED_BODY_CHARS],
         )
 
 
@@ -123,17 +129,6 @@ def _shortened(prompt) -> str:
     return text if len(text) <= PROMPT_CHARS else text[: PROMPT_CHARS - 1] + "…"
 
 
-def origin(url: str) -> str:
-    """``url`` without its path and query, which may hold a token."""
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL:
-        return "(the webhook URL)"
-    port = f":{parsed.port}" if parsed.port else ""
-    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
-    return f"{parsed.scheme}://{host}{port}/…"
-
-
 def _inbox_path(run_id) -> str:
     """The admin's approvals inbox, showing this run's calls."""
     return f"{reverse('admin:runs_approvals')}?run={run_id}"
@@ -156,7 +151,13 @@ def post(
     """POST ``body`` once to ``url`` as checked by the guard (``host_allowed``:
     ``check_url``'s), within ``seconds``; the status and the start of the
     answer. Raises ``ToolError`` (refused: nothing sent) or ``httpx.HTTPError``.
-    The run-ended webhook (``runs.run_webhooks``) posts through it too."""
+    The run-ended webhook (``runs.run_webhooks``) posts through it too.
+
+    Holds no database connection: a receiver may take all of ``seconds``
+    to answer, and the caller's pooled connection serves other runs
+    meanwhile, as around a model call (a caller inside a transaction keeps
+    its own)."""
+    release_connection()
     target = check_url(url, host_allowed=host_allowed)
     # The deadline bounds the whole exchange (each connect, write and read
     # within what remains of it): a receiver that trickles its answer ends

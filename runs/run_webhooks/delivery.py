@@ -12,9 +12,12 @@ submitter chose the URL, not an operator.
 
 A 2xx answer delivers the event; anything else — another status, no
 answer, a URL the guard refuses now — is a failed attempt, recorded with
-its reason (never the URL's path or query, which often hold the
-receiver's token) and tried again after the backoff, until the last
-attempt gives it up. Never raises for the receiver's doing.
+its reason and tried again after the backoff, until the last attempt gives
+it up. What is recorded or logged of an answer or an error is
+``webhook_url.scrubbed`` of the URL: no part of its path or query, which
+often hold the receiver's token, even where the receiver echoes one back.
+The POST holds no database connection (``post``). Never raises for the
+receiver's doing.
 """
 
 import json
@@ -26,7 +29,8 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from runs.approvals.webhook import SIGNATURE_HEADER, origin, post, signature
+from runs.approvals.webhook import SIGNATURE_HEADER, post, signature
+from runs.approvals.webhook_url import scrubbed, scrubbed_traceback
 from runs.metrics import RUN_WEBHOOKS
 from runs.run_events import RunEvent
 from runs.run_webhooks import outbox
@@ -58,10 +62,15 @@ def attempt(event: RunEvent, *, as_of: datetime | None = None) -> str:
             host_allowed=False,
         )
     except (ToolError, httpx.HTTPError) as error:
-        return _failed(event, None, _without_path(f"{_kind(error)}{error}", url), as_of)
+        return _failed(event, None, scrubbed(f"{_kind(error)}{error}", url), as_of)
     except Exception as error:
         # Whatever it is, it is this attempt's failure: the next one may do.
-        logger.exception("run=%s event=%s webhook attempt failed", event.run_id, event.pk)
+        logger.error(
+            "run=%s event=%s webhook attempt failed: %s",
+            event.run_id,
+            event.pk,
+            scrubbed_traceback(url),
+        )
         return _failed(event, None, f"{type(error).__name__} (see the log)", as_of)
     if 200 <= status < 300:
         outbox.delivered(event, status, as_of=as_of)
@@ -75,7 +84,7 @@ def attempt(event: RunEvent, *, as_of: datetime | None = None) -> str:
             event.attempts,
         )
         return DELIVERED
-    return _failed(event, status, _without_path(f"answered {status}: {answer}", url), as_of)
+    return _failed(event, status, scrubbed(f"answered {status}: {answer}", url), as_of)
 
 
 def body_of(event: RunEvent) -> bytes:
@@ -126,6 +135,8 @@ def headers_of(event: RunEvent, body: bytes) -> dict[str, str]:
 
 
 def _failed(event: RunEvent, status: int | None, error: str, as_of) -> str:
+    """Record and log a failed attempt; ``error`` is scrubbed already (cut
+    here, after it: a token cut in two would not be found)."""
     outcome = FAILED if status is None else REJECTED
     RUN_WEBHOOKS.labels(outcome).inc()
     error = error[:ERROR_CHARS]
@@ -155,17 +166,3 @@ def _failed(event: RunEvent, status: int | None, error: str, as_of) -> str:
 def _kind(error: Exception) -> str:
     """The prefix naming an HTTP failure (``ConnectError: ``): its text may be empty."""
     return "" if isinstance(error, ToolError) else f"{type(error).__name__}: "
-
-
-def _without_path(text: str, url: str) -> str:
-    """``text`` with ``url`` shown as its origin, and its path and query
-    nowhere (a receiver's answer may echo them)."""
-    text = text.replace(url, origin(url))
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL:
-        return text
-    for secret in (parsed.raw_path.decode("ascii"), parsed.path, parsed.query.decode("ascii")):
-        if secret and secret != "/":
-            text = text.replace(secret, "/…")
-    return text
