@@ -8,6 +8,8 @@ export NRLLM_BENCH_DBOS_PYTHON := $(CURDIR)/$(DBOS_VENV)/bin/python
 PYTEST_ARGS ?=
 # Where `make run` serves: `make run RUN_ADDRESS=127.0.0.1:8001`.
 RUN_ADDRESS ?= 127.0.0.1:8000
+# Where `make run` keeps the admin's generated password (not NRLLM_ADMIN_PASSWORD's).
+ADMIN_PASSWORD_FILE ?= var/admin-password
 
 .PHONY: run test lint venv dev-venv bench screenshots clean
 
@@ -31,15 +33,20 @@ dev-venv: $(VENV)/.dev-installed
 ## make run: the app with demo data on SQLite, no Redis: the web server and,
 ## beside it, the embedded worker (delayed retries when due, the reaper).
 ## Ctrl-C (or SIGTERM) stops both; the worker finishes the run in hand first.
+## The set-up is quiet (a line per demo run) and ends with how to log in:
+## the admin's address, the user and the password (or where it is).
 run: venv
 	mkdir -p var
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py ensure_admin
+	$(PY) manage.py migrate --noinput -v 0
 	$(PY) manage.py seed_demo
-	@echo "Serving the admin at http://$(RUN_ADDRESS)/admin/ (user: admin)"
+	$(PY) manage.py ensure_admin --url http://$(RUN_ADDRESS)/admin/ --password-file $(ADMIN_PASSWORD_FILE)
+# migrate ran the system checks; runserver stands in for gunicorn on
+# purpose (docs/operations.md), so its warning that it is no production
+# server is not printed under the block.
 	@trap 'kill $$server $$worker 2>/dev/null' INT TERM; \
 	$(PY) manage.py embedded_worker & worker=$$!; \
-	$(PY) manage.py runserver --insecure --noreload $(RUN_ADDRESS) & server=$$!; \
+	DJANGO_RUNSERVER_HIDE_WARNING=true \
+	$(PY) manage.py runserver --insecure --noreload --skip-checks $(RUN_ADDRESS) & server=$$!; \
 	wait $$server; status=$$?; kill $$worker 2>/dev/null; wait; exit $$status
 
 ## make lint: ruff, the migrations check and the OpenAPI schema check.

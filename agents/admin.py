@@ -3,9 +3,14 @@ and read every version as it was. Saving goes through
 ``agents.versions.save_agent``, as the API does: the same checks refuse a
 definition with the same words, nothing is stored when they do, and each
 save is an admin log entry naming the version it made. Agents and their
-versions are never deleted here: runs name them."""
+versions are never deleted here: runs name them.
+
+The provider is asked for as fields (``agents.admin_provider``), not as
+JSON; an agent's page links "Start a run" to the start form, the agent
+chosen."""
 
 import json
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -13,12 +18,24 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from agents.admin_provider import (
+    OPTION_FIELDS,
+    OTHER_OPTIONS,
+    TURNS_HELP,
+    default_kind,
+    field_of_refusal,
+    initial_of,
+    kind_choices,
+    number,
+    provider_of,
+    takes,
+)
 from agents.definitions import FIELDS, InvalidDefinition, check_definition
 from agents.models import Agent, AgentVersion
 from agents.versions import AgentChanged, AgentConflict, save_agent
 from nrllm_ops.admin_site import ReadOnly
 from runs.admin.display import moment
-from runs.admin.start_run import tool_choices
+from runs.admin.start_run import TURNS_EXAMPLE, parsed_json, priced_models, tool_choices
 
 
 class AgentForm(forms.ModelForm):
@@ -30,10 +47,42 @@ class AgentForm(forms.ModelForm):
         widget=forms.Textarea(attrs={"rows": 8, "cols": 80}),
         help_text="the system message every run of the agent sends first",
     )
-    provider = forms.JSONField(
-        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}),
-        help_text='as a run request\'s: {"kind": "openai", "model": "gpt-4.1-mini"}, or '
-        '{"kind": "scripted", "turns": [...]}',
+    # The provider, as fields (agents.admin_provider): a version holds them
+    # as the provider's JSON, as a run request's ``provider``.
+    provider = forms.ChoiceField(
+        help_text="what plays the model's turns: openai (any chat-completions endpoint), "
+        "or scripted turns, for demos and tests"
+    )
+    model = forms.CharField(
+        required=False,
+        # The page's <datalist> of priced models.
+        widget=forms.TextInput(attrs={"list": "priced-models", "size": 40}),
+        help_text="the model the provider is asked for (priced models are suggested)",
+    )
+    temperature = forms.CharField(
+        required=False,
+        max_length=40,
+        widget=forms.TextInput(attrs={"size": 8, "inputmode": "decimal"}),
+        help_text="from 0 to 2; blank: the model's own",
+    )
+    max_tokens = forms.IntegerField(
+        required=False,
+        label="Max tokens per answer",
+        help_text="the most tokens one answer may have; blank: NRLLM_RESERVE_MAX_TOKENS "
+        "where a limit or budget needs one",
+    )
+    turns = forms.CharField(
+        required=False,
+        label="Scripted turns",
+        widget=forms.Textarea(attrs={"rows": 5, "cols": 80}),
+        help_text=TURNS_HELP,
+    )
+    provider_options = forms.CharField(
+        required=False,
+        label="Other provider options",
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 80}),
+        help_text="a JSON object of the provider's options the fields above do not set "
+        "(none of the shipped providers has any); blank: none",
     )
     tools = forms.MultipleChoiceField(
         required=False, widget=forms.CheckboxSelectMultiple, help_text="what the model may call"
@@ -71,23 +120,68 @@ class AgentForm(forms.ModelForm):
             names += [name for name in latest.tools if name not in names]
             self.initial.setdefault("based_on", latest.number)
             for name, value in latest.definition().items():
-                self.initial.setdefault(name, value if value is not None else "")
+                if name != "provider":
+                    self.initial.setdefault(name, value if value is not None else "")
+        self._show_provider(latest.provider if latest is not None else None)
         for name in ("tools", "require_approval"):
             self.fields[name].choices = [(tool, tool) for tool in names]
         if "name" in self.fields and self.instance.pk:
             self.fields["name"].disabled = True
+
+    def _show_provider(self, provider: dict | None) -> None:
+        """The provider's fields as ``provider`` (a version's) sets them; a
+        new agent's as the first configured kind, with turns to change."""
+        if provider is not None:
+            for name, value in initial_of(provider).items():
+                self.initial.setdefault(name, value)
+        else:
+            kind = default_kind()
+            self.initial.setdefault("provider", kind)
+            if "turns" in takes(kind):
+                # A new agent's turns start as a valid example to change.
+                self.initial.setdefault("turns", TURNS_EXAMPLE)
+        # Tall enough for the turns shown, a turn a line (long ones wrap).
+        shown_lines = str(self.initial.get("turns", "")).count("\n") + 2
+        self.fields["turns"].widget.attrs["rows"] = min(max(shown_lines, 5), 16)
+        self.fields["provider"].choices = kind_choices(self.initial.get("provider"))
+        # The page's script shows only the fields the chosen kind takes.
+        self.fields["provider"].widget.attrs["data-takes"] = json.dumps(
+            {kind: takes(kind) for kind, _ in self.fields["provider"].choices}
+        )
+
+    def clean_temperature(self):
+        text = self.cleaned_data["temperature"]
+        return number(text) if text else None
+
+    def clean_turns(self):
+        text = self.cleaned_data["turns"]
+        return parsed_json(text) if text else None
+
+    def clean_provider_options(self):
+        text = self.cleaned_data["provider_options"]
+        options = parsed_json(text) if text else {}
+        if not isinstance(options, dict):
+            raise forms.ValidationError('a JSON object, e.g. {"top_p": 0.9}; blank: none')
+        return options
 
     def definition(self) -> dict:
         data = self.cleaned_data
         return {
             name: data.get(name) if data.get(name) not in ("", []) else None
             for name in FIELDS
-            if name in data
-        } | {"tools": data.get("tools", []), "require_approval": data.get("require_approval", [])}
+            if name in data and name != "provider"
+        } | {
+            "provider": self.provider,
+            "tools": data.get("tools", []),
+            "require_approval": data.get("require_approval", []),
+        }
 
     def clean(self):
         cleaned = super().clean()
         if self.errors:
+            return cleaned
+        self.provider = provider_of(self)
+        if self.provider is None:  # a field its kind does not take: named
             return cleaned
         latest = self.instance.latest if self.instance.pk else None
         based_on = cleaned.get("based_on")
@@ -97,7 +191,8 @@ class AgentForm(forms.ModelForm):
         try:
             check_definition(self.definition())
         except InvalidDefinition as error:
-            self.add_error(_field_of(str(error)), str(error))
+            message = str(error)
+            self.add_error(field_of_refusal(message) or _field_of(message), message)
         return cleaned
 
 
@@ -114,6 +209,13 @@ def _field_of(message: str) -> str | None:
     return field if field in FIELDS else None
 
 
+def _shown_fields() -> list[str]:
+    """The definition's fields in order, the provider as its fields."""
+    fields = list(FIELDS)
+    after = fields.index("provider") + 1
+    return [*fields[:after], *OPTION_FIELDS, OTHER_OPTIONS, *fields[after:]]
+
+
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
     form = AgentForm
@@ -123,12 +225,30 @@ class AgentAdmin(admin.ModelAdmin):
         (None, {"fields": ["name", "description", "based_on"]}),
         (
             "Definition (saved as a new version; runs keep the version they started from)",
-            {"fields": list(FIELDS)},
+            {"fields": _shown_fields()},
         ),
     ]
     #: Shown on an agent's page, under its definition (not on the add page).
     versions_fieldset = ("Versions", {"fields": ["versions_shown"]})
     readonly_fields = ["versions_shown"]
+
+    class Media:
+        # Shows only the provider's fields its chosen kind takes.
+        js = ["agents/provider_fields.js"]
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        context["priced_models"] = priced_models()
+        context["start_run_url"] = self.start_run_url(request, obj)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def start_run_url(self, request, agent: Agent | None) -> str:
+        """The start form with ``agent`` chosen, for whoever may start runs;
+        "" on the add page and for an agent with no version to run."""
+        if agent is None or agent.latest_id is None:
+            return ""
+        if not request.user.has_perm("runs.add_agentrun"):
+            return ""
+        return f"{reverse('admin:runs_start')}?{urlencode({'agent': agent.name})}"
 
     def get_fieldsets(self, request, obj=None):
         return self.fieldsets + ([self.versions_fieldset] if obj is not None else [])

@@ -11,6 +11,11 @@ from django.db import connection
 
 from runs.models import AgentRun, RunStep
 
+#: Ends the message of every refusal injected here: what the database says,
+#: so a log line of the fault says it was injected (``seed_demo`` tells an
+#: expected fault from a real one by it).
+INJECTED = "(injected fault)"
+
 
 def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
@@ -58,7 +63,7 @@ def step_inserts_refused(tool_name: str | None = None, *, kind: str | None = Non
         "INSERT",
         RunStep._meta.db_table,
         " AND ".join(conditions) or "1 = 1",
-        "step insert refused (injected fault)",
+        f"step insert refused {INJECTED}",
     )
 
 
@@ -69,7 +74,7 @@ def run_status_changes_refused(from_status: str = "running"):
         "UPDATE",
         AgentRun._meta.db_table,
         f"OLD.status = {_literal(from_status)} AND NEW.status <> OLD.status",
-        "run status change refused (injected fault)",
+        f"run status change refused {INJECTED}",
     )
 
 
@@ -82,5 +87,5 @@ def approval_requests_refused():
         "INSERT",
         ApprovalRequest._meta.db_table,
         "1 = 1",
-        "approval request refused (injected fault)",
+        f"approval request refused {INJECTED}",
     )

@@ -1,18 +1,24 @@
 """G18 in the console: an operator defines an agent and changes it in the
 admin (each change a new version and a log entry, refused with the API's
-words when bad), every version reads as it was saved, and the start form
-starts a run of an agent by name."""
+words when bad, beside the field), its provider asked for as fields, every
+version reads as it was saved, and the start form starts a run of an agent
+by name, from the agent's page too."""
+
+import json
+import re
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
 
 from agents.models import Agent, AgentVersion
+from runs.admin.start_run import TURNS_EXAMPLE
 from runs.models import AgentRun
 from runs.vocabulary import RunStatus
 
 pytestmark = pytest.mark.django_db
 
-SCRIPTED = '{"kind": "scripted", "turns": [{"content": "noted"}]}'
+TURNS = '[{"content": "noted"}]'
 
 
 def form(**changes) -> dict:
@@ -20,7 +26,12 @@ def form(**changes) -> dict:
         "name": "notes",
         "description": "reads notes",
         "instructions": "Answer from the notes only.",
-        "provider": SCRIPTED,
+        "provider": "scripted",
+        "model": "",
+        "temperature": "",
+        "max_tokens": "",
+        "turns": TURNS,
+        "provider_options": "",
         "tools": ["read_note"],
         "max_iterations": "",
         "max_total_tokens": "",
@@ -78,8 +89,6 @@ def test_a_viewer_reads_agents_but_cannot_change_them(operator_client, viewer_cl
 
 
 def test_the_start_form_starts_a_run_of_an_agent_by_name(operator, operator_client):
-    from django.contrib.auth.models import Permission
-
     operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
     operator_client.post("/admin/agents/agent/add/", form())
     started = operator_client.post(
@@ -125,3 +134,135 @@ def test_a_form_opened_before_another_change_is_refused_not_saved_over_it(operat
     assert again.status_code == 302
     latest = Agent.objects.get().latest
     assert (latest.number, latest.instructions, latest.tools) == (3, "Cite the note.", [])
+
+
+def test_the_provider_is_asked_for_as_fields_and_a_version_holds_its_options(
+    operator_client, settings
+):
+    """The add page asks for the provider's kind among the registered ones
+    and its options as fields, a scripted agent's turns prefilled with a
+    valid example, never JSON prefilled null; saved, a version's provider
+    is those options, and a page saved unchanged makes no new version."""
+    page = operator_client.get("/admin/agents/agent/add/")
+    shown = page.context["adminform"].form
+    assert [kind for kind, _ in shown.fields["provider"].choices] == ["openai", "scripted"]
+    assert dict(shown.fields["provider"].choices)["openai"] == "openai (not configured here)"
+    assert shown.initial["provider"] == "scripted"
+    assert json.loads(shown.initial["turns"]) == json.loads(TURNS_EXAMPLE)
+    assert "null" not in page.content.decode()
+    assert 'class="turns-example"' in page.content.decode()  # the example, under the field
+
+    # The defaults as shown make a valid agent: the example's turns.
+    added = operator_client.post("/admin/agents/agent/add/", form(turns=shown.initial["turns"]))
+    assert added.status_code == 302, added.context["adminform"].form.errors
+    agent = Agent.objects.get()
+    assert agent.latest.provider == {"kind": "scripted", "turns": json.loads(TURNS_EXAMPLE)}
+
+    settings.NRLLM_OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
+    settings.NRLLM_OPENAI_API_KEY = "sk-test-not-a-real-key"
+    url = f"/admin/agents/agent/{agent.pk}/change/"
+    openai = form(
+        provider="openai", model="gpt-4.1-mini", temperature="0.2", max_tokens="800", turns=""
+    )
+    assert operator_client.post(url, openai).status_code == 302
+    agent.refresh_from_db()
+    assert (agent.latest.number, agent.latest.provider) == (
+        2,
+        {"kind": "openai", "model": "gpt-4.1-mini", "temperature": 0.2, "max_tokens": 800},
+    )
+
+    # The page shows the version's options in their fields; saved as shown
+    # (a description changed), the definition is the same: no version.
+    initial = operator_client.get(url).context["adminform"].form.initial
+    assert {name: initial[name] for name in ("provider", "model", "temperature", "max_tokens")} == {
+        "provider": "openai",
+        "model": "gpt-4.1-mini",
+        "temperature": "0.2",
+        "max_tokens": "800",
+    }
+    as_shown = {name: initial.get(name, "") for name in form()} | {"description": "reads notes!"}
+    assert operator_client.post(url, as_shown).status_code == 302
+    agent.refresh_from_db()
+    assert (agent.latest.number, agent.description) == (2, "reads notes!")
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "words"),
+    [
+        ({"turns": "[{"}, "turns", "not JSON"),
+        ({"turns": "[]"}, "turns", "provider/turns: [] should be non-empty"),
+        ({"turns": '[{"bogus": 1}]'}, "turns", "provider/turns/0: "),
+        ({"turns": ""}, "turns", 'provider: "turns" is a required property'),
+        ({"max_tokens": "0"}, "max_tokens", "provider/max_tokens: 0 is less than the minimum"),
+        ({"max_tokens": "many"}, "max_tokens", "Enter a whole number"),
+        ({"temperature": "warm"}, "temperature", "'warm' is not a number"),
+        ({"temperature": "nan"}, "temperature", "'nan' is not a number"),
+        ({"model": "gpt-4.1-mini"}, "model", "model: the scripted provider takes none"),
+        ({"provider": "nope"}, "provider", "Select a valid choice"),
+        (
+            {"provider": "openai", "model": "m", "turns": ""},
+            "provider",
+            "provider 'openai' is not configured: set NRLLM_OPENAI_API_KEY",
+        ),
+        ({"provider_options": "[1]"}, "provider_options", "a JSON object"),
+        ({"provider_options": "{"}, "provider_options", "not JSON"),
+        (
+            {"provider_options": '{"turns": []}'},
+            "provider_options",
+            "'turns' is set by the turns field",
+        ),
+        ({"provider_options": '{"top_p": 1}'}, "provider_options", '("top_p" was unexpected)'),
+    ],
+)
+def test_a_bad_provider_field_is_refused_by_name_and_stores_nothing(
+    operator_client, fields, field, words
+):
+    operator_client.post("/admin/agents/agent/add/", form())
+    agent = Agent.objects.get()
+    url = f"/admin/agents/agent/{agent.pk}/change/"
+
+    refused = operator_client.post(url, form(instructions="Changed.", **fields))
+
+    assert refused.status_code == 200
+    errors = refused.context["adminform"].form.errors
+    assert list(errors) == [field], errors
+    assert words in errors[field][0], errors
+    assert AgentVersion.objects.filter(agent=agent).count() == 1
+
+
+def test_an_openai_agent_without_a_model_or_over_the_temperature_is_refused_by_field(
+    operator_client, settings
+):
+    settings.NRLLM_OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
+    settings.NRLLM_OPENAI_API_KEY = "sk-test-not-a-real-key"
+    for fields, field, words in [
+        ({}, "model", 'provider: "model" is a required property'),
+        ({"model": "m", "temperature": "3"}, "temperature", "3 is greater than the maximum of 2"),
+        ({"model": "m", "turns": "[]"}, "turns", "turns: the openai provider takes none"),
+    ]:
+        refused = operator_client.post(
+            "/admin/agents/agent/add/", form(provider="openai", **{"turns": "", **fields})
+        )
+        assert refused.status_code == 200
+        errors = refused.context["adminform"].form.errors
+        assert list(errors) == [field] and words in errors[field][0], (fields, errors)
+    assert not Agent.objects.exists()
+
+
+def test_an_agents_page_starts_a_run_of_it_for_whoever_may_start_runs(
+    operator, operator_client, viewer_client
+):
+    operator_client.post("/admin/agents/agent/add/", form())
+    agent = Agent.objects.get()
+    url = f"/admin/agents/agent/{agent.pk}/change/"
+    assert "start-run-of-agent" not in operator_client.get(url).content.decode()
+    operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+
+    page = operator_client.get(url).content.decode()
+
+    link = re.search(r'<a href="([^"]+)" class="addlink" id="start-run-of-agent">', page)
+    assert link and link.group(1) == "/admin/runs/agentrun/start/?agent=notes", page
+    start = operator_client.get(link.group(1))
+    assert start.context["form"]["agent"].value() == "notes"
+    assert '<option value="notes" selected>' in start.content.decode()
+    assert "start-run-of-agent" not in viewer_client.get(url).content.decode()

@@ -40,6 +40,7 @@ LAYERS = (
             "spend.admin",
             "spend.management",
             "agents.admin",
+            "agents.admin_provider",
             # The composition root: settings and the app config name the
             # worker class, the tools, the admin site and the schema's enums.
             "nrllm_ops.settings",

@@ -1,8 +1,12 @@
 """Agents in a real browser at 1366×900 (G18): an operator defines one on
-the admin's add page, changes its instructions (version 2), reads both
-versions, and starts a run of it from the start form; the run's page names
-the version. Saves the manual's screenshot of the agent's page
+the admin's add page — its provider as fields, only those its kind takes
+shown —, changes its instructions (version 2), reads both versions, and
+starts a run of it from the agent's page; the run's page names the
+version. Saves the manual's screenshot of the agent's page
 (docs/agents.md; `make screenshots`)."""
+
+import json
+import re
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -11,10 +15,11 @@ from playwright.sync_api import expect
 from agents.models import Agent
 from runs.models import AgentRun
 from tests.browser import DOCS_SCREENSHOTS, admin_page
+from tests.browser_boxes import assert_shown
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-PROVIDER = '{"kind": "scripted", "turns": [{"content": "The notes say v2 shipped."}]}'
+TURNS = '[{"content": "The notes say v2 shipped."}]'
 
 
 def no_sideways_scroll(page) -> None:
@@ -35,7 +40,27 @@ def test_an_operator_defines_an_agent_changes_it_and_starts_a_run_of_it(
         page.fill("#id_name", "notes")
         page.fill("#id_description", "Answers from the team's notes.")
         page.fill("#id_instructions", "Answer from the notes only; say which note.")
-        page.fill("#id_provider", PROVIDER)
+        # The provider as fields: scripted (the only kind configured here)
+        # shows its turns, prefilled with an example, and its bound; a real
+        # model's fields only once that kind is chosen.
+        expect(page.locator("#id_provider")).to_have_value("scripted")
+        expect(page.locator("#id_turns")).to_have_value(re.compile(r'^\[\n  \{"tool_calls"'))
+        expect(page.locator(".field-model")).to_be_hidden()
+        page.select_option("#id_provider", "openai")
+        expect(page.locator(".field-turns")).to_be_hidden()
+        assert_shown(page, ".field-model input", ".field-temperature input")
+        page.select_option("#id_provider", "scripted")
+        expect(page.locator(".field-model")).to_be_hidden()
+        assert_shown(
+            page,
+            "#id_provider",
+            "#id_turns",
+            ".field-turns .turns-example",
+            "#id_max_tokens",
+            "#id_provider_options",
+        )
+        no_sideways_scroll(page)
+        page.fill("#id_turns", TURNS)
         page.check("input[name=tools][value=read_note]")
         page.fill("#id_max_total_tokens", "-1")
         page.click("input[name=_continue]")
@@ -49,11 +74,17 @@ def test_an_operator_defines_an_agent_changes_it_and_starts_a_run_of_it(
         page.fill("#id_instructions", "Answer from the notes only; quote the note.")
         page.click("input[name=_continue]")
         expect(page.locator(".agent-versions li")).to_have_count(2)
+        # Shown as the version holds them, a turn a line.
+        expect(page.locator("#id_turns")).to_have_value(
+            '[\n  {"content": "The notes say v2 shipped."}\n]'
+        )
+        # "Start a run" beside the page's history, above the fold.
+        assert_shown(page, "#start-run-of-agent", above_the_fold=True)
         no_sideways_scroll(page)
         page.screenshot(path=screenshots / "agent.png", full_page=True)
 
-        page.goto(f"{base}/admin/runs/agentrun/start/")
-        page.select_option("#id_agent", "notes")
+        page.click("#start-run-of-agent")
+        expect(page.locator("#id_agent")).to_have_value("notes")
         page.fill("#id_prompt", "What shipped?")
         page.click("input[type=submit]")
         expect(page.locator(".field-agent_shown")).to_contain_text("notes v2")
@@ -64,6 +95,7 @@ def test_an_operator_defines_an_agent_changes_it_and_starts_a_run_of_it(
     (run,) = AgentRun.objects.all()
     assert run.agent_version == agent.latest
     assert run.request["instructions"] == "Answer from the notes only; quote the note."
+    assert run.request["provider"] == {"kind": "scripted", "turns": json.loads(TURNS)}
 
 
 def test_the_screenshot_of_the_agent_page_is_in_the_docs():

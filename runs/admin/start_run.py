@@ -10,7 +10,8 @@ and they may not approve its writes where four eyes are required.
 A refusal is shown beside the field it names (the request's field, as the
 API names it: ``max_cost: "two" is not an amount …``), values in JSON.
 ``?from=<run id>`` fills the form with that run's request ("run again" on
-a run's page): its agent and input when an agent started it."""
+a run's page): its agent and input when an agent started it.
+``?agent=<name>`` ("Start a run" on an agent's page) chooses that agent."""
 
 import json
 
@@ -45,6 +46,16 @@ TURNS_EXAMPLE = "[\n  {}\n]".format(
         )
     )
 )
+
+
+def parsed_json(text: str):
+    """A field's ``text`` read as JSON, or a ValidationError saying why it is not."""
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise forms.ValidationError(f"not JSON: {error}") from None
+    except RecursionError:
+        raise forms.ValidationError("not JSON that can be read: nested too deeply") from None
 
 
 class StartRunForm(forms.Form):
@@ -113,14 +124,7 @@ class StartRunForm(forms.Form):
 
     def clean_turns(self):
         text = self.cleaned_data["turns"].strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError as error:
-            raise forms.ValidationError(f"not JSON: {error}") from None
-        except RecursionError:
-            raise forms.ValidationError("not JSON that can be read: nested too deeply") from None
+        return parsed_json(text) if text else None
 
     def run_request(self) -> dict:
         """The request ``POST /api/runs/`` would take; ``enqueue`` checks it."""
@@ -250,12 +254,18 @@ def run_to_repeat(model_admin, request) -> tuple[AgentRun | None, str]:
     return run, ""
 
 
+def agent_chosen(request) -> dict:
+    """The form's agent as ``?agent=`` names it (an unknown name chooses none)."""
+    name = request.GET.get("agent", "")
+    return {"agent": name} if name else {}
+
+
 def start_run_page(model_admin, request):
     """The form's page; a run it starts takes the operator to the run's page."""
     if not request.user.has_perm("runs.add_agentrun"):
         raise PermissionDenied
     repeated, not_repeated = run_to_repeat(model_admin, request)
-    initial = initial_from(repeated) if repeated else {}
+    initial = initial_from(repeated) if repeated else agent_chosen(request)
     form = StartRunForm(request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         started = start_run(form, request.user)

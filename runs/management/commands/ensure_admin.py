@@ -1,28 +1,82 @@
-"""``manage.py ensure_admin``: the superuser 'admin', created once."""
+"""``manage.py ensure_admin``: the superuser 'admin', created once.
+
+``make run`` calls it last before serving, with ``--url`` and
+``--password-file``: its output is then the block an operator reads to log
+in — the admin's address, the user, and the password or where it is —
+and a generated password is kept in that file (``var/``, beside the SQLite
+database and the secret key), so a later ``make run`` can say where it is."""
 
 import os
 import secrets
+from pathlib import Path
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
+
+#: Sets the password of an 'admin' created here (read in ``handle``).
+PASSWORD_VARIABLE = "NRLLM_ADMIN_PASSWORD"
 
 
 class Command(BaseCommand):
     help = (
         "Create the superuser 'admin' if it does not exist. The password comes from "
-        "NRLLM_ADMIN_PASSWORD, or is generated and printed once."
+        f"{PASSWORD_VARIABLE}, or is generated, printed and (with --password-file) kept "
+        "in a file. Ends with how to log in: the address (--url), the user, the password."
     )
 
-    def handle(self, *args, **options):
+    def add_arguments(self, parser):
+        parser.add_argument("--url", default="", help="the admin's address, to print")
+        parser.add_argument(
+            "--password-file",
+            default="",
+            help="where a generated password is kept (readable by its owner only)",
+        )
+
+    def handle(self, *args, url, password_file, **options):
+        kept = Path(password_file) if password_file else None
+        given = os.environ.get("NRLLM_ADMIN_PASSWORD", "")
         users = get_user_model().objects
-        if users.filter(username="admin").exists():
-            self.stdout.write("admin account exists; password unchanged")
-            return
-        password = os.environ.get("NRLLM_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
-        users.create_superuser("admin", "admin@localhost", password)
-        if os.environ.get("NRLLM_ADMIN_PASSWORD"):
-            self.stdout.write("admin account created with NRLLM_ADMIN_PASSWORD")
+        admin = users.filter(username="admin").first()
+        if admin is None:
+            password = given or secrets.token_urlsafe(12)
+            users.create_superuser("admin", "admin@localhost", password)
+            if given:
+                told = f"the one {PASSWORD_VARIABLE} gives"
+            else:
+                told = f"{password}  (generated now"
+                if kept is not None:
+                    _keep(kept, password)
+                    told += f"; kept in {kept}"
+                told += ")"
         else:
-            self.stdout.write(
-                self.style.WARNING(f"admin account created; password (shown once): {password}")
-            )
+            told = _whereabouts(admin, given, kept)
+        self._tell(url, told)
+
+    def _tell(self, url: str, password: str) -> None:
+        """The block that ends the output: what an operator needs to log in."""
+        lines = ([f"The admin:  {url}"] if url else []) + [
+            "user:       admin",
+            f"password:   {password}",
+        ]
+        rule = "-" * max(len(line) for line in lines)
+        self.stdout.write("\n".join(["", rule, *lines, rule]))
+
+
+def _keep(path: Path, password: str) -> None:
+    """Write ``password`` to ``path``, readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(password + "\n")
+
+
+def _whereabouts(admin, given: str, kept: Path | None) -> str:
+    """Where the password of an 'admin' made before is: never printed again."""
+    if given and admin.check_password(given):
+        return f"the one {PASSWORD_VARIABLE} gives"
+    if kept is not None and kept.is_file() and admin.check_password(kept.read_text().strip()):
+        return f"in {kept} (generated when the account was made)"
+    return (
+        "unchanged since the account was made (not the one this command generated or "
+        f"{PASSWORD_VARIABLE} gives); `manage.py changepassword admin` sets another"
+    )

@@ -17,6 +17,11 @@ Two runs start from agents (G18), as a team would start them: the
 completed one from ``release-notes``, the one left waiting from
 ``on-call``, whose instructions the demo then changes (version 2): the
 waiting run keeps version 1.
+
+The output is a line per run (``make run`` prints how to log in after it):
+what the runtime logs as it executes them, the failures the stories stage
+included, is not printed (``-v 2`` prints it), and the fault the demo
+injects is expected, not an error; any other error is printed as logged.
 """
 
 from django.contrib.auth import get_user_model
@@ -30,6 +35,7 @@ from runs import transitions
 from runs.approvals import actions as approval_actions
 from runs.dispatch import executing_in_caller
 from runs.faults import step_inserts_refused
+from runs.management.commands._demo_log import told_by_the_summary
 from runs.models import AgentRun, ApprovalRequest
 from runs.vocabulary import ApprovalStatus, StepKind
 from spend.models import ModelPrice
@@ -301,13 +307,16 @@ def _approve_every_write(agent_run, approver) -> None:
 
 
 class Command(BaseCommand):
-    help = "Seed demo runs by executing real scenarios (once; skipped if runs exist)."
+    help = (
+        "Seed demo runs by executing real scenarios (once; skipped if runs exist). "
+        "Prints a line per run; -v 2 prints the runtime's log as well."
+    )
 
     def handle(self, *args, **options):
         if AgentRun.objects.exists():
             self.stdout.write("runs exist; demo data not seeded again")
             return
-        with executing_in_caller():
+        with executing_in_caller(), told_by_the_summary(options["verbosity"]):
             self._seed()
 
     def _seed(self):
@@ -359,7 +368,10 @@ class Command(BaseCommand):
 
         for label, agent_run in [
             ("completed (reads and writes)", completed),
-            ("write audit failed: dead-lettered, a write in doubt", audit_failed),
+            (
+                "write audit failed (an injected fault): dead-lettered, a write in doubt",
+                audit_failed,
+            ),
             ("dead-lettered, not retryable", dead_lettered),
             ("retried: resumes after its write, does not repeat it", resumed),
             ("cancelled", cancelled),
