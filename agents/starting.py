@@ -173,12 +173,24 @@ def _lowered(name: str, value, limit, version: AgentVersion, *, own: bool):
 
 def rerun_request(run, *, new_input=None, version=None) -> tuple[dict | None, object]:
     """The whole request a rerun of ``run`` gets (G20), and the agent
-    version it records: ``new_input`` replaces the prompt; ``version`` (a
-    number) takes that version of the run's agent, whose definition the
-    request then is. Neither: ``(None, ...)``, the original's request and
-    version. Raises ``InvalidRunRequest`` naming ``input`` or ``version``."""
+    version it records — for the console's form and the API alike, so the
+    two cannot differ. ``new_input`` replaces the prompt. ``version`` (a
+    number) other than the one the run started from takes that version of
+    the run's agent: the request is then its definition, as a start giving
+    only the input gets it (its limits and webhook; what the original's
+    start lowered or gave is not carried over). The run's own input and
+    version change nothing: the original's request is kept whole, with the
+    limits and webhook it was started with. Neither changed: ``(None,
+    ...)``, the original's request and version. Raises
+    ``InvalidRunRequest`` naming ``input`` or ``version``."""
     if new_input is not None and (not isinstance(new_input, str) or not new_input):
         raise InvalidRunRequest("input: the rerun's input must be a non-empty string")
+    if new_input == run.prompt:
+        new_input = None
+    if version is not None and run.agent_version_id and version == run.agent_version.number:
+        # Its own version again: re-expanding it would drop what the start
+        # gave (5,000 tokens became the deployment's 100,000).
+        version = None
     if version is None:
         if new_input is None:
             return None, ...

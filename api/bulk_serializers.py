@@ -10,10 +10,25 @@ from api.filters import RunFilter
 from api.serializers import StrictSerializer, TextField
 from runs.models import AgentRun
 from runs.operators.bulk import BULK_ACTIONS, MAX_RUNS, Seen
+from runs.runtime.json_text import shown as as_json
+
+#: Why an empty filter value is refused rather than taken as no filter.
+EMPTY_FILTER = "empty: give a value, or leave the filter out (empty, it would match every run)"
+
+
+def _is_empty(value) -> bool:
+    """Null, a blank or whitespace-only string, an empty list or object."""
+    if isinstance(value, str):
+        return not value.strip()
+    return value is None or (isinstance(value, list | dict) and not value)
 
 
 def _as_query_value(name: str, value) -> str:
-    """A filter's value as the runs list's query string would carry it."""
+    """A filter's value as the runs list's query string would carry it.
+    An empty one is refused: the list's filters take an empty value for
+    no filter at all, and a bulk action would then act on every run."""
+    if _is_empty(value):
+        raise serializers.ValidationError({name: EMPTY_FILTER})
     if isinstance(value, bool):
         return "true" if value else "false"
     if not isinstance(value, str | int):
@@ -70,6 +85,15 @@ class BulkActionSerializer(StrictSerializer):
         filterset = RunFilter(data=data, queryset=AgentRun.objects.all())
         if not filterset.is_valid():
             raise serializers.ValidationError(filterset.errors)
+        # A value its filter reads as no value (write_in_doubt "maybe") is
+        # no filter either: refused as an empty one is.
+        cleaned = filterset.form.cleaned_data
+        unread = [name for name in data if cleaned.get(name) in (None, "")]
+        if unread:
+            name = unread[0]
+            raise serializers.ValidationError(
+                {name: f"{as_json(value[name])} is not a value it takes (it would match every run)"}
+            )
         # A filter may refuse its value only as it filters (a date out of range).
         return filterset.qs
 

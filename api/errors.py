@@ -7,6 +7,7 @@ import logging
 from django.db import DatabaseError
 from django.http import JsonResponse
 from django.views import defaults
+from knox.settings import knox_settings
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -84,7 +85,26 @@ def exception_handler(exc, context):
         if isinstance(response.data, dict)
         else str(response.data),
     }
+    if isinstance(exc, exceptions.NotAuthenticated):
+        response.data["detail"] = _scheme_hint(context["request"]) or response.data["detail"]
     return response
+
+
+def _scheme_hint(request) -> str:
+    """What to send instead, when the request's ``Authorization`` header
+    names a scheme the API does not take (``Bearer``, as most APIs ask):
+    the token authentication skips such a header, and "credentials were
+    not provided" would be all the client heard. "" when there is none."""
+    given = request.META.get("HTTP_AUTHORIZATION", "")
+    if not given.strip():
+        return ""
+    scheme = knox_settings.AUTH_HEADER_PREFIX
+    named = given.split()[0] if " " in given.strip() else ""
+    said = f"the scheme {named[:20]!r}" if named else "no scheme"
+    return (
+        f"the Authorization header gives {said}; this API's scheme is {scheme!r}: "
+        f"use 'Authorization: {scheme} <key>' (python manage.py create_api_token USERNAME)"
+    )
 
 
 def _in_the_api_shape(django_handler, status_code: int, code: str):

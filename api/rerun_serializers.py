@@ -12,7 +12,8 @@ class RerunBodySerializer(StrictSerializer):
     version = serializers.IntegerField(
         required=False,
         min_value=1,
-        help_text="another version of the run's agent; else the version the run started from",
+        help_text="another version of the run's agent, whose definition the new run gets; "
+        "left out or the run's own: the original's request, its limits and webhook as started",
     )
     note = TextField(required=False, allow_blank=True, default="", max_length=10_000)
     confirm_past_write = serializers.BooleanField(

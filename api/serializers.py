@@ -6,6 +6,7 @@ from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from api.run_start_serializers import RunRequestSerializer
 from runs.models import EFFECT_CHOICES, AgentRun, ApprovalRequest, DeadLetter, RunStep
 from runs.selectors import is_write_in_doubt
 from runs.vocabulary import (
@@ -86,6 +87,11 @@ class RunSerializer(serializers.ModelSerializer):
         allow_null=True,
         help_text="the run this one reruns from its step rerun_from_sequence (G20); its "
         "reruns: GET /api/runs/?rerun_of={id}",
+    )
+    request = RunRequestSerializer(
+        read_only=True,
+        help_text="the whole request the run was started with, as it keeps it (a start by "
+        "agent: the version's definition with the input as its prompt)",
     )
     cost = serializers.SerializerMethodField(
         help_text="what the recorded turns cost, a decimal string; null while any turn "

@@ -10,6 +10,7 @@ from api.views import (
     bulk,
     providers,
     reruns,
+    root,
     runs,
     tools,
     usage,
@@ -17,6 +18,7 @@ from api.views import (
 )
 
 urlpatterns = [
+    path("", root.ApiRoot.as_view(), name="api-root"),
     path("runs/", runs.RunListCreate.as_view(), name="api-runs"),
     # Before runs/<pk>/, whose pattern "bulk" would match.
     path("runs/bulk/", bulk.RunBulk.as_view(), name="api-runs-bulk"),

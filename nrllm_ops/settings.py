@@ -340,6 +340,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Start agent runs, follow them, and act on failures. "
     "A tool's effect is returned, never accepted.",
     "VERSION": "1.0.0",
+    # 3.1: the run-ended webhook is described under the root's "webhooks".
+    "OAS_VERSION": "3.1.0",
+    "WEBHOOKS": ["api.run_ended_webhook.RUN_ENDED"],
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

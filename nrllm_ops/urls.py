@@ -1,13 +1,16 @@
-"""URL routes: the admin (the operator console) and django-rq's dashboard,
-which the console links to when Redis is configured (read-only for staff,
-``nrllm_ops.queue_dashboard``)."""
+"""URL routes: the admin (the operator console, where ``/`` leads) and
+django-rq's dashboard, which the console links to when Redis is configured
+(read-only for staff, ``nrllm_ops.queue_dashboard``); the API under ``/api/``."""
 
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from nrllm_ops import observability, queue_dashboard
 
 urlpatterns = [
+    # The app has no site of its own: its front page is the console.
+    path("", RedirectView.as_view(pattern_name="admin:index")),
     path("healthz", observability.healthz),
     path("readyz", observability.readyz),
     path("metrics", observability.metrics),

@@ -190,36 +190,6 @@ def refused_for(api, run, sequence):
     return answer.status_code, answer.json().get("code")
 
 
-def test_a_rerun_with_another_agent_version_is_refused_when_it_drops_a_replayed_tool(api, operator):
-    definition = {**scripted_request("", PLAN, TOOLS), "instructions": "be brief"}
-    del definition["prompt"]
-    save_agent("notifier", definition, user=operator, create=True)
-    save_agent(
-        "notifier",
-        {**definition, "tools": ["send_notification"]},
-        user=operator,
-        create=False,
-        based_on=1,
-    )
-    started = api.post(
-        "/api/runs/", {"agent": "notifier", "version": 1, "input": "ship it"}, format="json"
-    )
-    assert started.status_code == 201, started.content
-    original = AgentRun.objects.get(pk=started.json()["id"])
-    _, notify_turn, answer_turn = turns_of(original)
-
-    answer = api.post(url(original, notify_turn), {"version": 2}, format="json")
-    assert (answer.status_code, answer.json()["code"]) == (409, "tool_not_offered")
-    assert "search_notes" in answer.json()["detail"]
-    too_long = {"version": 2, "input": "x" * 100_001}
-    answer = api.post(url(original, notify_turn), too_long, format="json")
-    assert (answer.status_code, list(answer.json()["errors"])) == (400, ["input"])
-    # The version the run started from still reruns, and the new run records it.
-    answer = api.post(url(original, answer_turn), {}, format="json")
-    assert answer.status_code == 201, answer.content
-    assert answer.json()["agent"]["version"] == 1
-
-
 def test_the_console_reruns_from_a_step_with_the_verdict_first(
     operator, operator_client, viewer_client
 ):
@@ -300,15 +270,21 @@ def test_a_rerun_of_a_rerun_counts_the_writes_its_original_made_after_the_step(
         ), step
     page = operator_client.get(f"/admin/runs/agentrun/{rerun.pk}/rerun-from/{copied_search}/")
     assert f'of run <span title="{original.pk}">' in page.content.decode()
-    # With the agent's version again (its request without the approval the
-    # first rerun added), confirmed: the write still waits for an approval.
-    again = api.post(
-        url(rerun, copied_search), {"version": 1, "confirm_past_write": True}, format="json"
+    # With the agent's version as it defines the request (without the
+    # approval the first rerun added; the rerun's own version through the
+    # API keeps its request, approval and all), confirmed: the write still
+    # waits for an approval.
+    again = rerun_from(
+        fresh(rerun),
+        copied_search,
+        operator,
+        request_data=original.request,
+        confirm_past_write=True,
+        submitted_via="api",
     )
-    assert again.status_code == 201, again.content
-    assert fresh(AgentRun.objects.get(pk=again.json()["id"])).status == (
-        RunStatus.WAITING_FOR_APPROVAL
-    )
+    assert again.ok, again.detail
+    assert "require_approval" not in original.request
+    assert fresh(again.run).status == RunStatus.WAITING_FOR_APPROVAL
     assert OutboxNotification.objects.count() == 1
 
 

@@ -7,7 +7,9 @@ and what was refused, by reason. The same page asks before a requeue from
 the dead letters or before one run's requeue whose failure would come
 again (``runs.admin.run_actions``)."""
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ERROR_FLAG, IGNORED_PARAMS, PAGE_VAR
 from django.http import HttpResponseRedirect, QueryDict
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -58,6 +60,9 @@ class BulkRunActions:
         still counted — each decided again."""
         changelist = reverse("admin:runs_agentrun_changelist")
         if request.POST.get("confirm") != "yes":
+            if refused := empty_filter_refused(request):
+                self.message_user(request, refused, messages.ERROR)
+                return None
             if bulk.too_many(queryset):
                 self.message_user(request, too_many_selected(), messages.ERROR)
                 return None
@@ -131,6 +136,33 @@ def too_many_selected() -> str:
         f"takes at most {bulk.MAX_RUNS} (each run's verdict reads its journal). Narrow the "
         "filter (by date, say) and select again."
     )
+
+
+def empty_filter_refused(request) -> str:
+    """Why "select all" may not act on what the list matches, or "" if it
+    may: the list's address gives a filter no value (``?tool=``, say, from
+    a link built with a value missing). A list reads that as no filter at
+    all (or as a value no row has), so what "all matching" would take is
+    not what the address asked for; it is refused, naming the parameter,
+    rather than widened to every row. Rows ticked one by one are what the
+    page shows, and are not refused."""
+    if not _selects_across(request):
+        return ""
+    controls = {*IGNORED_PARAMS, PAGE_VAR, ERROR_FLAG}
+    for name, values in request.GET.lists():
+        if name not in controls and any(not value.strip() for value in values):
+            return (
+                f"Nothing was done: the list's address gives the filter {name!r} no value "
+                f'(?{name}=), so "all matching" would not be narrowed by it. Pick a value for '
+                'it among the filters, or "All" to drop it, and select again.'
+            )
+    return ""
+
+
+def _selects_across(request) -> bool:
+    """Whether an action was asked of every row the list matches (Django's
+    "select all"), read as the admin's action form reads it."""
+    return forms.BooleanField(required=False).clean(request.POST.get("select_across"))
 
 
 def _seen(request, run_ids) -> dict:

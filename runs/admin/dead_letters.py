@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from nrllm_ops.admin_site import ReadOnly
-from runs.admin.bulk_actions import too_many_selected
+from runs.admin.bulk_actions import empty_filter_refused, too_many_selected
 from runs.admin.display import cut, moment, short_id, span
 from runs.admin.run_actions import OperatorPermissions
 from runs.models import AgentRun, DeadLetter
@@ -159,6 +159,9 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
         its failure would come again), confirmed to the runs' action."""
         runs = AgentRun.objects.filter(pk__in=queryset.values("run_id"))
         run_admin = self.admin_site.get_model_admin(AgentRun)
+        if refused := empty_filter_refused(request):
+            self.message_user(request, refused, messages.ERROR)
+            return None
         if bulk.too_many(runs):
             self.message_user(request, too_many_selected(), messages.ERROR)
             return None
@@ -173,6 +176,9 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     @admin.action(description="Dismiss selected dead letters", permissions=["dismiss"])
     def dismiss_selected(self, request, queryset):
         note = request.POST.get("note", "")
+        if request.POST.get("confirm") != "yes" and (refused := empty_filter_refused(request)):
+            self.message_user(request, refused, messages.ERROR)
+            return None
         if request.POST.get("confirm") != "yes" or not note.strip():
             return TemplateResponse(
                 request,

@@ -97,15 +97,14 @@ def rerun_page(model_admin, request, run_id, sequence: int):
 
 
 def _request_of(run, form):
-    """The request and version the form asks for; a field it cannot use
-    gets the error beside it."""
-    new_input = form.cleaned_data["input"]
-    number = form.cleaned_data.get("version")
-    if number == (run.agent_version.number if run.agent_version_id else None):
-        number = None
+    """The request and version the form asks for (the run's own input and
+    version, as prefilled, change nothing: ``rerun_request``); a field it
+    cannot use gets the error beside it."""
     try:
         return rerun_request(
-            run, new_input=None if new_input == run.prompt else new_input, version=number
+            run,
+            new_input=form.cleaned_data["input"],
+            version=form.cleaned_data.get("version") or None,
         )
     except InvalidRunRequest as error:
         field, _, message = str(error).partition(":")

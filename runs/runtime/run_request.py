@@ -12,6 +12,7 @@ Anything else, or anything malformed, is refused with ``InvalidRunRequest``
 naming the problem.
 """
 
+import copy
 import json
 import math
 import re
@@ -272,6 +273,22 @@ def parse_stored_request(data) -> RunRequest:
         instructions=data.get("instructions", ""),
         webhook=data.get("webhook", ""),
     )
+
+
+def request_json_schema(*, stored: bool = False) -> dict:
+    """The JSON Schema a run's request is checked against — ``stored``: as
+    ``RunRequest.as_json`` keeps it, each field it always writes required —
+    with ``provider`` one of the provider kinds' own schemas, which
+    ``parse_run_request`` checks as its second step. What the API's schema
+    shows of a request: built from these, it cannot drift from them. (What
+    is policy, not shape — known and enabled tools, allowed webhook hosts,
+    the limits' bounds — is checked by ``parse_run_request`` alone.) A
+    copy, the caller's to annotate."""
+    schema = copy.deepcopy(_STORED_SCHEMA if stored else _REQUEST_SCHEMA)
+    schema["properties"]["provider"] = {
+        "oneOf": [copy.deepcopy(kind.spec_schema) for _, kind in sorted(PROVIDER_KINDS.items())]
+    }
+    return schema
 
 
 def _check_shape(data, schema: dict):
