@@ -19,7 +19,6 @@ from runs.runtime import enqueue
 from runs.runtime.run_request import request_json_schema
 from spend.models import ModelPrice
 from tests.helpers import answer, call, scripted
-from tests.test_run_webhooks import receiver  # noqa: F401 (the receiver fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,7 +18,7 @@ from django.core.management import call_command
 from agents.starting import enqueue
 from runs.models import AgentRun
 from tests.helpers import ROOT
-from tests.test_run_webhooks import SECRET, receiver  # noqa: F401 (the receiver fixture)
+from tests.webhook_receiver import SECRET
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

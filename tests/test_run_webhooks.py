@@ -26,20 +26,9 @@ from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import fresh, later, manage, scripted, sqlite_env, stored
-from tests.webhook_receiver import TOKEN, Receiver
+from tests.webhook_receiver import SECRET, TOKEN, Receiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SECRET = "run-webhook-secret"
-
-
-@pytest.fixture
-def receiver(settings):
-    receiver = Receiver()
-    settings.NRLLM_HTTP_ALLOWED_HOSTS = [f"127.0.0.1:{receiver.port}"]
-    settings.NRLLM_RUN_WEBHOOK_SECRET = SECRET
-    yield receiver
-    receiver.stop()
 
 
 def events_of(agent_run) -> list[RunEvent]:

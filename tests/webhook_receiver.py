@@ -5,10 +5,14 @@ answers until the test releases them."""
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
+
 from tests.helpers import free_port
 
 #: In the URL's query, as hook URLs often carry their credential: never shown.
 TOKEN = "tok-SECRET-42"
+#: What the run-ended webhook's receiver is told to check signatures with.
+SECRET = "run-webhook-secret"
 
 
 class Receiver:
@@ -88,3 +92,14 @@ class Receiver:
             if 200 <= status < 300:
                 counts[event_id] = counts.get(event_id, 0) + 1
         return counts
+
+
+@pytest.fixture
+def receiver(settings):
+    """A receiver (not yet started) whose address the SSRF guard allows, with the
+    run-ended webhook signed by ``SECRET``."""
+    receiver = Receiver()
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = [f"127.0.0.1:{receiver.port}"]
+    settings.NRLLM_RUN_WEBHOOK_SECRET = SECRET
+    yield receiver
+    receiver.stop()
