@@ -30,8 +30,9 @@ def overview(now: datetime) -> dict:
     whose lease expired: the reaper's next pass recovers them), queued
     runs (and the overdue ones: due more than
     ``NRLLM_REDISPATCH_AFTER_SECONDS`` ago and still not claimed, so no
-    worker is taking them). ``now`` is the database's. Four queries, each
-    on an index but the dead letters' (a table of one row per dead run)."""
+    worker is taking them). ``now`` is the database's. Five queries, each
+    on an index but the dead letters' (a table of one row per dead run):
+    the writes in doubt are two (``runs.selectors``)."""
     day_ago = now - timedelta(hours=24)
     overdue_before = now - timedelta(seconds=settings.NRLLM_REDISPATCH_AFTER_SECONDS)
     live = AgentRun.objects.filter(status__in=LIVE).aggregate(
