@@ -39,7 +39,9 @@ class RunFilter(django_filters.FilterSet):
     created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
     write_in_doubt = django_filters.BooleanFilter(
-        method="filter_write_in_doubt", help_text="a non-idempotent write not reconciled"
+        method="filter_write_in_doubt",
+        help_text="a write in doubt: a non-idempotent write, or an idempotent one a requeue "
+        "would not run again with its key, not reconciled (G10)",
     )
     rerun_of = django_filters.UUIDFilter(help_text="the reruns of this run (G20)")
 

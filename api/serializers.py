@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from api.run_start_serializers import RunRequestSerializer
 from runs.models import EFFECT_CHOICES, AgentRun, ApprovalRequest, DeadLetter, RunStep
-from runs.selectors import is_write_in_doubt
+from runs.selectors import is_write_in_doubt, note_writes_in_doubt
 from runs.vocabulary import (
     ApprovalStatus,
     FailureClass,
@@ -150,6 +150,12 @@ class RunSerializer(serializers.ModelSerializer):
         return None if known is None else money_text(known)
 
     def get_write_in_doubt(self, run) -> bool:
+        page = self.parent
+        if isinstance(page, serializers.ListSerializer) and not getattr(page, "doubt_noted", False):
+            # A page of runs asks the database about its idempotent writes
+            # once (runs.selectors), not once per run.
+            note_writes_in_doubt(page.instance)
+            page.doubt_noted = True
         return is_write_in_doubt(run)
 
     def get_pending_approvals(self, run) -> list[int]:

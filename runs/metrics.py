@@ -143,7 +143,7 @@ class RunStateCollector:
         )
         yield GaugeMetricFamily(
             "nrllm_writes_in_doubt",
-            "Ended runs with a non-idempotent write not reconciled",
+            "Ended runs with a write in doubt not reconciled (G10: runs.selectors)",
             value=writes_in_doubt(AgentRun.objects.all()).count(),
         )
         yield GaugeMetricFamily(

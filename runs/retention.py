@@ -15,8 +15,7 @@ in doubt; they outlive their run), the outbox (a record of the outside
 world) and the daily spend (G17's totals).
 
 ``prune_runs`` deletes only ended runs with no open question: a write in
-doubt not reconciled (as the requeue verdict tells one: a non-idempotent
-write, or an idempotent one its journal would not run again with its key),
+doubt (``runs.selectors``' one definition, the requeue verdict's too),
 a dead letter not resolved, a call waiting for approval, a run-ended
 webhook still being retried (G19). It works in batches, each its own short
 transaction.
@@ -33,7 +32,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunEvent, RunStep
-from runs.selectors import idempotent_writes_in_doubt, without_writes_in_doubt, writes_in_doubt
+from runs.selectors import without_writes_in_doubt, writes_in_doubt
 from runs.vocabulary import ApprovalStatus, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -125,7 +124,7 @@ def _open_question(name: str):
 def _count_with_open_question(name: str, runs) -> int:
     """How many of ``runs`` have the open question ``name``."""
     if name == "write_in_doubt":
-        return writes_in_doubt(runs).count() + len(idempotent_writes_in_doubt(runs))
+        return writes_in_doubt(runs).count()
     return runs.filter(_open_question(name)).count()
 
 
@@ -134,12 +133,10 @@ def prunable(cutoff: datetime):
     Each condition is on the row (a correlated NOT EXISTS through the
     other table's run index), so a batch costs its candidates, not a scan
     of every dead letter or approval; the idempotent writes in doubt are
-    the ids one query over the fenced runs finds (their journals' last
-    turns). A run that ends after that query ends after ``cutoff``."""
-    ended = ended_before(cutoff)
+    the ids one query over the fenced runs finds (``runs.selectors``). A
+    run that ends after that query ends after ``cutoff``."""
     return (
-        without_writes_in_doubt(ended)
-        .exclude(pk__in=idempotent_writes_in_doubt(ended))
+        without_writes_in_doubt(ended_before(cutoff))
         .exclude(_open_question("open_dead_letter"))
         .exclude(_open_question("pending_approval"))
         .exclude(_open_question("webhook_due"))

@@ -22,13 +22,27 @@ from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from tools.contract import idempotency_key_for
 from tools.effects import ToolEffect
 
-# A *write in doubt*: a run that ended with its fence standing on a
-# non-idempotent write (it may or may not have landed) that nobody has
-# reconciled yet. The same predicate for a queryset and for one row; a test
-# pins that they agree. A running run's fence is a write in progress, not
-# in doubt. An idempotent write on the fence is in doubt too when its call
-# would not run again with its key (``idempotent_writes_in_doubt``): the
-# requeue verdict asks ``calls_going_live`` of one run, retention of many.
+# A *write in doubt* (G10; G3, G7, G12, G13 say what leaves one): the one
+# definition, for a queryset (the console's count and filter, the API's
+# filter, the metric, retention) and for one run (the API's field, the runs
+# list's "write in doubt", the requeue and restart verdicts); a test pins
+# that they all agree. A run has a write in doubt when
+#
+# - it has ended (a running run's fence is a write under way; a queued one's
+#   an idempotent write the runtime is retrying with its key);
+# - its fence still stands on a write that only an operator can settle
+#   (``needs_reconciling``): a ``non_idempotent_write``, whatever left it
+#   there (interrupted, outcome unknown, its audit failed, its record lost
+#   in a failover, a journal that cannot be replayed); or an
+#   ``idempotent_write`` that a resumed attempt would not run again with its
+#   key (``calls_going_live``: the turn that asked for it is gone, or its
+#   outcome is recorded). An idempotent write whose call would run again
+#   with its key (its audit failed, its outcome unknown) is settled by
+#   running it again: no question for an operator;
+# - and no reconciliation of that very write (the attempt's lease token and
+#   the call's idempotency key) settles it. A result the write returned
+#   after its time limit (a ``late_result`` step, G15) settles nothing by
+#   itself: it is what the operator reads before reconciling.
 
 
 #: A tool step whose write tool's code ran (its idempotency key is set).
@@ -44,13 +58,6 @@ def fenced_key():
     return Coalesce(KT("pending_call__idempotency_key"), Value(""), output_field=CharField())
 
 
-def _write_in_doubt():
-    """The condition, on a queryset annotated with ``fenced_key``."""
-    return Q(
-        pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE, status__in=RunStatus.terminal()
-    ) & ~Exists(_reconciliations_of_the_fenced_write())
-
-
 def _reconciliations_of_the_fenced_write():
     """A run's reconciliations of the write its fence stands on, on a
     queryset annotated with ``fenced_key``."""
@@ -61,15 +68,97 @@ def _reconciliations_of_the_fenced_write():
     )
 
 
+def _in_doubt(queryset) -> Q:
+    """The condition, on ``queryset`` annotated with ``fenced_key``. Which
+    idempotent writes a resumed attempt would not run again is a list of
+    ids, found as the condition is built (one query over the fenced runs:
+    the keys are computed in Python, as the resumed attempt computes them);
+    the rest is on the row. Each arm names the effect, so the condition
+    stays on the fenced runs' partial index."""
+    ended = Q(status__in=RunStatus.terminal())
+    unsettled = ~Exists(_reconciliations_of_the_fenced_write())
+    not_run_again = _idempotent_writes_not_run_again(queryset.filter(ended & unsettled))
+    return (
+        ended
+        & (
+            Q(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
+            | Q(pending_effect=ToolEffect.IDEMPOTENT_WRITE, pk__in=not_run_again)
+        )
+        & unsettled
+    )
+
+
 def writes_in_doubt(queryset):
-    """The runs of ``queryset`` with a write in doubt: no reconciliation for
-    the write their fence stands on (a reconciliation settles one write)."""
-    return queryset.annotate(fenced_key=fenced_key()).filter(_write_in_doubt())
+    """The runs of ``queryset`` with a write in doubt."""
+    annotated = queryset.annotate(fenced_key=fenced_key())
+    return annotated.filter(_in_doubt(annotated))
 
 
 def without_writes_in_doubt(queryset):
     """The runs of ``queryset`` that ``writes_in_doubt`` leaves out."""
-    return queryset.annotate(fenced_key=fenced_key()).exclude(_write_in_doubt())
+    annotated = queryset.annotate(fenced_key=fenced_key())
+    return annotated.exclude(_in_doubt(annotated))
+
+
+def is_write_in_doubt(run: AgentRun) -> bool:
+    """Whether ``run`` has a write in doubt. Asks the database only about
+    an ended run fenced on an idempotent write (its journal's last turn,
+    unless ``note_writes_in_doubt`` did for a page of runs) and for the
+    run's reconciliations (unless ``prefetch_related("reconciliations")``
+    fetched them)."""
+    return needs_reconciling(run) and run.reconciliation is None
+
+
+def needs_reconciling(run: AgentRun) -> bool:
+    """Whether the write ``run``'s fence stands on, the run ended, is one
+    only an operator can settle (reconciled or not: see the definition
+    above). The requeue and restart verdicts refuse such a run until it is
+    reconciled ``not_applied``."""
+    if run.status not in RunStatus.terminal():
+        return False
+    if run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE:
+        return True
+    if run.pending_effect != ToolEffect.IDEMPOTENT_WRITE or not _key_on_fence(run):
+        return False
+    noted = getattr(run, _NOT_RUN_AGAIN, None)
+    if noted is None or noted[0] != _fence_as_it_stands(run):
+        note_writes_in_doubt([run])
+        noted = getattr(run, _NOT_RUN_AGAIN)
+    return noted[1]
+
+
+#: Where ``note_writes_in_doubt`` keeps, on a run, whether its idempotent
+#: write would not run again, with the fence and journal it was found for.
+_NOT_RUN_AGAIN = "_idempotent_write_not_run_again"
+
+
+def note_writes_in_doubt(runs) -> None:
+    """Find out, in one query for them all (none when none is an ended run
+    fenced on an idempotent write), what ``is_write_in_doubt`` asks the
+    database about each of ``runs``: a page of a list calls it once, so
+    its rows ask nothing more."""
+    fenced = {
+        run.pk: run
+        for run in runs
+        if run.status in RunStatus.terminal()
+        and run.pending_effect == ToolEffect.IDEMPOTENT_WRITE
+        and _key_on_fence(run)
+    }
+    if not fenced:
+        return
+    candidates = AgentRun.objects.filter(pk__in=fenced).annotate(fenced_key=fenced_key())
+    not_run_again = set(_idempotent_writes_not_run_again(candidates))
+    for run_id, run in fenced.items():
+        setattr(run, _NOT_RUN_AGAIN, (_fence_as_it_stands(run), run_id in not_run_again))
+
+
+def _key_on_fence(run: AgentRun) -> str:
+    return (run.pending_call or {}).get("idempotency_key", "")
+
+
+def _fence_as_it_stands(run: AgentRun) -> tuple:
+    """What a noted answer was found for: a run changed since is asked again."""
+    return (run.status, run.lease_token, run.step_count, _key_on_fence(run))
 
 
 def calls_going_live(run_id, turn_number: int, calls, outcomes: int) -> set[str]:
@@ -86,13 +175,12 @@ def calls_going_live(run_id, turn_number: int, calls, outcomes: int) -> set[str]
     }
 
 
-def idempotent_writes_in_doubt(queryset) -> list:
-    """The ids of the runs of ``queryset`` that ended with their fence on an
-    ``idempotent_write`` that is in doubt (``calls_going_live``) and that no
-    reconciliation settles. One query over the fenced runs alone (the
-    ``run_fenced_idx`` index): each one's journal's last turn and the
-    outcomes recorded after it; the keys are computed here, as the
-    resumed attempt computes them."""
+def _idempotent_writes_not_run_again(fenced) -> list:
+    """The ids of the runs of ``fenced`` (annotated with ``fenced_key``)
+    fenced on an ``idempotent_write`` whose call a resumed attempt would not
+    run again with its key (``calls_going_live``). One query over the
+    fenced runs alone (the ``run_fenced_idx`` index): each one's journal's
+    last turn and the outcomes recorded after it."""
     journal_turns = RunStep.objects.filter(
         run=OuterRef("pk"), kind=StepKind.LLM, sequence__gt=OuterRef("journal_begins_after")
     )
@@ -101,10 +189,8 @@ def idempotent_writes_in_doubt(queryset) -> list:
         run=OuterRef("pk"), kind=StepKind.TOOL, sequence__gt=OuterRef("last_turn_sequence")
     )
     rows = (
-        queryset.annotate(fenced_key=fenced_key())
-        .filter(pending_effect=ToolEffect.IDEMPOTENT_WRITE, status__in=RunStatus.terminal())
+        fenced.filter(pending_effect=ToolEffect.IDEMPOTENT_WRITE)
         .exclude(fenced_key="")
-        .exclude(Exists(_reconciliations_of_the_fenced_write()))
         .annotate(
             last_turn_sequence=Subquery(last_turn.values("sequence")[:1]),
             last_turn=Subquery(last_turn.values("result")[:1]),
@@ -134,17 +220,6 @@ def _calls_asked(turn) -> list[tuple]:
         return [(call["name"], call.get("arguments")) for call in turn.get("tool_calls") or []]
     except (AttributeError, KeyError, TypeError):
         return []
-
-
-def is_write_in_doubt(run: AgentRun) -> bool:
-    """Whether ``run`` has a write in doubt (one query for its
-    reconciliations, unless ``prefetch_related("reconciliations")`` fetched
-    them)."""
-    return (
-        run.pending_effect == ToolEffect.NON_IDEMPOTENT_WRITE
-        and run.status in RunStatus.terminal()
-        and run.reconciliation is None
-    )
 
 
 class _JSONArrayHoldsText(Func):
@@ -184,14 +259,16 @@ def offering_tool(queryset, name: str):
 
 def write_audit_runs(limit: int = 200):
     """Runs whose write audit failed, runs dead-lettered ``write_interrupted``,
-    runs with a non-idempotent fence standing, and runs that executed a write
-    but whose journal could not be replayed, newest first."""
+    runs with a non-idempotent fence standing, runs with a write in doubt,
+    and runs that executed a write but whose journal could not be replayed,
+    newest first."""
     executed_a_write = Exists(RunStep.objects.filter(EXECUTED_WRITE, run=OuterRef("pk")))
     return (
         AgentRun.objects.filter(
             Q(error_type="AuditPersistenceFailed")
             | Q(termination_reason=TerminationReason.WRITE_INTERRUPTED)
             | Q(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
+            | Q(pk__in=writes_in_doubt(AgentRun.objects.all()).values("pk"))
             | (
                 Q(termination_reason=TerminationReason.JOURNAL_UNREPLAYABLE)
                 & (executed_a_write | ~Q(pending_effect=""))

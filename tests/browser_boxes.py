@@ -94,6 +94,53 @@ LINE_ENDS = """selector => [...document.querySelectorAll(selector)].map(element 
 })"""
 
 
+#: The words the browser broke across two lines (a letter or a digit ending
+#: one, another beginning the next, in one block) in the elements
+#: ``selector`` matches, as "befo|re"; identifiers (``.identifier``,
+#: ``.wraps``, ``pre``) may break anywhere and are left out.
+BROKEN_WORDS = """selector => {
+  const blockOf = node => {
+    let element = node.parentElement;
+    while (element.parentElement && getComputedStyle(element).display === "inline") {
+      element = element.parentElement;
+    }
+    return element;
+  };
+  const broken = [];
+  for (const element of document.querySelectorAll(selector)) {
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    let last = null;
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const free = !node.parentElement.closest(".identifier, .wraps, pre");
+      const block = blockOf(node);
+      for (let i = 0; i < node.length; i++) {
+        const range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const box = range.getClientRects()[0];
+        if (!box) continue;
+        const char = node.data[i];
+        if (last && free && last.free && last.block === block && box.top > last.top + 2
+            && /[A-Za-z0-9]/.test(last.char) && /[A-Za-z0-9]/.test(char)) {
+          broken.push(node.data.slice(Math.max(0, i - 12), i) + "|" + node.data.slice(i, i + 12));
+        }
+        last = {char: char, top: box.top, free: free, block: block};
+      }
+    }
+  }
+  return broken;
+}"""
+
+
+def assert_no_word_broken(page, *selectors):
+    """No word of prose in the elements ``selectors`` match is broken
+    across lines (identifiers may be)."""
+    for selector in selectors:
+        assert page.locator(selector).count(), f"{selector}: not on {page.url}"
+        broken = page.evaluate(BROKEN_WORDS, selector)
+        assert not broken, (page.url, selector, broken)
+
+
 def assert_table_fits(page, selector):
     fit = page.evaluate(TABLE_FITS, selector)
     assert fit["scroll"] <= fit["client"], (page.url, selector, fit)

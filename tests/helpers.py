@@ -259,6 +259,45 @@ def inserts_held(model, condition: str, *, lock: int = 4242):
             cursor.execute(f"DROP FUNCTION IF EXISTS {function}()")
 
 
+@contextlib.contextmanager
+def the_turn_lost_when_a_note_is_written():
+    """While active, a note written (``upsert_note``, an idempotent_write)
+    makes the database lose what a failover to a replica that lagged loses:
+    the running run's model turn that asked for it and the fence stamped with
+    it. The write ran; its record then finds them gone (``WriteNotDurable``).
+    (The append-only trigger is the database's; a recovery does not run it,
+    nor does this.)"""
+    from django.db import connection
+
+    from runs.models import AgentRun, RunStep
+    from tools.models import Note
+
+    runs, steps, function = AgentRun._meta.db_table, RunStep._meta.db_table, "nrllm_lose_turn"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE FUNCTION {function}() RETURNS trigger AS $$ DECLARE lost uuid; BEGIN "
+            f"SELECT id INTO lost FROM {runs} WHERE status = 'running'"
+            " AND pending_effect = 'idempotent_write'; "
+            "PERFORM set_config('session_replication_role', 'replica', true); "
+            f"DELETE FROM {steps} WHERE run_id = lost AND sequence = "
+            f"(SELECT max(sequence) FROM {steps} WHERE run_id = lost); "
+            f"UPDATE {runs} SET step_count = step_count - 1, attempt_steps = attempt_steps - 1,"
+            " pending_effect = '', pending_call = NULL WHERE id = lost; "
+            "PERFORM set_config('session_replication_role', 'origin', true); "
+            "RETURN NULL; END $$ LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER {function} AFTER INSERT OR UPDATE ON {Note._meta.db_table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {function}()"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER {function} ON {Note._meta.db_table}")
+            cursor.execute(f"DROP FUNCTION {function}()")
+
+
 def run_when_due(run_id) -> None:
     """``run_queued`` for a run whose retry waits out its backoff, that wait
     skipped by back-dating ``available_at`` (time controlled, not slept: a

@@ -1,7 +1,6 @@
 """Retention (#30, G11's one exception): ``prune_runs`` deletes whole ended
 runs past their age, in batches, and never a run with an open question."""
 
-import contextlib
 import threading
 from datetime import timedelta
 from io import StringIO
@@ -31,8 +30,7 @@ from runs.operators.requeue_safety import requeue_safety
 from runs.runtime import enqueue, run
 from runs.vocabulary import ApprovalStatus
 from tests.approval_requests import waiting
-from tests.helpers import answer, call, fresh, scripted
-from tools.models import Note
+from tests.helpers import answer, call, fresh, scripted, the_turn_lost_when_a_note_is_written
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -151,40 +149,6 @@ def test_only_ended_runs_without_an_open_question_go_whole_in_batches(operator, 
     page = client.get(f"/admin/runs/writereconciliation/{finding.pk}/change/")
     assert page.status_code == 200 and "seen in the mailbox" in page.content.decode()
     assert prune("--older-than", "90d").startswith("deleted 0 runs (0 steps)")
-
-
-@contextlib.contextmanager
-def the_turn_lost_when_a_note_is_written():
-    """While active, a note written (``upsert_note``, an idempotent_write)
-    makes the database lose what a failover to a replica that lagged loses:
-    the running run's model turn that asked for it and the fence stamped with
-    it. The write ran; its record then finds them gone (``WriteNotDurable``).
-    (The append-only trigger is the database's; a recovery does not run it,
-    nor does this.)"""
-    runs, steps, function = AgentRun._meta.db_table, RunStep._meta.db_table, "nrllm_lose_turn"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"CREATE FUNCTION {function}() RETURNS trigger AS $$ DECLARE lost uuid; BEGIN "
-            f"SELECT id INTO lost FROM {runs} WHERE status = 'running'"
-            " AND pending_effect = 'idempotent_write'; "
-            "PERFORM set_config('session_replication_role', 'replica', true); "
-            f"DELETE FROM {steps} WHERE run_id = lost AND sequence = "
-            f"(SELECT max(sequence) FROM {steps} WHERE run_id = lost); "
-            f"UPDATE {runs} SET step_count = step_count - 1, attempt_steps = attempt_steps - 1,"
-            " pending_effect = '', pending_call = NULL WHERE id = lost; "
-            "PERFORM set_config('session_replication_role', 'origin', true); "
-            "RETURN NULL; END $$ LANGUAGE plpgsql"
-        )
-        cursor.execute(
-            f"CREATE TRIGGER {function} AFTER INSERT OR UPDATE ON {Note._meta.db_table} "
-            f"FOR EACH ROW EXECUTE FUNCTION {function}()"
-        )
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f"DROP TRIGGER {function} ON {Note._meta.db_table}")
-            cursor.execute(f"DROP FUNCTION {function}()")
 
 
 def test_an_idempotent_write_in_doubt_keeps_its_run_as_its_requeue_verdict_does(operator):

@@ -1,14 +1,22 @@
 """The shared run queries: one definition of a write in doubt, for a queryset
-(admin filter, API filter, metrics) and for one run (the API's field); the
-tool filter, the same on PostgreSQL and SQLite."""
+(admin filter, API filter, metrics) and for one run (the API's field), in
+one query for a page of runs; the tool filter, the same on PostgreSQL and
+SQLite."""
 
 import json
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from runs.models import AgentRun, WriteReconciliation
-from runs.selectors import is_write_in_doubt, offering_tool, writes_in_doubt
+from runs.selectors import (
+    is_write_in_doubt,
+    note_writes_in_doubt,
+    offering_tool,
+    writes_in_doubt,
+)
 from tests.helpers import call, manage, scripted, sqlite_env
 
 pytestmark = pytest.mark.django_db
@@ -43,7 +51,12 @@ def test_a_write_in_doubt_is_the_same_for_a_queryset_and_for_one_run(operator):
     reconciled = make_run("failed", "non_idempotent_write")
     reconcile(reconciled, token=1, key="k1")
     in_progress = make_run("running", "non_idempotent_write")  # a write under way
-    idempotent = make_run("failed", "idempotent_write")  # safe to run again
+    # An idempotent write no turn of its journal asks for: a requeue would
+    # not run it again with its key (test_writes_in_doubt_agree.py makes
+    # the ones that would, and would not, with the runtime).
+    idempotent = make_run("failed", "idempotent_write")
+    idempotent_reconciled = make_run("failed", "idempotent_write")
+    reconcile(idempotent_reconciled, token=1, key="k1")
     cancelled = make_run("cancelled", "non_idempotent_write")
     make_run("completed")
     # A reconciliation settles the one write it was made for (issue 16).
@@ -55,8 +68,15 @@ def test_a_write_in_doubt_is_the_same_for_a_queryset_and_for_one_run(operator):
     runs = AgentRun.objects.prefetch_related("reconciliations")
     by_row = {run.pk for run in runs if is_write_in_doubt(run)}
     by_query = set(writes_in_doubt(AgentRun.objects.all()).values_list("pk", flat=True))
-    assert by_row == by_query == {in_doubt.pk, cancelled.pk, later_write.pk, same_call_again.pk}
-    assert {reconciled.pk, in_progress.pk, idempotent.pk}.isdisjoint(by_row)
+    expected = {in_doubt.pk, cancelled.pk, later_write.pk, same_call_again.pk, idempotent.pk}
+    assert by_row == by_query == expected
+    assert {reconciled.pk, in_progress.pk, idempotent_reconciled.pk}.isdisjoint(by_row)
+    # A page of runs asks about its idempotent writes once, not once per run.
+    page = list(AgentRun.objects.prefetch_related("reconciliations"))
+    with CaptureQueriesContext(connection) as queries:
+        note_writes_in_doubt(page)
+        assert {run.pk for run in page if is_write_in_doubt(run)} == expected
+    assert len(queries) == 1, queries.captured_queries
 
 
 #: prompt → request. Only the first offers ``search_notes``; the others

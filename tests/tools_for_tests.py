@@ -11,7 +11,7 @@ from django.db import connection
 
 from runs.models import AgentRun
 from tools.builtin.http import PostWebhook
-from tools.contract import Tool, ToolOutcomeUnknown
+from tools.contract import Tool, ToolOutcomeUnknown, WhereToCheck
 from tools.effects import ToolEffect
 from tools.models import OutboxNotification
 
@@ -251,6 +251,16 @@ class UnsureWrite(Tool):
         if attempts == 0:
             raise ToolOutcomeUnknown("the receiver did not answer after the request went out")
         return {"attempt": attempts + 1}
+
+
+class UnsureLedgerWrite(UnsureWrite):
+    """``unsure_write`` whose record, as it says where to check it, holds
+    markup and a link no page may carry."""
+
+    name = "unsure_ledger_write"
+
+    def where_to_check(self, arguments, idempotency_key):
+        return WhereToCheck(f"the <i>ledger</i> of {arguments.get('text')}", "javascript:alert(1)")
 
 
 class UnsureIdempotentWrite(UnsureWrite):

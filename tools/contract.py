@@ -5,7 +5,9 @@ A tool is a class with ``name``, ``description``, a JSON-Schema
 ``run(arguments, context)``. It returns a JSON-serialisable result, raises
 ``ToolError`` with a message the model may read, or, for a write that may
 have taken effect without the tool being able to tell, raises
-``ToolOutcomeUnknown``.
+``ToolOutcomeUnknown``. A write tool may also say where an operator checks
+whether a call of it took effect (``where_to_check``), for the console to
+show beside a write in doubt.
 """
 
 import hashlib
@@ -50,6 +52,19 @@ class ToolContext:
     timeout_seconds: float | None = None
 
 
+@dataclass(frozen=True)
+class WhereToCheck:
+    """Where an operator checks whether a call of a write tool took effect,
+    when its outcome is in doubt (G10, G13): the tool's own record of it."""
+
+    #: In words, for an operator: where the record is and what it says,
+    #: e.g. "the outbox: a notification with this idempotency key was sent".
+    text: str
+    #: A link to it: ``https://…`` or a path on this site (``/admin/…``);
+    #: "" for none. Any other link is not shown.
+    url: str = ""
+
+
 def idempotency_key_for(run_id: str, position: str, tool_name: str, arguments: Any) -> str:
     """Derive the idempotency key of a call from what identifies it.
 
@@ -78,3 +93,13 @@ class Tool:
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         raise NotImplementedError
+
+    def where_to_check(self, arguments: Any, idempotency_key: str) -> WhereToCheck | None:
+        """Optional, for a write tool: where an operator finds whether the
+        call with ``arguments`` (as the model gave them: check their shape)
+        and ``idempotency_key`` took effect. Called by the console as it
+        shows a write in doubt, so quick and without side effects: build
+        the text and the link, ask nothing of the world. None (the default):
+        the console says to look for the call's effect where the tool
+        writes."""
+        return None

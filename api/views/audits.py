@@ -20,7 +20,7 @@ from api.views.runs import get_run
 from runs.models import DeadLetter
 from runs.operators import actions as operator_actions
 from runs.operators.actions import write_in_question
-from runs.selectors import write_audit_runs
+from runs.selectors import note_writes_in_doubt, write_audit_runs
 
 
 class DeadLetterFilter(django_filters.FilterSet):
@@ -82,9 +82,10 @@ class WriteAuditList(BaseAPIView):
 
     @extend_schema(responses={200: WriteAuditSerializer(many=True), **errors()})
     def get(self, request):
-        """Runs whose write audit failed, dead-lettered ``write_interrupted``, or
-        with a non-idempotent fence standing (newest 200)."""
-        runs = with_run_relations(write_audit_runs())
+        """Runs whose write audit failed, dead-lettered ``write_interrupted``,
+        with a non-idempotent fence standing or a write in doubt (newest 200)."""
+        runs = list(with_run_relations(write_audit_runs()))
+        note_writes_in_doubt(runs)  # one query for the page, not one per run
         return Response([_audit_item(run) for run in runs])
 
 

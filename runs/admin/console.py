@@ -11,10 +11,16 @@ from django.urls import reverse
 from runs.admin.display import cut, moment, short_id, shortened, span
 from runs.admin.reconcile import reconcile_form
 from runs.admin.run_spend import spend_by_attempt
+from runs.admin.write_in_doubt import described_write
 from runs.models import AgentRun, DeadLetter, ProviderCircuit
 from runs.operators.actions import write_in_question
-from runs.selectors import EXECUTED_WRITE, write_audit_runs, writes_in_doubt
-from runs.vocabulary import RunStatus, StepKind
+from runs.selectors import (
+    EXECUTED_WRITE,
+    note_writes_in_doubt,
+    write_audit_runs,
+    writes_in_doubt,
+)
+from runs.vocabulary import RunStatus, StepKind, TerminationReason
 
 #: A prompt on the write audits page: what the run was asked, in a line or two.
 PROMPT_CHARS = 120
@@ -30,8 +36,9 @@ def overview(now: datetime) -> dict:
     whose lease expired: the reaper's next pass recovers them), queued
     runs (and the overdue ones: due more than
     ``NRLLM_REDISPATCH_AFTER_SECONDS`` ago and still not claimed, so no
-    worker is taking them). ``now`` is the database's. Four queries, each
-    on an index but the dead letters' (a table of one row per dead run)."""
+    worker is taking them). ``now`` is the database's. Five queries, each
+    on an index but the dead letters' (a table of one row per dead run):
+    the writes in doubt are two (``runs.selectors``)."""
     day_ago = now - timedelta(hours=24)
     overdue_before = now - timedelta(seconds=settings.NRLLM_REDISPATCH_AFTER_SECONDS)
     live = AgentRun.objects.filter(status__in=LIVE).aggregate(
@@ -83,12 +90,16 @@ def filtered_url(url: str, **filters) -> str:
 def write_audits(now: datetime, limit: int = 200) -> list[dict]:
     """The rows of the failed-write-audits page (see ``write_audit_runs``):
     each run with its prompt, age and newest dead letter, the write in
-    question and, while it is in doubt, the form to reconcile it. Three
-    queries, however many rows."""
-    runs = write_audit_runs(limit).prefetch_related("dead_letters")
+    question in words (``write_in_doubt``) and, while it is in doubt, where
+    to check it and the form to reconcile it. Five queries, however many
+    rows (the writes in doubt among them are two, the idempotent ones'
+    journals one)."""
+    runs = list(write_audit_runs(limit).prefetch_related("dead_letters"))
+    note_writes_in_doubt(runs)
     rows = []
     for run in runs:
         call = write_in_question(run)
+        write = described_write(run, with_late_result=False)
         dead_letters = sorted(run.dead_letters.all(), key=lambda letter: letter.created_at)
         rows.append(
             {
@@ -98,16 +109,22 @@ def write_audits(now: datetime, limit: int = 200) -> list[dict]:
                 "age": span(now - run.created_at, units=1),
                 "created": moment(run.created_at),
                 "dead_letter": dead_letters[-1] if dead_letters else None,
-                "call": call,
+                "write": write,
+                "why": write.why_short if write else _REASON_WORDS.get(run.termination_reason, ""),
                 "arguments": shortened(call.get("arguments")),
                 "reconciliation": run.reconciliation,
-                "reconcilable": run.is_terminal
-                and bool(run.pending_effect)
-                and run.reconciliation is None,
                 "reconcile_form": reconcile_form(run),
             }
         )
     return rows
+
+
+#: Why a run without a write in question is on the write audits page.
+_REASON_WORDS = {
+    TerminationReason.JOURNAL_UNREPLAYABLE: "its journal could not be replayed",
+    TerminationReason.WRITE_INTERRUPTED: "a write was interrupted",
+    TerminationReason.NOT_RETRYABLE: "a write's record could not be saved",
+}
 
 
 def attempts(run: AgentRun) -> list[dict]:

@@ -18,13 +18,16 @@ from django.utils.html import format_html
 from nrllm_ops.admin_site import ReadOnly
 from runs.admin.bulk_actions import empty_filter_refused, too_many_selected
 from runs.admin.display import cut, moment, short_id, span
+from runs.admin.reconcile import reconcile_form
 from runs.admin.run_actions import OperatorPermissions
+from runs.admin.write_in_doubt import described_write
 from runs.models import AgentRun, DeadLetter
 from runs.operators import actions as operator_actions
 from runs.operators import bulk
 from runs.operators.bulk import BULK_ACTIONS
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety
+from runs.selectors import is_write_in_doubt, note_writes_in_doubt
 
 #: The error in a row (all of it on the dead letter's page).
 ERROR_CHARS = 240
@@ -69,6 +72,19 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     readonly_fields = fields
     show_full_result_count = False
 
+    def get_queryset(self, request):
+        # A row says whether its run's write is in doubt: the runs'
+        # reconciliations in one query for the page, not one per row.
+        return super().get_queryset(request).prefetch_related("run__reconciliations")
+
+    def changelist_view(self, request, extra_context=None):
+        response = super().changelist_view(request, extra_context)
+        changelist = (getattr(response, "context_data", None) or {}).get("cl")
+        if changelist is not None:
+            # The runs' idempotent writes in one query for the page.
+            note_writes_in_doubt([dead_letter.run for dead_letter in changelist.result_list])
+        return response
+
     def get_ordering(self, request):
         # The open ones first, newest first (the partial index on open ones).
         return [F("resolved_at").asc(nulls_first=True), "-created_at"]
@@ -95,8 +111,23 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
 
     @admin.display(description="error")
     def error_shown(self, dead_letter):
+        """The error; for an open dead letter whose run has a write in doubt,
+        that in words — the tool, why, where to go — and the error in the
+        tooltip (its class is no words for an operator)."""
         parts = (dead_letter.error_type, dead_letter.error_message)
         error = ": ".join(part for part in parts if part)
+        run = dead_letter.run
+        if dead_letter.resolved_at is None and is_write_in_doubt(run):
+            write = described_write(run, with_late_result=False)
+            return format_html(
+                '<span class="run-error doubt-words" title="{}"><strong>A write may have '
+                'landed</strong>: <code class="tool-name">{}</code> {}. '
+                '<a href="{}#write-in-question">Check it, then reconcile it</a>.</span>',
+                cut(error, 600),
+                write.tool,
+                write.why_short,
+                reverse("admin:runs_agentrun_change", args=[run.pk]),
+            )
         return format_html(
             '<span class="run-error" title="{}">{}</span>', cut(error, 600), cut(error, ERROR_CHARS)
         )
@@ -142,6 +173,12 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
                 **(extra_context or {}),
                 "dead_letter": dead_letter,
                 "run": run,
+                # Its run's write in doubt: what to check, and the form.
+                "write": described_write(run),
+                "reconciliation": run.reconciliation,
+                "can_reconcile": self.has_reconcile_permission(request),
+                "reconcile_form": reconcile_form(run),
+                "next": request.path,
                 "verdict": verdict,
                 "lasting_failure": lasting_failure(run) if verdict.allowed else "",
                 "can_requeue": self.has_requeue_permission(request) and verdict.allowed,

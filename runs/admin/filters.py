@@ -27,7 +27,7 @@ class WriteInDoubtFilter(admin.SimpleListFilter):
     parameter_name = "write_in_doubt"
 
     def lookups(self, request, model_admin):
-        return [("yes", "Yes: a non-idempotent write not reconciled")]
+        return [("yes", "Yes: a write not reconciled that may have landed")]
 
     def queryset(self, request, queryset):
         if self.value() == "yes":

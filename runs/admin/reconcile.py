@@ -14,6 +14,7 @@ from django import forms
 from django.template.response import TemplateResponse
 
 from runs.admin.display import shortened
+from runs.admin.write_in_doubt import described_write
 from runs.models import AgentRun
 from runs.operators.actions import write_in_question
 from runs.vocabulary import ReconciliationOutcome
@@ -45,7 +46,8 @@ def reconcile_form(run: AgentRun, data=None) -> ReconcileForm:
 
 
 def reconcile_page(model_admin, request, run: AgentRun, form: ReconcileForm):
-    """The form sent incomplete, again, with the write it is about: 400."""
+    """The form sent incomplete, again, with the write it is about — what
+    to check and where, as the run's page says it: 400."""
     call = write_in_question(run)
     return TemplateResponse(
         request,
@@ -55,7 +57,9 @@ def reconcile_page(model_admin, request, run: AgentRun, form: ReconcileForm):
             "title": "Reconcile the write in doubt",
             "opts": model_admin.model._meta,
             "run": run,
-            "call": call,
+            "write": described_write(run),
+            "reconciliation": run.reconciliation,
+            "can_reconcile": True,  # its sender may: the view checked
             "arguments": shortened(call.get("arguments")),
             "form": form,
             "next": request.POST.get("next", ""),

@@ -20,7 +20,6 @@ from django.utils.html import format_html
 from runs.admin import aftermath, approval_rows, console
 from runs.admin.display import (
     as_text,
-    cut,
     moment,
     position_in_words,
     span,
@@ -28,19 +27,17 @@ from runs.admin.display import (
 from runs.admin.reconcile import reconcile_form
 from runs.admin.run_columns import error_text, ran_for, why_so
 from runs.admin.run_trace import failed_model_call, trace_rows
+from runs.admin.write_in_doubt import described_write
 from runs.models import AgentRun
-from runs.operators.actions import write_in_question
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.run_webhooks import deliveries_of
 from runs.runtime.rate_limit import waiting_for
-from runs.vocabulary import RunStatus, StepKind
+from runs.vocabulary import RunStatus
 
 STEPS_PER_PAGE = 50
 #: Fields of free text: a row of the grid each.
 WIDE_FIELDS = ("prompt", "request_shown", "output")
-#: A write's late result beside the write in question (all of it in its step).
-LATE_RESULT_CHARS = 300
 
 
 class RunPageFields:
@@ -154,8 +151,8 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "lasting_failure": lasting_failure(run),
         "attempts": attempts,
         "reconciliation": run.reconciliation,
-        "write_in_question": write_in_question(run),
-        "late_result": late_result(run),
+        # The write on its fence, in words: what to check, where (G10).
+        "write": described_write(run),
         "dead_letters": run.dead_letters.select_related("resolved_by").order_by("-created_at"),
         "approvals": approvals,
         "webhook_deliveries": deliveries_of(run.pk),  # G19
@@ -171,25 +168,4 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "can_start_runs": request.user.has_perm("runs.add_agentrun"),  # "run again"
         "can_reconcile": model_admin.has_reconcile_permission(request),
         "reconcile_form": reconcile_form(run),
-    }
-
-
-def late_result(run: AgentRun) -> dict | None:
-    """What the write in question returned after its run had stopped
-    counting on it (a ``late_result`` step, G15): the operator who
-    reconciles it reads it where they decide. None if it never returned."""
-    key = (run.pending_call or {}).get("idempotency_key")
-    if not key:
-        return None
-    step = (
-        run.steps.filter(kind=StepKind.LATE_RESULT, idempotency_key=key)
-        .order_by("-sequence")
-        .first()
-    )
-    if step is None:
-        return None
-    return {
-        "sequence": step.sequence,
-        "error": step.error,
-        "outcome": cut(step.error or as_text(step.result), LATE_RESULT_CHARS),
     }

@@ -30,6 +30,7 @@ from runs.admin.run_page import RunPageFields, run_page_context
 from runs.admin.run_spend import RunSpendFields
 from runs.admin.start_run import start_run_page
 from runs.models import AgentRun
+from runs.selectors import note_writes_in_doubt
 
 
 @admin.register(AgentRun)
@@ -158,6 +159,16 @@ class AgentRunAdmin(
             .select_related("submitted_by", "agent_version__agent")
             .prefetch_related("reconciliations")
         )
+
+    def changelist_view(self, request, extra_context=None):
+        response = super().changelist_view(request, extra_context)
+        changelist = (getattr(response, "context_data", None) or {}).get("cl")
+        if changelist is not None:
+            # The rows' "write in doubt" (runs.selectors): one query for the
+            # page's idempotent writes, not one per row. The page's rows are
+            # evaluated once and cached for the template.
+            note_writes_in_doubt(changelist.result_list)
+        return response
 
     def get_search_results(self, request, queryset, search_term):
         return search.search_runs(queryset, search_term), False

@@ -5,11 +5,13 @@ The admin and the API both call them and show their reasons.
 
 - A **requeue** resumes the run from its journal: recorded model turns and
   tool outcomes are replayed, never repeated, and the run goes live after
-  them. It is refused while a non-idempotent write is in doubt (its outcome
-  is not in the journal, so resuming would execute it again) until an
-  operator reconciles it, and when the journal could not be replayed.
+  them. It is refused while a write is in doubt (``runs.selectors``' one
+  definition: its outcome is not in the journal, and resuming would not
+  settle it by running it again with its key) until an operator reconciles
+  it, and when the journal could not be replayed.
 - A **restart** runs the run again from the beginning, replaying nothing. It
-  is refused whenever that could repeat a non-idempotent write.
+  is refused whenever it could repeat a non-idempotent write, one in doubt
+  included; it repeats idempotent writes by design.
 """
 
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from runs.models import AgentRun
 from runs.runtime.budget_watch import why_a_resume_stops
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_stored_request
+from runs.selectors import needs_reconciling
 from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from spend.prices import Usage
 from tools.approval_policy import tools_needing_approval
@@ -85,17 +88,13 @@ def requeue_safety(run: AgentRun) -> RequeueVerdict:
             return RequeueVerdict(
                 False, code, f"a resumed attempt would stop before its next model call: {why}"
             )
-    if run.pending_effect == ToolEffect.IDEMPOTENT_WRITE and not _fenced_call_reruns(run, journal):
-        refused = _unreconciled(run)
-        if refused is not None:
-            return refused
     plan = _resume_plan(run, journal) + _approvals_to_ask(journal, request, disabled)
     return RequeueVerdict(True, "safe", plan, _tools(run), journal)
 
 
 def restart_safety(run: AgentRun) -> RequeueVerdict:
     """May ``run`` be restarted from the beginning, replaying nothing."""
-    refused, request = _refused_for_status_or_doubt(run)
+    refused, request = _refused_for_status_or_doubt(run, repeats_idempotent_writes=True)
     if refused is not None:
         return refused
     code, why = why_a_resume_stops(
@@ -144,9 +143,12 @@ def _tools(run: AgentRun) -> list[ToolPreview]:
     return [ToolPreview(name, effect_for(name).value) for name in run.request.get("tools", [])]
 
 
-def _refused_for_status_or_doubt(run: AgentRun) -> tuple[RequeueVerdict | None, RunRequest]:
-    """Why the run may be neither requeued nor restarted (or None), and its
-    stored request, parsed (once: a long script costs milliseconds)."""
+def _refused_for_status_or_doubt(
+    run: AgentRun, *, repeats_idempotent_writes: bool = False
+) -> tuple[RequeueVerdict | None, RunRequest]:
+    """Why the run may not be requeued (or, ``repeats_idempotent_writes``,
+    restarted), or None, and its stored request, parsed (once: a long
+    script costs milliseconds)."""
     if run.status not in REQUEUEABLE:
         return RequeueVerdict(
             False,
@@ -161,17 +163,23 @@ def _refused_for_status_or_doubt(run: AgentRun) -> tuple[RequeueVerdict | None, 
             "request_invalid",
             f"the stored request no longer parses ({error}): the run cannot run again",
         ), None
-    if run.pending_effect != ToolEffect.NON_IDEMPOTENT_WRITE:
+    if not needs_reconciling(run):
         return None, request
-    # The run ended (status checked above) with its fence on a
-    # non-idempotent write: it may or may not have landed, and its outcome
-    # is not in the journal.
+    if repeats_idempotent_writes and run.pending_effect == ToolEffect.IDEMPOTENT_WRITE:
+        # A restart asks the model anew and may repeat every idempotent
+        # write the run made, worded otherwise (G10): this one too.
+        return None, request
+    # The run ended (status checked above) with its fence on a write only
+    # an operator can settle (runs.selectors: a non-idempotent write, or an
+    # idempotent one a resumed attempt would not run again with its key):
+    # it may or may not have landed, and its outcome is not in the journal.
     return _unreconciled(run), request
 
 
 def _unreconciled(run: AgentRun) -> RequeueVerdict | None:
-    """Why the write in doubt on ``run``'s fence stops it from running again,
-    or None once an operator reconciled it ``not_applied``."""
+    """Why the write on ``run``'s fence stops it from running again: in
+    doubt (``runs.selectors.is_write_in_doubt``), or reconciled ``applied``;
+    None once an operator reconciled it ``not_applied``."""
     tool = (run.pending_call or {}).get("tool", f"a {run.pending_effect}")
     # Only a reconciliation of this very write counts: one made for an
     # earlier write in doubt settles that write, not this one.
@@ -194,9 +202,9 @@ def _unreconciled(run: AgentRun) -> RequeueVerdict | None:
 
 def _fenced_call_reruns(run: AgentRun, journal: Journal) -> bool:
     """Whether the resumed attempt runs the fenced call again as recorded,
-    with its idempotency key: only then is an ``idempotent_write`` in doubt
-    safe to run again without an operator's word. (Its turn may be gone: a
-    write whose record a failover lost, G12.)"""
+    with its idempotency key, or asks the model for its turn again (its
+    turn may be gone: a write whose record a failover lost, G12): what the
+    plan says of a write reconciled ``not_applied``."""
     key = (run.pending_call or {}).get("idempotency_key", "")
     return not key or journal.goes_live_with(run.pk, key)
 

@@ -18,14 +18,14 @@ the runtime's ``ToolTimeout``, which it takes for a write in doubt.
 """
 
 from dataclasses import dataclass
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 from django.conf import settings
 
 from tools.builtin.http_guard import Target, check_url
 from tools.builtin.http_transport import ACCEPT_ENCODING, Deadline, PinnedTransport, read_capped
-from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
+from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown, WhereToCheck
 from tools.deadline import ToolTimeout
 from tools.effects import ToolEffect
 
@@ -195,4 +195,17 @@ class PostWebhook(Tool):
             arguments["url"],
             arguments["payload"],
             headers={"Idempotency-Key": context.idempotency_key},
+        )
+
+    def where_to_check(self, arguments, idempotency_key):
+        # The host only: a webhook's path and query may hold its secret.
+        url = arguments.get("url") if isinstance(arguments, dict) else None
+        try:
+            host = urlsplit(url).hostname if isinstance(url, str) else None
+        except ValueError:  # a URL the tool would have refused
+            host = None
+        receiver = f"the receiver at {host}" if host else "the receiver"
+        return WhereToCheck(
+            f"{receiver}: its log or records show whether a POST came with the header "
+            "Idempotency-Key set to this key (applied) or not (not_applied)"
         )

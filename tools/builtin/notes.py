@@ -1,6 +1,10 @@
 """Notes: a small store the agent reads and keeps up to date."""
 
-from tools.contract import Tool, ToolContext, ToolError
+from urllib.parse import urlencode
+
+from django.urls import reverse
+
+from tools.contract import Tool, ToolContext, ToolError, WhereToCheck
 from tools.effects import ToolEffect
 from tools.models import Note
 
@@ -66,3 +70,13 @@ class UpsertNote(Tool):
             slug=arguments["slug"], defaults={"body": arguments["body"]}
         )
         return {"slug": arguments["slug"], "created": created}
+
+    def where_to_check(self, arguments, idempotency_key):
+        slug = arguments.get("slug") if isinstance(arguments, dict) else None
+        if not isinstance(slug, str):
+            return None
+        notes = reverse("admin:tools_note_changelist")
+        return WhereToCheck(
+            f"the note “{slug}”: if its body is the one this call set, it landed (applied)",
+            f"{notes}?{urlencode({'slug': slug})}",
+        )

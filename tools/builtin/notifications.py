@@ -1,6 +1,10 @@
 """Notifications: every call appends to the outbox, so a repeat is a duplicate."""
 
-from tools.contract import Tool, ToolContext
+from urllib.parse import urlencode
+
+from django.urls import reverse
+
+from tools.contract import Tool, ToolContext, WhereToCheck
 from tools.effects import ToolEffect
 from tools.models import OutboxNotification
 
@@ -27,3 +31,12 @@ class SendNotification(Tool):
             idempotency_key=context.idempotency_key,
         )
         return {"notification_id": notification.pk, "recipient": notification.recipient}
+
+    def where_to_check(self, arguments, idempotency_key):
+        # The outbox's list searches a whole idempotency key (tools/admin.py).
+        outbox = reverse("admin:tools_outboxnotification_changelist")
+        return WhereToCheck(
+            "the outbox: a notification there with this idempotency key was sent "
+            "(applied); none, and it was not (not_applied)",
+            f"{outbox}?{urlencode({'q': idempotency_key})}",
+        )
