@@ -28,6 +28,7 @@ from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.browser_boxes import (
     INSIDE_CONTENT,
     LINE_ENDS,
+    ROW_CELLS,
     ROWS_IN_VIEW,
     assert_shown,
     assert_table_fits,
@@ -93,7 +94,8 @@ def runs_of_each_kind():
 
 def more_runs(submitter) -> None:
     """Twenty failed runs with long prompts and errors, by ``submitter``,
-    every other one started from an agent: a list a page long."""
+    every other one started from an agent (the others spent before they
+    failed): a list a page long."""
     agent = Agent.objects.create(name="incident-summariser")
     version = AgentVersion.objects.create(
         agent=agent, number=3, provider={"kind": "scripted"}, max_iterations=5
@@ -110,6 +112,9 @@ def more_runs(submitter) -> None:
             mode="queued",
             submitted_by=submitter,
             agent_version=version if number % 2 else None,
+            prompt_tokens=0 if number % 2 else 41200,
+            completion_tokens=0 if number % 2 else 3300,
+            cost=Decimal(0 if number % 2 else "0.012345"),
         )
         for number in range(20)
     )
@@ -161,12 +166,21 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         # Every column in view (test_console_lists.py pins which, in order).
         columns = AgentRunAdmin.list_display
         assert_shown(page, *[f"#result_list th.column-{name}" for name in columns])
-        # A row is one line, each status in view (issue #41). With these
-        # prompts and errors wrapped, 5 rows showed above the fold at 1366 px
-        # and 14 at 1920; one line a row, 19 and 25.
+        # A run is two lines (issue #47): id over status, prompt over why and
+        # last error, submitter over model, age over spend. One line a row
+        # (issue #41) showed 19 rows at 1366 px, but the reason cut at some
+        # 17 characters, the model at 5 and a spend spilling into the next
+        # column; wrapped (before #41), 5 rows.
         rows = page.evaluate(ROWS_IN_VIEW)
-        assert rows["tallest"] <= rows["line"] + 14, rows  # its padding, no second line
-        assert rows["above_the_fold"] >= (18 if viewport == (1366, 900) else 24), rows
+        assert rows["tallest"] <= 2 * rows["line"] + 10, rows  # its padding, no third line
+        assert rows["above_the_fold"] >= (16 if viewport == (1366, 900) else 21), rows
+        for row in page.evaluate(ROW_CELLS):
+            assert not row["overlapping"] and not row["outside"], row
+            shown, held = row["shown"], row["held"]
+            for whole in ("run_id_shown", "status_shown", "submitter_shown", "spend"):
+                assert shown[whole] == held[whole], (whole, row)
+            assert shown["last_error"] >= min(60, held["last_error"]), row
+            assert shown["model_shown"] >= min(14, held["model_shown"]), row
         assert_shown(page, *[f"#result_list tbody tr:nth-child({n}) .run-status" for n in (1, 18)])
         agent_row = page.locator("#result_list tbody tr", has_text="(19)")
         expect(agent_row.locator(".run-model")).to_have_text("incident-summariser v3")
@@ -187,7 +201,7 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         prompt = page.locator("#result_list tbody tr", has_text="Go through every").locator(
             ".run-prompt"
         )
-        expect(prompt).to_have_text(LONG_PROMPT[:59] + "…")
+        expect(prompt).to_have_text(LONG_PROMPT[:99] + "…")
         expect(page.locator("#searchbar_helptext")).to_contain_text("a whole run id")
 
         # A failed run: its summary, error and requeue above the fold.
