@@ -321,6 +321,19 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         expect(page.locator(f"#bulk-{failed.pk}")).to_contain_text("will be requeued: resumes")
         if viewport == (1366, 900):
             page.screenshot(path=screenshots / "bulk-preview.png", full_page=True)
+        # Confirmed, the requeued run fails again (its key is still refused):
+        # the message says so, linking it, in view above the list (issue #47).
+        page.fill("input[name=note]", "key rotated?")
+        page.click("#confirm-button")
+        message = page.locator(".messagelist li")
+        expect(message).to_have_text(
+            "Requeued 1; refused 4: status 3, write_in_doubt 1. The run requeued has already "
+            f"failed again: {str(failed.pk)[:8]} (auth)."
+        )
+        expect(message.locator("a")).to_have_attribute(
+            "href", f"/admin/runs/agentrun/{failed.pk}/change/"
+        )
+        assert_shown(page, ".messagelist li", ".messagelist li a", above_the_fold=True)
 
 
 @pytest.mark.usefixtures("approvals")
