@@ -216,6 +216,11 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         )
         assert_table_fits(page, "#result_list")
         assert_shown(page, "#result_list th.column-cost_shown", "#result_list td.field-cost_shown")
+        # Above the rows, what the filters select adds up to (issue #47).
+        expect(page.locator("#spend-totals")).to_have_text(
+            "Selected: 1 row, 4 turns, 2,400 (0) · 600 tokens, 0.00108 USD"
+        )
+        assert_shown(page, "#spend-totals", above_the_fold=True)
 
         # The approvals inbox: the waiting call, approve and deny above the fold.
         page.goto(f"{base}/admin/runs/agentrun/approvals/")
