@@ -111,6 +111,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 SILENCED_SYSTEM_CHECKS = ["models.W040"]
 AUTH_PASSWORD_VALIDATORS = []
 LANGUAGE_CODE = "en-us"
+# Dates and moments written one way across the console (nrllm_ops/formats).
+FORMAT_MODULE_PATH = ["nrllm_ops.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

@@ -106,7 +106,12 @@ class DailySpendAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request, extra_context=None):
         title = {"title": "Spend per day, submitter and model"}
-        return super().changelist_view(request, {**title, **(extra_context or {})})
+        response = super().changelist_view(request, {**title, **(extra_context or {})})
+        context = getattr(response, "context_data", None) or {}
+        changelist = context.get("cl")
+        if changelist is not None:
+            context["spend_totals"] = selection_totals(changelist)
+        return response
 
     def get_ordering(self, request):
         # A day's costliest first (an annotation: the ``ordering`` attribute
@@ -130,9 +135,8 @@ class DailySpendAdmin(admin.ModelAdmin):
 
     @admin.display(description="tokens: in (cached) · out", ordering="total_input_tokens")
     def tokens(self, row: DailySpend) -> str:
-        return (
-            f"{token_text(row.total_input_tokens)} ({token_text(row.total_cached_input_tokens)})"
-            f" · {token_text(row.total_output_tokens)}"
+        return tokens_text(
+            row.total_input_tokens, row.total_cached_input_tokens, row.total_output_tokens
         )
 
     @admin.display(description="cost", ordering="total_cost")
@@ -147,3 +151,27 @@ class DailySpendAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+def selection_totals(changelist) -> dict:
+    """What the rows the list's filters select add up to, over every page:
+    the turns, the tokens as a row shows them and the cost (a lower bound
+    where some turns had no price). One query: the shards of the keys the
+    filtered list holds (``changelist.queryset``, one row a key), summed."""
+    selected_key = changelist.queryset.filter(**{name: OuterRef(name) for name in KEY})
+    totals = DailySpend.objects.filter(Exists(selected_key)).aggregate(
+        **{name: Sum(name, default=0) for name in SUMMED}
+    )
+    return {
+        "rows": changelist.result_count,
+        "turns": totals["turns"],
+        "tokens": tokens_text(
+            totals["input_tokens"], totals["cached_input_tokens"], totals["output_tokens"]
+        ),
+        "cost": lower_bound(totals["cost"], totals["unpriced_turns"]),
+    }
+
+
+def tokens_text(input_tokens: int, cached: int, output: int) -> str:
+    """ "input (cached) · output", as the list's tokens column heads it."""
+    return f"{token_text(input_tokens)} ({token_text(cached)}) · {token_text(output)}"

@@ -73,6 +73,61 @@ ROWS_IN_VIEW = """() => {
 }"""
 
 
+#: For each row of the runs list: the pairs of its cells whose boxes
+#: overlap, the characters a cell shows outside its own box (spilling into
+#: a neighbour's), and per column (its ``field-`` name) how many characters
+#: it shows and holds: a character hidden behind a "…" (past the edge of
+#: the element that cuts it, less the "…" itself) is not shown.
+ROW_CELLS = """() => [...document.querySelectorAll("#result_list tbody tr")].map(row => {
+  const cells = [...row.cells];
+  const boxes = cells.map(cell => cell.getBoundingClientRect());
+  const name = cell => (cell.className.match(/field-(\\w+)/) || ["", cell.className])[1];
+  const overlapping = [];
+  boxes.forEach((a, i) => boxes.forEach((b, j) => {
+    if (i < j && a.left < b.right - 0.5 && b.left < a.right - 0.5
+        && a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5) {
+      overlapping.push([name(cells[i]), name(cells[j])]);
+    }
+  }));
+  const outside = [], shown = {}, held = {};
+  cells.forEach((cell, index) => {
+    const box = boxes[index];
+    let count = 0, all = 0;
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      // The element that cuts this text, if any: the nearest that hides overflow.
+      let cutter = node.parentElement;
+      while (cutter !== cell && getComputedStyle(cutter).overflowX === "visible") {
+        cutter = cutter.parentElement;
+      }
+      const hides = getComputedStyle(cutter).overflowX !== "visible";
+      const isCut = hides && cutter.scrollWidth > cutter.clientWidth + 1;
+      const ellipsis = isCut ? parseFloat(getComputedStyle(cutter).fontSize) : 0;
+      const edge = hides ? cutter.getBoundingClientRect().right - ellipsis : Infinity;
+      for (let i = 0; i < node.length; i++) {
+        all++;
+        const range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const at = range.getBoundingClientRect();
+        if (!at.width || at.right > edge + 0.5) continue;  // not laid out, or cut
+        count++;
+        // A glyph may reach a little above or below its line box, not into
+        // the line above or below.
+        if (at.left < box.left - 0.5 || at.right > box.right + 0.5
+            || at.top < box.top - 3 || at.bottom > box.bottom + 3) {
+          outside.push(name(cell) + ": " + node.data[i]);
+        }
+      }
+    }
+    shown[name(cell)] = count;
+    held[name(cell)] = all;
+  });
+  return {text: row.textContent.replace(/\\s+/g, " ").trim().slice(0, 60),
+          overlapping, outside, shown, held};
+})"""
+
+
 #: For each element ``selector`` matches: its text and the character each
 #: of its lines ends with but the last (where the browser broke it).
 LINE_ENDS = """selector => [...document.querySelectorAll(selector)].map(element => {

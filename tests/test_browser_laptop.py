@@ -17,9 +17,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
-from agents.models import Agent, AgentVersion
 from runs.admin.runs import AgentRunAdmin
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
 from runs.runtime import enqueue
 from runs.vocabulary import ApprovalStatus, RunStatus, StepKind
@@ -28,91 +26,25 @@ from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.browser_boxes import (
     INSIDE_CONTENT,
     LINE_ENDS,
+    ROW_CELLS,
     ROWS_IN_VIEW,
     assert_shown,
     assert_table_fits,
+)
+from tests.console_runs import (
+    HEX,
+    LONG_PROMPT,
+    ROTA_PROMPT,
+    more_runs,
+    runs_of_each_kind_fixture,  # noqa: F401 (the runs_of_each_kind fixture)
 )
 from tests.helpers import answer, call, fresh, scripted
 from tools.models import OutboxNotification
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-#: Ids, keys and digests do not break at spaces: they must wrap anyway.
-HEX = "5099e50086331ecde38760824" * 4
-LONG_PROMPT = (
-    "Go through every incident note of the last quarter, group them by the "
-    "service they hit and summarise each group for the weekly report"
-)
-ROTA_PROMPT = (
-    "Read the postmortems of the week, list the follow-ups still open and who "
-    "owns each of them, then draft the reminder for the team's channel"
-)
-
 #: A tool's name longer than its column: where may it break?
 LONG_TOOL = "incident_tracker.create_follow_up_for_postmortem_reviews"
-
-
-@pytest.fixture
-def runs_of_each_kind():
-    """A failed run (auth), a write in doubt, a waiting run, and completed
-    ones with long prompts, one unbroken: what the issue's screen showed."""
-    failed = enqueue(
-        scripted(
-            call("search_notes", query=HEX),
-            {"error": "auth"},
-            tools=["search_notes"],
-            prompt="Summarise the incidents",
-        )
-    )
-    with step_inserts_refused("send_notification"):
-        enqueue(
-            scripted(
-                call("send_notification", recipient="oncall", message="disk full"),
-                answer(),
-                tools=["send_notification"],
-                prompt="Page on-call about the disk",
-            )
-        )
-    # The suite's settings ask no approval; this request asks one itself.
-    waiting = enqueue(
-        {
-            **scripted(
-                call("send_notification", recipient="oncall", message="Failover at 22:00 UTC"),
-                answer("Paged."),
-                tools=["search_notes", "send_notification"],
-                prompt="Tell on-call the database failover starts at 22:00 UTC",
-            ),
-            "require_approval": ["send_notification"],
-        }
-    )
-    enqueue(scripted(answer("Done."), tools=["search_notes"], prompt=LONG_PROMPT))
-    enqueue(scripted(answer("Found."), tools=["search_notes"], prompt=f"Find {HEX}"))
-    assert fresh(waiting).status == RunStatus.WAITING_FOR_APPROVAL
-    return fresh(failed), fresh(waiting)
-
-
-def more_runs(submitter) -> None:
-    """Twenty failed runs with long prompts and errors, by ``submitter``,
-    every other one started from an agent: a list a page long."""
-    agent = Agent.objects.create(name="incident-summariser")
-    version = AgentVersion.objects.create(
-        agent=agent, number=3, provider={"kind": "scripted"}, max_iterations=5
-    )
-    AgentRun.objects.bulk_create(
-        AgentRun(
-            request={"provider": {"kind": "openai", "model": "gpt-4o-mini-2024-07-18"}},
-            prompt=f"({number}) {ROTA_PROMPT}",
-            status=RunStatus.FAILED,
-            termination_reason="not_retryable",
-            failure_class="auth",
-            error_type="ProviderError",
-            error_message="the provider refused the key: " + HEX,
-            mode="queued",
-            submitted_by=submitter,
-            agent_version=version if number % 2 else None,
-        )
-        for number in range(20)
-    )
 
 
 @pytest.mark.parametrize("viewport", [(1366, 900), (1920, 1080)], ids=["laptop", "desktop"])
@@ -161,12 +93,21 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         # Every column in view (test_console_lists.py pins which, in order).
         columns = AgentRunAdmin.list_display
         assert_shown(page, *[f"#result_list th.column-{name}" for name in columns])
-        # A row is one line, each status in view (issue #41). With these
-        # prompts and errors wrapped, 5 rows showed above the fold at 1366 px
-        # and 14 at 1920; one line a row, 19 and 25.
+        # A run is two lines (issue #47): id over status, prompt over why and
+        # last error, submitter over model, age over spend. One line a row
+        # (issue #41) showed 19 rows at 1366 px, but the reason cut at some
+        # 17 characters, the model at 5 and a spend spilling into the next
+        # column; wrapped (before #41), 5 rows.
         rows = page.evaluate(ROWS_IN_VIEW)
-        assert rows["tallest"] <= rows["line"] + 14, rows  # its padding, no second line
-        assert rows["above_the_fold"] >= (18 if viewport == (1366, 900) else 24), rows
+        assert rows["tallest"] <= 2 * rows["line"] + 10, rows  # its padding, no third line
+        assert rows["above_the_fold"] >= (16 if viewport == (1366, 900) else 21), rows
+        for row in page.evaluate(ROW_CELLS):
+            assert not row["overlapping"] and not row["outside"], row
+            shown, held = row["shown"], row["held"]
+            for whole in ("run_id_shown", "status_shown", "submitter_shown", "spend"):
+                assert shown[whole] == held[whole], (whole, row)
+            assert shown["last_error"] >= min(60, held["last_error"]), row
+            assert shown["model_shown"] >= min(14, held["model_shown"]), row
         assert_shown(page, *[f"#result_list tbody tr:nth-child({n}) .run-status" for n in (1, 18)])
         agent_row = page.locator("#result_list tbody tr", has_text="(19)")
         expect(agent_row.locator(".run-model")).to_have_text("incident-summariser v3")
@@ -187,7 +128,7 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         prompt = page.locator("#result_list tbody tr", has_text="Go through every").locator(
             ".run-prompt"
         )
-        expect(prompt).to_have_text(LONG_PROMPT[:59] + "…")
+        expect(prompt).to_have_text(LONG_PROMPT[:99] + "…")
         expect(page.locator("#searchbar_helptext")).to_contain_text("a whole run id")
 
         # A failed run: its summary, error and requeue above the fold.
@@ -278,6 +219,11 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         )
         assert_table_fits(page, "#result_list")
         assert_shown(page, "#result_list th.column-cost_shown", "#result_list td.field-cost_shown")
+        # Above the rows, what the filters select adds up to (issue #47).
+        expect(page.locator("#spend-totals")).to_have_text(
+            "Selected: 1 row, 4 turns, 2,400 (0) · 600 tokens, 0.00108 USD"
+        )
+        assert_shown(page, "#spend-totals", above_the_fold=True)
 
         # The approvals inbox: the waiting call, approve and deny above the fold.
         page.goto(f"{base}/admin/runs/agentrun/approvals/")
@@ -310,6 +256,19 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         expect(page.locator(f"#bulk-{failed.pk}")).to_contain_text("will be requeued: resumes")
         if viewport == (1366, 900):
             page.screenshot(path=screenshots / "bulk-preview.png", full_page=True)
+        # Confirmed, the requeued run fails again (its key is still refused):
+        # the message says so, linking it, in view above the list (issue #47).
+        page.fill("input[name=note]", "key rotated?")
+        page.click("#confirm-button")
+        message = page.locator(".messagelist li")
+        expect(message).to_have_text(
+            "Requeued 1; refused 4: status 3, write_in_doubt 1. The run requeued has already "
+            f"failed again: {str(failed.pk)[:8]} (auth)."
+        )
+        expect(message.locator("a")).to_have_attribute(
+            "href", f"/admin/runs/agentrun/{failed.pk}/change/"
+        )
+        assert_shown(page, ".messagelist li", ".messagelist li a", above_the_fold=True)
 
 
 @pytest.mark.usefixtures("approvals")

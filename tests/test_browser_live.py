@@ -4,12 +4,14 @@ another operator approves a call, the run page, the runs list, the overview
 and the approvals inbox — open side by side — show it without a reload;
 nothing the operator holds moves or is lost (the scroll position, an open
 fieldset, a note being typed, the runs selected on the list); the run
-page stops asking once its run has ended; the list says when runs came
+page's heading, breadcrumbs and title follow the run's status and it stops
+asking once its run has ended; the list says when runs came
 instead of moving its rows; a tab in the background does not ask; and a
 page whose server does not answer stays as it was, says so, and catches
 up. The run's changes come from the test, through the same transitions a
 worker uses."""
 
+import re
 import threading
 from collections import Counter
 from urllib.parse import urlsplit
@@ -24,6 +26,7 @@ from runs.models import ApprovalRequest
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus
 from tests.browser import admin_page
+from tests.browser_boxes import assert_shown
 from tests.helpers import answer, call, fresh, scripted, stored
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -170,6 +173,15 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
         assert scrolled > 300, scrolled
         steps = run_page.locator("#steps tbody tr")
         expect(steps).to_have_count(16)  # the request and 15 tool calls
+        # The heading, the breadcrumbs and the window's title name the run
+        # with its status (below: they change with it).
+        heading = run_page.locator("#run-heading")
+        here = run_page.locator("#run-breadcrumbs li[aria-current=page]")
+        for names_it in (heading, here):
+            expect(names_it).to_have_text(f"run {running.pk} (running)")
+        expect(run_page).to_have_title(re.compile(rf"^run {running.pk} \(running\) \| "))
+        model_time = run_page.locator(".field-model_time_shown .readonly")
+        expect(model_time).to_have_text("-")
         ran = run_page.locator("#summary-ran").inner_text()
 
         elsewhere(lambda: transitions.record_step(lease, 600, a_tool_step(15), clear_fence=False))
@@ -192,9 +204,21 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
         assert run_page.evaluate("window.scrollY") == scrolled
         looked_at = steps.nth(14).bounding_box()["y"]
         assert 0 < looked_at < 900, looked_at  # on the screen
-        final = {"kind": "llm", "result": {"content": "Sorted.", "tool_calls": []}}
+        # Its model call took 1.4 s, as the worker timed it (a scripted turn
+        # reports no usage: the run's usage totals leave its time out).
+        final = {
+            "kind": "llm",
+            "result": {"content": "Sorted.", "tool_calls": [], "latency_ms": 1400},
+        }
         elsewhere(lambda: transitions.finish(lease, [final], output="Sorted."))
         expect(run_page.locator("#summary-status")).to_have_text("completed", timeout=CATCH_UP)
+        # Issue #47: the heading, the breadcrumbs and the title said "running"
+        # until a reload; the time in model calls stayed "-".
+        for names_it in (heading, here):
+            expect(names_it).to_have_text(f"run {running.pk} (completed)")
+        expect(run_page).to_have_title(re.compile(rf"^run {running.pk} \(completed\) \| "))
+        expect(model_time).to_have_text("1.4 s in 1 model call")
+        assert_shown(run_page, "#run-heading", "#run-breadcrumbs")
         expect(run_page.locator("#requeue-verdict")).to_be_attached()
         expect(steps).to_have_count(18)
         assert abs(steps.nth(14).bounding_box()["y"] - looked_at) < 1

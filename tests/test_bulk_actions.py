@@ -12,6 +12,7 @@ import re
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from runs import transitions
@@ -20,7 +21,7 @@ from runs.operators import actions as operator_actions
 from runs.operators import bulk
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus
-from tests.helpers import answer, call, fresh, scripted
+from tests.helpers import answer, call, fresh, run_when_due, scripted
 from tests.test_console import audit_failed_run
 from tests.test_console_actions import auth_failed_run, messages_on
 
@@ -142,6 +143,45 @@ def test_a_bulk_requeue_previews_each_verdict_then_applies_each_under_its_own(
     assert (operator_steps(fresh(done)), logged(done)) == (0, 0)
     assert (operator_steps(fresh(changing)), logged(changing)) == (1, 1)
     assert fresh(changing).status == RunStatus.FAILED
+
+
+def test_after_a_bulk_requeue_the_message_names_the_runs_already_failed_again_as_it_is_read(
+    operator_client, queue
+):
+    """Issue #47. "Already" is as the operator reads the message: the runs
+    sent back that have ended failed by the time the list it is on renders
+    (with RQ a worker may take them between the action and that page)."""
+    with override_settings(REDIS_URL=""):  # made in this process, before RQ
+        fails, fails_too = auth_failed_run("Find the outage"), auth_failed_run()
+        recovers = safe_failed_run("Page on-call")
+    runs = (fails, fails_too, recovers)
+    confirm = {
+        "action": "requeue_selected",
+        "_selected_action": [run.pk for run in runs],
+        **{f"seen-{run.pk}": f"{run.status}:{run.step_count}" for run in runs},
+        "confirm": "yes",
+        "note": "key rotated?",
+    }
+    assert operator_client.post(RUNS, confirm).status_code == 302
+    assert {fresh(run).status for run in runs} == {RunStatus.QUEUED}  # RQ has them
+    # A worker takes them before the operator's list comes back.
+    for run in runs:
+        run_when_due(run.pk)
+    assert [fresh(run).status for run in runs] == ["failed", "failed", "completed"]
+
+    response = operator_client.get(RUNS)
+
+    (message,) = messages_on(response)
+    first, second = sorted((fails, fails_too), key=lambda run: run.created_at)
+    assert message == (
+        f"Requeued 3. 2 of the 3 requeued have already failed again: "
+        f"{str(first.pk)[:8]} (auth), {str(second.pk)[:8]} (auth)."
+    )
+    page = response.content.decode()
+    assert '<li class="warning">Requeued 3. 2 of the 3' in page
+    for run in (fails, fails_too):
+        assert f'href="{RUNS}{run.pk}/change/"' in page
+    assert not messages_on(operator_client.get(RUNS))  # said once
 
 
 def test_all_runs_matching_the_filter_are_previewed_and_cancelled_within_the_cap(

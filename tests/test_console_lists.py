@@ -18,7 +18,10 @@ from tests.test_console import audit_failed_run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RUNS = "/admin/runs/agentrun/"
-PROMPT = "Go through every incident note of the last quarter and summarise each one"
+PROMPT = (
+    "Go through every incident note of the last quarter and summarise each one "
+    "for the weekly report, grouped by the service it hit"
+)
 
 
 def row_of(content: str, agent_run) -> str:
@@ -66,7 +69,7 @@ def test_a_runs_row_says_which_run_what_it_was_asked_where_it_stands_and_why(ope
     assert re.search(r'title="created \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"', row)
     assert 'title="the last attempt ran ' in row
     long_row = row_of(content, long)
-    assert f">{PROMPT[:59]}…<" in long_row and f'title="{PROMPT}"' in long_row
+    assert f">{PROMPT[:99]}…<" in long_row and f'title="{PROMPT}"' in long_row
     assert 'status-completed" title="completed">completed</span>' in long_row
     assert 'class="run-why"' not in long_row  # "completed" twice says nothing
     assert "write in doubt" in row_of(content, in_doubt)

@@ -41,13 +41,21 @@ def test_a_run_page_shows_its_request_and_error_once_human_labels_and_each_steps
     labels = [html.unescape(label) for label in re.findall(r'"field-label">([^<]*)<', page)]
     assert "Time in model calls" in labels and "Run id" in labels, labels
     assert not [label for label in labels if re.search(r"Llm|_| ms$|^Id$|Lease token", label)]
-    # Each step but an attempt's first says how long it took.
+    # Filled for a scripted run too (issue #47: it said "-"), whose turns the
+    # worker timed: its one model turn (the failed calls recorded none).
+    model_time = re.search(r'field-model_time_shown">.*?<div class="readonly">(.*?)</div>', page)
+    assert re.fullmatch(r"\d+ ms in 1 model call", model_time[1]), model_time[1]
+    # Each step but an attempt's first says how long it took: a model turn
+    # its call, as the worker timed it; a tool call since the step before.
     rows = re.findall(r'<tr class="step-(\w+)" id="step-(\d+)".*?</tr>', page, re.S)
     took_cells = re.findall(r'<td class="step-took">(.*?)</td>', page, re.S)
     assert len(took_cells) == len(rows) + 1  # and the failed call's
+    since = r'title="since step \d+ was recorded">\d+\.\d s<'
     for (kind, sequence), cell in zip(rows, took_cells, strict=False):
-        if kind in (StepKind.LLM, StepKind.TOOL):
-            assert re.search(r'title="since step \d+ was recorded">\d+\.\d s<', cell), sequence
+        if kind == StepKind.LLM:
+            assert re.search(r'title="the model call&#x27;s latency">\d+\.\d s<', cell), cell
+        elif kind == StepKind.TOOL:
+            assert re.search(since, cell), sequence
     assert re.search(r"\d+\.\d s", took_cells[-1])
     assert '<span class="step-kind">model turn</span>' in page
     # A model turn has its actions' cell; a tool call's is empty.

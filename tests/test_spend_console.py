@@ -215,7 +215,7 @@ def test_the_daily_spend_list_is_a_row_per_day_submitter_and_model_its_shards_su
             for row in re.findall(r"<tr.*?</tr>", body, re.S)
         ]
 
-    shown_day = f"{day:%b}. {day.day}, {day.year}".replace("May.", "May")
+    shown_day = f"{day:%Y-%m-%d}"  # as the console writes a day (nrllm_ops/formats)
     # A day's costliest first; the tokens: input (cached) · output.
     assert rows() == [
         (shown_day, "olivia", "openai/gpt-4o", "6", "900 (0) · 300", "≥ 0.6 USD (1 unpriced)"),
@@ -237,6 +237,24 @@ def test_the_daily_spend_list_is_a_row_per_day_submitter_and_model_its_shards_su
         "0.01 USD",
     ]
     assert "3 daily spends" in operator_client.get(DAILY_SPEND).content.decode()
+
+    # Above the rows, what the filters select adds up to (issue #47): every
+    # shard of every key listed, whatever the page, in one query.
+    def totals(query=None) -> str:
+        with CaptureQueriesContext(connection) as captured:
+            content = operator_client.get(DAILY_SPEND, query or {}).content.decode()
+        summed = 'SUM("spend_dailyspend"."turns")'  # the rows' own sums are their keys' (U0)
+        assert sum(summed in one["sql"] for one in captured) == 1
+        return text(re.search(r'<p id="spend-totals"[^>]*>(.*?)</p>', content)[1])
+
+    assert totals() == (
+        "Selected: 3 rows, 10 turns, 1,110 (0) · 370 tokens, ≥ 0.71 USD (1 unpriced)"
+    )
+    assert totals({"submitter": 0}) == "Selected: 1 row, 2 turns, 150 (0) · 50 tokens, 0.1 USD"
+    assert totals({"day": str(day - timedelta(days=1))}).startswith("Selected: 1 row, 2 turns")
+    assert totals({"provider__exact": "anthropic"}) == (
+        "Selected: 0 rows, 0 turns, 0 (0) · 0 tokens, 0 USD"
+    )
 
 
 def test_the_overview_and_list_queries_do_not_grow_with_runs_or_spend_rows(

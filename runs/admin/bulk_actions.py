@@ -3,9 +3,10 @@ once: the selected runs, or all that match the list's filter (Django's
 "select all"), at most ``bulk.MAX_RUNS``. A preview page lists each run's
 verdict and the counts; confirmed, each run goes through its single-run
 action (``runs.operators.bulk``), and one message counts what was done
-and what was refused, by reason. The same page asks before a requeue from
-the dead letters or before one run's requeue whose failure would come
-again (``runs.admin.run_actions``)."""
+and what was refused, by reason — and, after a requeue or a restart,
+which of the runs sent back have already failed again. The same page asks
+before a requeue from the dead letters or before one run's requeue whose
+failure would come again (``runs.admin.run_actions``)."""
 
 from django import forms
 from django.contrib import admin, messages
@@ -13,11 +14,20 @@ from django.contrib.admin.views.main import ERROR_FLAG, IGNORED_PARAMS, PAGE_VAR
 from django.http import HttpResponseRedirect, QueryDict
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
+from runs.admin.aftermath import run_named
 from runs.operators import bulk
 from runs.operators.bulk import BULK_ACTIONS, BulkAction, Seen, Tally
 
 ACTION_CHECKBOX_NAME = admin.helpers.ACTION_CHECKBOX_NAME
+#: Where a bulk requeue or restart leaves its outcome (in the session) for
+#: the runs list it redirects to: the list says it as it renders, so that
+#: "already failed again" names the runs that had failed by the time the
+#: operator reads the message, not by the end of the action's request.
+AFTER_BULK = "nrllm_after_bulk"
+#: The runs failed again that the message links, at most.
+FAILED_AGAIN_SHOWN = 10
 
 #: What the preview says each action does, above its table.
 _WHAT_IT_DOES = {
@@ -86,10 +96,60 @@ class BulkRunActions:
             self._say(request, one.run_id, action.name, one.result, with_run=True)
         else:
             tally = Tally.of((one.result.ok, one.result.code) for one in results)
-            level = messages.WARNING if tally.refused else messages.SUCCESS
-            self.message_user(request, f"{_first_up(tally.says(action.done))}.", level)
+            says = _first_up(tally.says(action.done))
+            sent_back = [one.run_id for one in results if one.result.ok]
+            if action.name == "cancel" or not sent_back:
+                level = messages.WARNING if tally.refused else messages.SUCCESS
+                self.message_user(request, f"{says}.", level)
+            else:
+                request.session[AFTER_BULK] = {
+                    "says": says,
+                    "done": action.done,
+                    "refused": tally.refused_count,
+                    "runs": sent_back,
+                }
         back = QueryDict(request.POST.get("back", "")).urlencode()
         return HttpResponseRedirect(f"{changelist}?{back}" if back else changelist)
+
+    def changelist_view(self, request, extra_context=None):
+        # A live poll leaves it for the page the operator loads (live.py).
+        if request.method == "GET" and not request.headers.get("X-Nrllm-Live"):
+            after = request.session.pop(AFTER_BULK, None)
+            if after:
+                self._say_after_bulk(request, after)
+        return super().changelist_view(request, extra_context)
+
+    def _say_after_bulk(self, request, after: dict) -> None:
+        """The message of a bulk requeue or restart, as the list renders:
+        its counts, and the runs it sent back that have already failed again
+        (linked, with why), read now."""
+        failed = bulk.failed_again(after["runs"])
+        level = messages.WARNING if after["refused"] or failed else messages.SUCCESS
+        if not failed:
+            self.message_user(request, f"{after['says']}.", level)
+            return
+        sent, shown = len(after["runs"]), failed[:FAILED_AGAIN_SHOWN]
+        links = format_html_join(
+            ", ",
+            "{} ({})",
+            (
+                (run_named(run.pk, colon=False), run.failure_class or run.termination_reason)
+                for run in shown
+            ),
+        )
+        more = f" and {len(failed) - len(shown)} more" if len(failed) > len(shown) else ""
+        if sent == 1:
+            which = f"the run {after['done']} has"
+        else:
+            verb = "has" if len(failed) == 1 else "have"
+            which = f"{len(failed)} of the {sent} {after['done']} {verb}"
+        self.message_user(
+            request,
+            format_html(
+                "{}. {} already failed again: {}{}.", after["says"], _first_up(which), links, more
+            ),
+            level,
+        )
 
     def bulk_preview(self, request, action: BulkAction, runs, *, action_url, back="", back_url=""):
         """The page that asks before ``action``: each run's verdict (the

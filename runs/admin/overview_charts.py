@@ -229,7 +229,8 @@ def _stack(parts, highest: int) -> list[Segment]:
 
 def _title(start, end, total, parts) -> str:
     said = ", ".join(f"{count} {name}" for _, name, count in parts if count)
-    hour = f"{start:%Y-%m-%d %H:%M}–{end:%H:%M} UTC"
+    # As the console writes a moment (nrllm_ops/formats): to the second.
+    hour = f"{start:%Y-%m-%d %H:%M:%S}–{end:%H:%M:%S} UTC"
     return f"{hour}: {total} run{'' if total == 1 else 's'}" + (f" ({said})" if said else "")
 
 

@@ -1,5 +1,8 @@
-"""The runs list's columns, sized for a laptop (issue #30): at 1366 px, with
-the admin's app list and the filters open, the table has about 700 px.
+"""The runs list's columns, sized for a laptop (issues #30, #47): at 1366 px,
+with the admin's app list and the filters open, the table has about 700 px,
+and a run takes two lines, two of these columns stacked in each of the
+grid's (``_console_style.html``): id over status, prompt over why and last
+error, submitter over model, age over spend.
 
 So a row shows what an operator scans for — which run (an id's head), what
 it was asked (the prompt's start), where it stands and why (status with its
@@ -19,9 +22,10 @@ from runs.models import AgentRun
 from runs.selectors import is_write_in_doubt
 from runs.vocabulary import RunStatus
 
-#: The prompt and the last error in a row; the tooltip holds more.
-PROMPT_CHARS = 60
-ERROR_CHARS = 90
+#: The prompt and the last error in a row (a wide screen shows them; a
+#: laptop cuts them at the column's edge); the tooltip holds more.
+PROMPT_CHARS = 100
+ERROR_CHARS = 160
 TOOLTIP_CHARS = 600
 
 
@@ -89,11 +93,14 @@ class RunListColumns:
     @admin.display(description="age", ordering="created_at")
     def age(self, run: AgentRun):
         """How old the run is (the moment in the tooltip) and beside it how
-        long its last attempt ran: one narrow column, one line."""
+        long its last attempt ran: one narrow column, one line (cut with "…"
+        where a running run's "so far" does not fit; both whole in the tooltip)."""
         ran = ran_for(run, units=1)
+        created = f"created {moment(run.created_at)}"
         return format_html(
-            '<span title="created {}">{}</span>{}',
-            moment(run.created_at),
+            '<span class="run-age" title="{}"><span title="{}">{}</span>{}</span>',
+            f"{created}; the last attempt ran {ran}" if ran else created,
+            created,
             span(timezone.now() - run.created_at, units=1),
             format_html(
                 ' · <small class="run-ran" title="the last attempt ran {}, from its claim to '
@@ -107,8 +114,9 @@ class RunListColumns:
 
     @admin.display(description="why · last error")
     def last_error(self, run: AgentRun):
-        """The status's reason and the run's last error on one line, cut
-        with "…" at the column's edge; both whole in the tooltip."""
+        """The status's reason and the run's last error on one line (under
+        the prompt), cut with "…" at the column's edge; both whole in the
+        tooltip."""
         why, error = why_so(run), error_text(run)
         if not (why or error):
             return None

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from django.contrib import admin
 from django.core.paginator import Paginator
+from django.db.models.fields.json import KeyTransform
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -63,8 +64,27 @@ class RunPageFields:
 
     @admin.display(description="time in model calls")
     def model_time_shown(self, run: AgentRun) -> str:
-        """The model calls' latencies added up, over all attempts."""
-        return span(timedelta(milliseconds=run.llm_latency_ms)) if run.llm_latency_ms else "-"
+        """The latencies its model turns' steps recorded, added up over all
+        attempts ("1.4 s in 3 model calls"); "-" when none recorded one.
+
+        Read from the steps, not the run's ``llm_latency_ms``: that total
+        grows only with turns that report usage, and a scripted turn reports
+        none (the page said "-" for every run of the demo). A rerun's copies
+        of its original's turns are not its calls: their time is not its."""
+        latencies = [
+            latency
+            for latency in run.steps.filter(kind=StepKind.LLM, replay_of__isnull=True).values_list(
+                KeyTransform("latency_ms", "result"), flat=True
+            )
+            # A number the worker or the provider timed; anything else is no time.
+            if isinstance(latency, int | float) and not isinstance(latency, bool) and latency >= 0
+        ]
+        if not latencies:
+            return "-"
+        total = sum(latencies)
+        took = f"{round(total)} ms" if total < 1000 else span(timedelta(milliseconds=total))
+        calls = len(latencies)
+        return f"{took} in {calls} model call{'' if calls == 1 else 's'}"
 
     @admin.display(description="write executing (fence)")
     def fence_shown(self, run: AgentRun) -> str:

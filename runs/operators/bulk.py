@@ -190,6 +190,18 @@ def apply(
     return results
 
 
+def failed_again(run_ids: Iterable) -> list[AgentRun]:
+    """Those of ``run_ids`` — runs a requeue or restart sent back to the
+    queue — that have ended ``failed`` again since, as they are read now
+    (one query; oldest first). A run sent back is queued: failed, an
+    attempt after it failed (one queued for a retry has not ended)."""
+    return list(
+        AgentRun.objects.filter(pk__in=list(run_ids), status=RunStatus.FAILED)
+        .only("pk", "created_at", "termination_reason", "failure_class")
+        .order_by("created_at", "pk")
+    )
+
+
 def _apply_one(action: BulkAction, run_id, operator, note: str, seen: dict) -> ActionResult:
     run = AgentRun.objects.filter(pk=run_id).first()
     if run is None:

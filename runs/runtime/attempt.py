@@ -6,6 +6,7 @@ attempt: settled, parked for approval, or handed to ``failed_attempts``.
 Runs are started in ``starting``.
 """
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -20,6 +21,7 @@ from runs.approvals import notices as approval_notices
 from runs.approvals.gate import ApprovalGate, Decisions
 from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
 from runs.providers import build_provider
+from runs.providers.base import Turn
 from runs.run_webhooks import deliver_new_events_of
 from runs.runtime import heartbeat, rate_limit, spans
 from runs.runtime.budget_watch import BudgetWatch
@@ -319,8 +321,20 @@ class _DeadlinedProvider(TimedProvider):
             raise
 
     def _traced_turn(self, messages, tool_specs):
+        started = time.monotonic()
         with spans.model_call(self._execution.lease, self._kind, self._model) as traced:
-            return traced.returned(super().next_turn(messages, tool_specs))
+            return traced.returned(_timed(super().next_turn(messages, tool_specs), started))
+
+
+def _timed(turn: Turn, started: float) -> Turn:
+    """``turn`` with its call's latency as the worker timed it, where its
+    provider recorded none (the scripted one does not): every live model
+    turn's step says how long its call took, which the run page adds up as
+    its time in model calls."""
+    if "latency_ms" in turn.meta:
+        return turn
+    latency_ms = int((time.monotonic() - started) * 1000)
+    return dataclasses.replace(turn, meta={**turn.meta, "latency_ms": latency_ms})
 
 
 def _note_resume(execution: LeasedExecution, journal: Journal) -> None:

@@ -4,7 +4,8 @@ A page whose view finds something in flight (a run queued, running or
 waiting, a call waiting for approval) carries this script. Every few
 seconds it asks the server for the same page again — the same view, so the
 same permission checks and the same queries, never one more per row — and
-swaps the regions marked data-live-region that changed. A page that comes
+swaps the regions marked data-live-region that changed (and the window's
+title, when the page's changed: a run's names its status). A page that comes
 back with nothing in flight carries no script: the polling stops there.
 
 What the operator holds is kept: what they look at stays where it is on
@@ -235,6 +236,9 @@ data-live-region on an element with an id:
             else if (kind === "rows") swapRows(region, incoming, outcome);
             else swapUnit(region, incoming, outcome);
         });
+        // The window's title names what the page shows (a run with its
+        // status): it changes with it.
+        if (doc.title && doc.title !== document.title) document.title = doc.title;
         const there = held && (outcome.replaced.get(held.unit) || held.unit);
         if (there && there.isConnected) {
             const moved = there.getBoundingClientRect().top - held.top;

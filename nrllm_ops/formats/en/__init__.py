@@ -1,0 +1,1 @@
+"""The console's formats for its language, English (``formats``)."""
