@@ -34,7 +34,7 @@ from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.run_webhooks import deliveries_of
 from runs.runtime.rate_limit import waiting_for
-from runs.vocabulary import RunStatus
+from runs.vocabulary import RunStatus, StepKind
 
 STEPS_PER_PAGE = 50
 #: Fields of free text: a row of the grid each.
