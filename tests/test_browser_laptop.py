@@ -118,7 +118,11 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
         row = page.locator("#result_list tbody tr", has_text="Summarise the incidents")
         expect(row.locator(".run-id")).to_have_text(str(failed.pk)[:8])
         expect(row.locator(".run-why")).to_have_text("not_retryable · auth")
-        expect(row.locator(".run-error")).to_have_text("ProviderError: scripted auth failure")
+        expect(row.locator(".run-error")).to_have_text("scripted auth failure")
+        # The error's class is jargon on the line, kept in the tooltip.
+        expect(row.locator(".why-line")).to_have_attribute(
+            "title", "not_retryable · auth — ProviderError: scripted auth failure"
+        )
         assert_shown(page, f"#result_list a[href*='{failed.pk}/change/']")
         # A badge whole, not cut to "non" as the fence column's was.
         doubt = page.locator("#result_list tbody tr", has_text="Page on-call about the disk")

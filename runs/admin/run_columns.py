@@ -116,17 +116,21 @@ class RunListColumns:
     def last_error(self, run: AgentRun):
         """The status's reason and the run's last error on one line (under
         the prompt), cut with "…" at the column's edge; both whole in the
-        tooltip."""
+        tooltip. The line shows the error's message: its class name
+        (``AuditPersistenceFailed``) says nothing more to an operator
+        triaging, and cut at the edge it was a word broken off; the
+        tooltip and the run's page keep it."""
         why, error = why_so(run), error_text(run)
         if not (why or error):
             return None
+        said = run.error_message or run.error_type
         return format_html(
             '<span class="why-line" title="{}">{}{}{}</span>',
             " — ".join(part for part in (why, cut(error, TOOLTIP_CHARS)) if part),
             format_html('<small class="run-why">{}</small>', why) if why else "",
-            " — " if why and error else "",
-            format_html('<span class="run-error">{}</span>', cut(error, ERROR_CHARS))
-            if error
+            " — " if why and said else "",
+            format_html('<span class="run-error">{}</span>', cut(said, ERROR_CHARS))
+            if said
             else "",
         )
 
