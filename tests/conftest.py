@@ -145,6 +145,8 @@ def worker_env():
         "PYTHONUNBUFFERED": "1",
         # As in tests/settings.py; the `approvals` fixture turns them on.
         "NRLLM_APPROVAL_REQUIRED_FOR": django_settings.NRLLM_APPROVAL_REQUIRED_FOR,
+        # As in tests/settings.py: a stdio server's start on a loaded host.
+        "NRLLM_MCP_CONNECT_TIMEOUT_SECONDS": str(django_settings.NRLLM_MCP_CONNECT_TIMEOUT_SECONDS),
     }
 
 
