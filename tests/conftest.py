@@ -183,9 +183,10 @@ class Workers:
         return process
 
     def run_burst(self, timeout=60, **env_overrides) -> str:
-        """Run one burst worker until the queue is drained; return its output."""
+        """Run one burst worker until the queue is drained; return its output.
+        ``timeout``: seconds it may show no progress (``WorkerProcess.ended``)."""
         process = self.start(burst=True, **env_overrides)
-        output, _ = process.communicate(timeout=timeout)
+        output = process.ended(timeout)
         assert process.returncode == 0, output.decode()
         return output.decode()
 
