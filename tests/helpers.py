@@ -114,6 +114,19 @@ def run_progress(agent_run, *processes) -> tuple:
     return (*row, agent_run.steps.count(), *(process.progress() for process in processes))
 
 
+def statements_running(sql: str) -> int:
+    """How many backends of the test database are running ``sql`` now."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'active' AND query = %s",
+            [sql],
+        )
+        return cursor.fetchone()[0]
+
+
 @contextlib.contextmanager
 def cancelled_once(run_id, when, *, what="the moment to cancel"):
     """While the block runs (an attempt, say), an operator cancels ``run_id``
@@ -215,6 +228,11 @@ class WorkerProcess(subprocess.Popen):
             progress=self.progress,
         )
         return self.communicate()[0]
+
+    def output_so_far(self) -> bytes:
+        """What it has written until now (it may still be running)."""
+        descriptor = self.output_file.fileno()
+        return os.pread(descriptor, os.fstat(descriptor).st_size, 0)
 
     def communicate(self, input=None, timeout=None):
         self.wait(timeout=timeout)
