@@ -146,6 +146,8 @@ def worker_env():
         "PYTHONUNBUFFERED": "1",
         # As in tests/settings.py; the `approvals` fixture turns them on.
         "NRLLM_APPROVAL_REQUIRED_FOR": django_settings.NRLLM_APPROVAL_REQUIRED_FOR,
+        # As in tests/settings.py: a stdio server's start on a loaded host.
+        "NRLLM_MCP_CONNECT_TIMEOUT_SECONDS": str(django_settings.NRLLM_MCP_CONNECT_TIMEOUT_SECONDS),
     }
 
 
@@ -182,9 +184,10 @@ class Workers:
         return process
 
     def run_burst(self, timeout=60, **env_overrides) -> str:
-        """Run one burst worker until the queue is drained; return its output."""
+        """Run one burst worker until the queue is drained; return its output.
+        ``timeout``: seconds it may show no progress (``WorkerProcess.ended``)."""
         process = self.start(burst=True, **env_overrides)
-        output, _ = process.communicate(timeout=timeout)
+        output = process.ended(timeout)
         assert process.returncode == 0, output.decode()
         return output.decode()
 

@@ -79,16 +79,52 @@ def fresh(agent_run):
     return AgentRun.objects.get(pk=agent_run.pk)
 
 
-def wait_until(predicate, *, timeout=20.0, interval=0.05, what="condition"):
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+def wait_until(predicate, *, timeout=20.0, interval=0.05, what="condition", progress=None):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``.
+
+    With ``progress`` (a callable returning a snapshot of what the processes
+    awaited have done so far: ``WorkerProcess.progress``, ``run_progress``),
+    ``timeout`` counts from the snapshot's last change. A wait that spans
+    processes starting (a worker, its work horse, a stdio MCP server: seconds
+    each on a loaded host) then fails when they stall, never because the host
+    is busy, and a hang is still caught ``timeout`` after the last sign of life."""
     deadline = time.monotonic() + timeout
+    seen = progress() if progress is not None else None
     while True:
         value = predicate()
         if value:
             return value
+        if progress is not None and (now := progress()) != seen:
+            seen, deadline = now, time.monotonic() + timeout
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            quiet = " with no progress" if progress is not None else ""
+            raise AssertionError(f"timed out after {timeout}s{quiet} waiting for {what}")
         time.sleep(interval)
+
+
+def run_progress(agent_run, *processes) -> tuple:
+    """A snapshot of what ``agent_run`` and the worker ``processes`` (each a
+    ``WorkerProcess``) driving it have done: the run's state and steps, and
+    each process's tree and output (``wait_until``'s ``progress``)."""
+    from runs.models import AgentRun
+
+    row = AgentRun.objects.filter(pk=agent_run.pk).values_list(
+        "status", "lease_token", "requeue_count"
+    )
+    return (*row, agent_run.steps.count(), *(process.progress() for process in processes))
+
+
+def statements_running(sql: str) -> int:
+    """How many backends of the test database are running ``sql`` now."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'active' AND query = %s",
+            [sql],
+        )
+        return cursor.fetchone()[0]
 
 
 @contextlib.contextmanager
@@ -165,6 +201,38 @@ class WorkerProcess(subprocess.Popen):
     def __init__(self, command, **options):
         self.output_file = tempfile.TemporaryFile()
         super().__init__(command, stdout=self.output_file, stderr=subprocess.STDOUT, **options)
+
+    def progress(self) -> tuple:
+        """What it has done so far, as seen from outside: the processes of
+        its tree (a work horse forked, a stdio MCP server started, either
+        ended) and how much it has written."""
+        import psutil
+
+        try:
+            tree = psutil.Process(self.pid)
+            pids = tuple(sorted(child.pid for child in tree.children(recursive=True)))
+        except psutil.NoSuchProcess:
+            pids = None
+        written = None if self.output_file.closed else os.fstat(self.output_file.fileno()).st_size
+        return pids, written
+
+    def ended(self, timeout: float) -> bytes:
+        """Wait for it to exit and return what it wrote. It fails only after
+        ``timeout`` seconds with no progress: a worker's start, a work
+        horse's and a stdio MCP server's take seconds each on a loaded host."""
+        wait_until(
+            lambda: self.poll() is not None,
+            timeout=timeout,
+            interval=0.1,
+            what=f"{' '.join(map(str, self.args[2:]))} to exit",
+            progress=self.progress,
+        )
+        return self.communicate()[0]
+
+    def output_so_far(self) -> bytes:
+        """What it has written until now (it may still be running)."""
+        descriptor = self.output_file.fileno()
+        return os.pread(descriptor, os.fstat(descriptor).st_size, 0)
 
     def communicate(self, input=None, timeout=None):
         self.wait(timeout=timeout)

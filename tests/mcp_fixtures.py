@@ -50,8 +50,9 @@ class Tracker:
         """Let a held ``create_issue`` (a title starting ``hold``) finish."""
         self.release_file.touch()
 
-    def held(self, timeout=30.0) -> dict:
-        """Wait for a held call to reach the server; return it."""
+    def held(self, timeout=30.0, progress=None) -> dict:
+        """Wait for a held call to reach the server; return it. ``progress``:
+        ``wait_until``'s, for a call that comes from a worker starting."""
 
         def held_call():
             calls = self.calls("create_issue")
@@ -61,6 +62,7 @@ class Tracker:
             held_call,
             timeout=timeout,
             what="a held create_issue at the tracker",
+            progress=progress,
         )
 
     def kill_server_of(self, call: dict) -> None:

@@ -40,3 +40,11 @@ SECRET_KEY = "tests-only-secret-key"
 # deployment with NRLLM_APPROVAL_REQUIRED_FOR=none does. The shipped default
 # (non_idempotent_write) is pinned by test_approval_policy.py.
 NRLLM_APPROVAL_REQUIRED_FOR = "none"
+
+# The tests' stdio MCP servers are Python processes that import the SDK
+# (seconds of CPU), started anew by the suite's process and by every work
+# horse: on a loaded host that takes longer than the shipped 10 s, and a
+# listing would find the server unreachable only because the host is busy.
+# A server that never answers is still found; the tests of that bound set
+# their own. Workers started by the tests get the same (tests/conftest.py).
+NRLLM_MCP_CONNECT_TIMEOUT_SECONDS = 60

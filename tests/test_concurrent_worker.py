@@ -21,7 +21,7 @@ from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from tests.drifting_model import openai_request, scripted_request
-from tests.helpers import writes_per_call
+from tests.helpers import statements_running, writes_per_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
 
@@ -139,22 +139,23 @@ def test_sigterm_drains_the_runs_that_finish_and_hands_back_the_rest(
     workers, drifting_model, settings
 ):
     """SIGTERM: nothing is dequeued after it; runs that end within the grace
-    end; the others are handed back unsettled, and the reaper requeues them."""
-    quick = [
-        enqueue(openai_request(f"quick {i}", [{"answer": "done", "delay_seconds": 1}], []))
-        for i in range(3)
-    ]
+    end; the others are handed back unsettled, and the reaper requeues them.
+    Every model call is held until the worker has taken the SIGTERM, so all
+    six are in flight then however slowly a loaded host started them."""
+    drifting_model.hold_turn(0, every=True)
+    quick = [enqueue(openai_request(f"quick {i}", [{"answer": "done"}], [])) for i in range(3)]
     slow = [
         enqueue(openai_request(f"slow {i}", [{"answer": "late", "delay_seconds": 30}], []))
         for i in range(3)
     ]
-    worker = workers.start(
-        **{**CONCURRENT, "NRLLM_WORKER_DRAIN_SECONDS": 3, "NRLLM_LEASE_SECONDS": 30}
-    )
-    assert wait_until(lambda: running() == 6, 20)
+    # INFO: the worker's line saying it took the SIGTERM.
+    drain = {"NRLLM_WORKER_DRAIN_SECONDS": 3, "NRLLM_LEASE_SECONDS": 30, "LOG_LEVEL": "INFO"}
+    worker = workers.start(**{**CONCURRENT, **drain})
+    assert wait_until(lambda: drifting_model.requests_by_turn[0] == 6, 60)
     workers.signal(worker, signal.SIGTERM)
-    time.sleep(0.3)
+    assert wait_until(lambda: b"warm shut down requested" in worker.output_so_far(), 30)
     late = enqueue(openai_request("after", [{"answer": "x"}], []))
+    drifting_model.release.set()
     output, _ = worker.communicate(timeout=15)
     assert worker.returncode == 0, output.decode()
 
@@ -275,8 +276,7 @@ def test_an_exhausted_connection_pool_is_a_retryable_failure_not_a_hang(workers,
     )
     # The others come once the holder's tool holds the pool's one connection
     # (its model turn recorded, the tool's 3 s statement under way).
-    assert wait_until(lambda: holder.steps.filter(kind=StepKind.LLM).exists(), 20)
-    time.sleep(0.5)
+    assert wait_until(lambda: statements_running("SELECT pg_sleep(3)"), 60)
     waiting = [enqueue(scripted_request(f"w {i}", [{"answer": "ok"}], [])) for i in range(3)]
     everyone = [holder, *waiting]
     assert wait_until(

@@ -23,7 +23,8 @@ from runs.runtime import heartbeat, run
 from runs.runtime.step_ledger import StepLedger
 from runs.transitions import RecordOutcome
 from runs.vocabulary import RunStatus
-from tests.helpers import answer, scripted, stored
+from tests.drifting_model import SEARCH, openai_request
+from tests.helpers import answer, scripted, stored, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,15 +39,29 @@ def lease_left(run_id) -> float:
         return float(cursor.fetchone()[0])
 
 
+def lease_clock(run_id) -> tuple[float, float]:
+    """The database's time now and the run's lease expiry, in seconds."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM now()), EXTRACT(EPOCH FROM lease_expires_at) "
+            "FROM runs_agentrun WHERE id = %s",
+            [run_id],
+        )
+        now, expires = cursor.fetchone()
+        return float(now), float(expires)
+
+
 def test_a_short_lease_is_kept_through_a_model_call_longer_than_it(settings):
-    """A lease of 1 s, a model that takes 3 s: the reaper, passing all the
-    while, never finds the run stale, and the run completes."""
-    settings.NRLLM_LEASE_SECONDS = 1
+    """A lease of 2 s, a model that takes 4 s: the reaper, passing all the
+    while, never finds the run stale, and the run completes. (The keeper
+    renews a lease by the time a third of it is left: 0.7 s of a 2 s lease
+    is time enough on a loaded host, 0.3 s of a 1 s one not always.)"""
+    settings.NRLLM_LEASE_SECONDS = 2
     finished = threading.Event()
 
     def execute():
         try:
-            run(scripted({"content": "slow", "delay_seconds": 3}))
+            run(scripted({"content": "slow", "delay_seconds": 4}))
         finally:
             connection.close()
             finished.set()
@@ -78,43 +93,47 @@ def test_the_heartbeat_stops_at_the_operations_deadline_and_the_stuck_worker_is_
 ):
     """An attempt stuck past its operation's deadline: the keeper stops
     renewing, the lease lapses, the reaper requeues the run, and the stuck
-    attempt's late record is refused."""
+    attempt's late record is refused. The lease is watched by the database's
+    clock until it lapses: what the keeper did, not when the test looked."""
     settings.NRLLM_MAX_REQUEUES = 3
     settings.NRLLM_EXECUTE_IN_CALLER = False  # the requeued run stays queued
     agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
-    lease = transitions.claim(agent_run.pk, "stuck-worker", 1).lease
-    with heartbeat.kept(lease, 1) as beat:
-        beat.until(2)  # the operation's deadline: 2 s from now
-        time.sleep(1.5)
-        assert lease_left(agent_run.pk) > 0.3  # kept so far
-        deadline = time.monotonic() + 5
-        while lease_left(agent_run.pk) > 0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        stopped_after = 5 - (deadline - time.monotonic())
-        assert lease_left(agent_run.pk) <= 0, "the heartbeat kept the lease past the deadline"
-        assert stopped_after < 3.5
+    lease = transitions.claim(agent_run.pk, "stuck-worker", 2).lease
+    with heartbeat.kept(lease, 2) as beat:
+        start, claimed_until = lease_clock(agent_run.pk)
+        beat.until(3)  # the operation's deadline: 3 s from now
+        seen = []
+
+        def lapsed() -> bool:
+            seen.append(lease_clock(agent_run.pk))
+            now, expires = seen[-1]
+            return expires <= now
+
+        wait_until(lapsed, timeout=30, what="the lease to lapse")
+        # Kept: alive after the claim's own 2 s had run out ...
+        assert any(now > claimed_until and expires > now for now, expires in seen), seen
+        # ... and never past the deadline (3 s, and a renewal's own latency).
+        assert max(expires for _, expires in seen) - start < 4.5, "kept past the deadline"
         reap_stale_runs()
     assert AgentRun.objects.get(pk=agent_run.pk).status == RunStatus.QUEUED
     outcome = transitions.record_step(lease, 1, {"kind": "llm"}, clear_fence=False)
     assert outcome is RecordOutcome.LEASE_LOST
 
 
-def test_a_handed_back_attempt_settles_nothing_and_lets_its_lease_lapse(settings):
-    """``hand_back_all``: the lease lapses at once for the reaper, and the
-    attempt stops at its next step boundary without settling."""
+def test_a_handed_back_attempt_settles_nothing_and_lets_its_lease_lapse(settings, drifting_model):
+    """``hand_back_all`` during a model call: the lease lapses at once for
+    the reaper, and the attempt stops at its next step boundary (the turn's
+    record) without settling. The model holds its answer until the hand-back
+    is done, so the hand-back lands inside the call however busy the host."""
     settings.NRLLM_LEASE_SECONDS = 30
+    drifting_model.hold_turn(0)
     done = threading.Event()
 
     def execute():
         try:
             run(
-                scripted(
-                    {
-                        "tool_calls": [{"name": "search_notes", "arguments": {"query": "q"}}],
-                        "delay_seconds": 1.5,
-                    },
-                    answer(),
-                    tools=["search_notes"],
+                openai_request(
+                    "hand back", [{"calls": [SEARCH]}, {"answer": "no"}], ["search_notes"]
                 )
             )
         finally:
@@ -122,16 +141,17 @@ def test_a_handed_back_attempt_settles_nothing_and_lets_its_lease_lapse(settings
             done.set()
 
     threading.Thread(target=execute).start()
-    while heartbeat.in_flight() == 0:
-        time.sleep(0.05)
+    assert drifting_model.held.wait(timeout=30), "the model call never began"
     assert heartbeat.hand_back_all() == 1
     agent_run = AgentRun.objects.get()
     assert lease_left(agent_run.pk) <= 0
-    assert done.wait(10)
+    drifting_model.release.set()
+    assert done.wait(30)
     agent_run.refresh_from_db()
     assert agent_run.status == RunStatus.RUNNING  # not settled as if it ended
     assert lease_left(agent_run.pk) <= 0  # the model's turn recorded, the lease let go
     assert list(agent_run.steps.values_list("kind", flat=True)) == ["request", "llm"]
+    assert drifting_model.requests_by_turn == {0: 1}  # nothing asked after the hand-back
 
 
 def test_one_keeper_pass_renews_every_due_lease_in_one_statement_each_to_its_own_deadline():

@@ -11,17 +11,19 @@ the test writes, or never answers) and the tracker
 (``tests.mcp_servers.tracker``).
 """
 
+import contextlib
 import json
 import threading
 import time
 import tracemalloc
 
+import psutil
 import pytest
 
 from runs.models import AgentRun
 from runs.runtime import enqueue
 from runs.vocabulary import RunStatus, StepKind
-from tests.helpers import answer, call, fresh, scripted
+from tests.helpers import answer, call, fresh, scripted, wait_until
 from tests.mcp_fixtures import reset_mcp
 from tests.mcp_toolsets import Liar, StuckStarting, TrackerOverStdio
 from tools.contract import ToolContext, ToolOutcomeUnknown
@@ -114,8 +116,10 @@ def test_one_runs_json_rpc_error_leaves_another_runs_call_on_the_shared_session_
     tools = catalog.listing(Liar).tools
     outcomes = {}
 
-    def call_tool(name, after):
-        time.sleep(after)
+    def call_tool(name, after=None):
+        if after is not None:  # while that call is in flight (the server answers it in 2 s)
+            log = tmp_path / "liar.log"
+            wait_until(lambda: log.exists() and after in log.read_text(), what=f"{after} sent")
         context = ToolContext(run_id=name, idempotency_key=name, attempt=1)
         try:
             outcomes[name] = tools[f"liar__{name}"].run({}, context)
@@ -123,8 +127,8 @@ def test_one_runs_json_rpc_error_leaves_another_runs_call_on_the_shared_session_
             outcomes[name] = unknown
 
     threads = [
-        threading.Thread(target=call_tool, args=("slow_entry", 0)),
-        threading.Thread(target=call_tool, args=("refuse_entry", 0.5)),
+        threading.Thread(target=call_tool, args=("slow_entry",)),
+        threading.Thread(target=call_tool, args=("refuse_entry", "slow_entry")),
     ]
     for thread in threads:
         thread.start()
@@ -133,6 +137,15 @@ def test_one_runs_json_rpc_error_leaves_another_runs_call_on_the_shared_session_
     assert "done slowly" in str(outcomes["slow_entry"]), outcomes
     assert isinstance(outcomes["refuse_entry"], ToolOutcomeUnknown)
     assert sorted((tmp_path / "liar.log").read_text().split()) == ['"refuse_entry"', '"slow_entry"']
+
+
+def server_started(mode: str) -> bool:
+    """Whether this process has started a liar server in ``mode``."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[-2:] == ["tests.mcp_servers.liar", mode]:
+                return True
+    return False
 
 
 def test_a_server_stuck_starting_costs_its_listing_the_connect_timeout_and_no_other_listing(
@@ -150,7 +163,7 @@ def test_a_server_stuck_starting_costs_its_listing_the_connect_timeout_and_no_ot
 
     lister = threading.Thread(target=list_the_stuck_server)
     lister.start()
-    time.sleep(0.5)  # the stuck server's session is opening
+    wait_until(lambda: server_started("hang"), what="the stuck server's session opening")
     started = time.monotonic()
     meanwhile = catalog.listing(TrackerOverStdio, refresh=True)
     meanwhile_seconds = time.monotonic() - started

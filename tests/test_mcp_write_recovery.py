@@ -21,7 +21,7 @@ from runs.runtime import enqueue
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from tests.drifting_model import MODELS
 from tests.fake_openai import error
-from tests.helpers import fresh, later, wait_until
+from tests.helpers import fresh, later, run_progress, wait_until
 from tests.mcp_runs import (
     ANSWER,
     CREATE,
@@ -42,8 +42,10 @@ def test_the_server_killed_during_a_write_dead_letters_the_run_and_the_write_nev
     agent_run = enqueue(server.request(model, [HELD_CREATE], ANSWER))
     # One forking worker throughout: each job it takes runs in a work horse
     # of its own, a process with no MCP session yet (a stdio server of its own).
-    workers.start(NRLLM_WORKER_CLASS="runs.worker.Worker", **tracker.env)
-    held = tracker.held()
+    worker = workers.start(NRLLM_WORKER_CLASS="runs.worker.Worker", **tracker.env)
+    # The worker, its work horse and the horse's stdio server start first:
+    # on a loaded host, seconds each.
+    held = tracker.held(progress=lambda: run_progress(agent_run, worker))
     server.kill(held)
     wait_until(lambda: fresh(agent_run).is_terminal, timeout=60, what="the attempt to end")
 
@@ -69,7 +71,12 @@ def test_the_server_killed_during_a_write_dead_letters_the_run_and_the_write_nev
     tracker.release()
     reap_stale_runs(as_of=later())
     stray = queue.enqueue("runs.jobs.execute_run_job", str(agent_run.pk))
-    wait_until(lambda: stray.is_finished, timeout=30, what="the stray wake-up")
+    wait_until(
+        lambda: stray.is_finished,
+        timeout=30,
+        what="the stray wake-up",
+        progress=lambda: run_progress(agent_run, worker),
+    )
     assert len(tracker.calls("create_issue")) == 1
     assert (fresh(agent_run).status, fresh(agent_run).lease_token) == (RunStatus.FAILED, 1)
 
@@ -77,7 +84,12 @@ def test_the_server_killed_during_a_write_dead_letters_the_run_and_the_write_nev
     # with the same key: the turn that asked for it is replayed.
     assert operator_actions.reconcile(fresh(agent_run), operator, "not_applied", "not filed").ok
     assert operator_actions.requeue(fresh(agent_run), operator, "file it").ok
-    wait_until(lambda: fresh(agent_run).is_terminal, timeout=30, what="the requeued attempt")
+    wait_until(
+        lambda: fresh(agent_run).is_terminal,
+        timeout=30,
+        what="the requeued attempt",
+        progress=lambda: run_progress(agent_run, worker),
+    )
     done = fresh(agent_run)
     assert done.status == RunStatus.COMPLETED, done.error_message
     first, again = tracker.calls("create_issue")
@@ -151,13 +163,20 @@ def test_a_worker_killed_after_a_write_was_recorded_resumes_and_each_write_reach
         server.request(model, [SEARCH], [CREATE], [LABEL], ANSWER, scripted_before={2: thinking})
     )
     worker = workers.start(**server.tracker.env)
+    # Through the worker's start, its stdio server's and two turns' calls.
     if model is not None:
-        assert model.held.wait(timeout=30), "turn 2 was never asked for"
+        wait_until(
+            model.held.is_set,
+            timeout=30,
+            what="turn 2 to be asked for",
+            progress=lambda: run_progress(agent_run, worker),
+        )
     else:
         wait_until(
             lambda: fresh(agent_run).steps.filter(tool_name=server.tool("create_issue")).exists(),
             timeout=30,
             what="the new issue's step",
+            progress=lambda: run_progress(agent_run, worker),
         )
     workers.kill(worker)
     if model is not None:

@@ -6,9 +6,9 @@ turn is asked for again, and nothing a zombie does reaches the journal."""
 
 import contextlib
 import signal
-import time
 from datetime import timedelta
 
+import psutil
 import pytest
 from django.utils import timezone
 
@@ -91,7 +91,13 @@ def test_a_zombie_whose_lease_was_taken_adds_nothing_after_the_resumed_attempt(
     last = agent_run.step_count
     drifting_model.release.set()  # the zombie's model call returns now
     wait_until(lambda: drifting_model.requests_by_turn[1] == 2, what="both turn-1 requests")
-    time.sleep(2)  # what the zombie would do with its answer, it has had time to try
+    # What the zombie would do with its answer, it has tried: its work horse,
+    # the attempt's process, has ended.
+    wait_until(
+        lambda: not psutil.Process(zombie.pid).children(),
+        timeout=30,
+        what="the zombie's work horse to end",
+    )
     workers.signal(zombie, signal.SIGTERM)
     agent_run.refresh_from_db()
     assert agent_run.status == "completed"
