@@ -39,21 +39,6 @@ CONCURRENT = {
 TOOLS = ["search_notes", "send_notification", "post_webhook"]
 
 
-@pytest.fixture
-def own_redis(settings, tmp_path):
-    """A redis-server of the test's own, which it may stop or stall without
-    touching the other tests' (``settings.REDIS_URL`` points at it)."""
-    from tests.harness import _redis
-
-    redis = _redis(tmp_path)
-    redis.start()
-    settings.REDIS_URL = f"redis://127.0.0.1:{redis.port}/0"
-    try:
-        yield redis
-    finally:
-        redis.stop()
-
-
 def unfinished() -> int:
     return AgentRun.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).count()
 
