@@ -166,6 +166,14 @@ class WorkerProcess(subprocess.Popen):
         self.output_file = tempfile.TemporaryFile()
         super().__init__(command, stdout=self.output_file, stderr=subprocess.STDOUT, **options)
 
+    def written(self) -> str:
+        """What it has written so far, while it runs. Read at an offset: the
+        file's own offset is the process's too, and must not move."""
+        if self.output_file.closed:
+            return self.output.decode()
+        size = os.fstat(self.output_file.fileno()).st_size
+        return os.pread(self.output_file.fileno(), size, 0).decode(errors="replace")
+
     def communicate(self, input=None, timeout=None):
         self.wait(timeout=timeout)
         if not self.output_file.closed:
