@@ -91,6 +91,37 @@ def wait_until(predicate, *, timeout=20.0, interval=0.05, what="condition"):
         time.sleep(interval)
 
 
+def wait_while_progressing(predicate, progress, *, stalled_after=60.0, interval=0.05, what="it"):
+    """Poll ``predicate`` until it returns something truthy, for as long as
+    ``progress()`` keeps changing; fail once it has returned the same for
+    ``stalled_after`` seconds. The bound is on being stuck, not on being
+    slow: a loaded host takes longer, and keeps moving."""
+    last, since = progress(), time.monotonic()
+    while True:
+        value = predicate()
+        if value:
+            return value
+        now = progress()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > stalled_after:
+            raise AssertionError(
+                f"no progress for {stalled_after}s waiting for {what}; last seen: {now!r}"
+            )
+        time.sleep(interval)
+
+
+def cpu_seconds(process) -> float | None:
+    """The CPU time ``process`` has used so far; None once it has exited."""
+    import psutil
+
+    try:
+        times = psutil.Process(process.pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return None
+    return times.user + times.system
+
+
 @contextlib.contextmanager
 def cancelled_once(run_id, when, *, what="the moment to cancel"):
     """While the block runs (an attempt, say), an operator cancels ``run_id``
