@@ -126,7 +126,7 @@ class WaitsOutRedis:
     its run's end in its row; RQ's books for it are not kept, and no
     traceback says so. When Redis answers again, maybe empty (restarted
     without persistence), the worker registers itself again, so the
-    overview lists it."""
+    overview lists it, and runs RQ's maintenance at once."""
 
     max_connection_wait_time = LONGEST_WAIT_SECONDS
 
