@@ -60,6 +60,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from nrllm_ops import tracing
 from runs.jobs import load_for_runs
+from runs.redis_outage import WaitsOutRedis
 from runs.runtime.run_threads import RunThreads
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class NoDeathPenalty(BaseDeathPenalty):
 SPARE_REDIS_CONNECTIONS = 10
 
 
-class ConcurrentWorker(SimpleWorker):
+class ConcurrentWorker(WaitsOutRedis, SimpleWorker):
     death_penalty_class = NoDeathPenalty
     #: Seconds a blocking dequeue waits before the loop looks round again
     #: (RQ's own would block for minutes, leaving jobs' heartbeats unsent).
@@ -145,11 +146,11 @@ class ConcurrentWorker(SimpleWorker):
         jobs = []
         try:
             jobs = self._take_waiting_jobs(taken)
-        except RedisError:
+        except RedisError as error:
             # RQ's own dequeue, below, waits for Redis to come back. A move
             # that landed unanswered leaves its job taken and unstarted: the
             # reaper dispatches its run again (G7).
-            logger.warning("concurrent worker: Redis away while taking jobs", exc_info=True)
+            self.redis_outage.noticed(error)
         except BaseException:
             self.runs.give_back(taken)
             raise
@@ -248,9 +249,14 @@ class ConcurrentWorker(SimpleWorker):
         try:
             performer.prepare_execution(job)
             performer.perform_job(job, queue)
+        except RedisError as error:
+            # Redis went before the job started: its run, not started, is
+            # dispatched again by the reaper (G7). (One that ended is in
+            # its row: ``perform_job`` says nothing of RQ's books then.)
+            self.redis_outage.noticed(error)
         except Exception:
             # perform_job handles what the job raises; this is RQ's own
-            # bookkeeping failing (Redis away): the run row is unaffected.
+            # bookkeeping failing otherwise: the run row is unaffected.
             logger.exception("job %s: RQ's bookkeeping failed", job.id)
         if self.runs.count() <= 1 and not self._stop_requested:
             self.set_state(WorkerStatus.IDLE)
@@ -261,10 +267,10 @@ class ConcurrentWorker(SimpleWorker):
         """RQ's worker heartbeat (the main loop sends it while it waits for a
         job), and every job's in flight, every ``job_monitoring_interval``:
         RQ drops an execution from its started-job registry when its
-        heartbeat stops, and a run may outlive that. A Redis blip is logged,
-        not raised: RQ's loop would quit on it, and the runs in flight need
-        Redis for nothing (their rows are their state); the next dequeue
-        waits for Redis to come back."""
+        heartbeat stops, and a run may outlive that. A Redis outage is
+        noticed (logged once), not raised: RQ's loop would quit on it, and
+        the runs in flight need Redis for nothing (their rows are their
+        state); the next dequeue waits for Redis to come back."""
         if pipeline is not None:
             return super().heartbeat(timeout, pipeline)  # a job's own, pipelined
         if timeout is not None or time.monotonic() - self._heartbeat_at >= self.heartbeat_seconds:
@@ -272,10 +278,11 @@ class ConcurrentWorker(SimpleWorker):
                 with self.connection.pipeline(transaction=False) as beat:
                     super().heartbeat(timeout, beat)
                     beat.execute()
-            except RedisError:
-                logger.warning("concurrent worker: heartbeat not sent to Redis")
+            except RedisError as error:
+                self.redis_outage.noticed(error)
                 return
             self._heartbeat_at = time.monotonic()
+            self.redis_answers()
             self._reconcile_state()
         if self.is_horse or not hasattr(self, "runs"):
             return
@@ -291,7 +298,7 @@ class ConcurrentWorker(SimpleWorker):
 
     def set_state(self, state, pipeline=None):
         """RQ's worker state, sent only when it changes (each job would send
-        it twice); a Redis blip is logged, as in ``heartbeat``. The worker is
+        it twice); a Redis outage is noticed, as in ``heartbeat``. The worker is
         busy while a run is in flight: RQ's dequeue, which says idle each
         time it waits, is not heard then."""
         if pipeline is not None:
@@ -306,11 +313,8 @@ class ConcurrentWorker(SimpleWorker):
         with self._state_lock:
             if state == self._state:
                 return
-            try:
-                super().set_state(state)
-            except RedisError:
+            if not super().set_state(state):
                 self._state = None  # unknown: sent again next time
-                logger.warning("concurrent worker: state %s not sent to Redis", state)
 
     def _reconcile_state(self) -> None:
         """With the heartbeat: busy while a run is in flight, idle when none

@@ -11,6 +11,9 @@ spans before it exits when traces are on (``nrllm_ops.tracing``).
 the same at its start rather than in its first run, and exporting its
 spans as it stops, within ``NRLLM_TRACES_EXIT_SECONDS`` (a worker of
 ``rqworker-pool`` leaves by ``os._exit``).
+
+All three wait out a Redis outage (``runs.redis_outage.WaitsOutRedis``):
+started while Redis is away, or finding it gone, they wait and go on.
 """
 
 import logging
@@ -23,6 +26,7 @@ from rq.worker import Worker as RQWorker
 from nrllm_ops import metrics_files, tracing
 from runs.concurrent_worker import ConcurrentWorker
 from runs.jobs import load_for_runs
+from runs.redis_outage import WaitsOutRedis
 
 __all__ = ["ConcurrentWorker", "SimpleWorker", "Worker"]
 
@@ -34,7 +38,7 @@ logger = logging.getLogger(__name__)
 HORSE_FLUSH_SECONDS = 2
 
 
-class Worker(RQWorker):
+class Worker(WaitsOutRedis, RQWorker):
     def bootstrap(self, *args, **kwargs):
         # First: a worker that cannot load them registers nothing in Redis.
         load_for_runs()
@@ -66,7 +70,7 @@ class Worker(RQWorker):
             metrics_files.fold_exited(horse, logger.exception)
 
 
-class SimpleWorker(RQSimpleWorker):
+class SimpleWorker(WaitsOutRedis, RQSimpleWorker):
     def bootstrap(self, *args, **kwargs):
         load_for_runs()
         super().bootstrap(*args, **kwargs)

@@ -127,6 +127,17 @@ def statements_running(sql: str) -> int:
         return cursor.fetchone()[0]
 
 
+def cpu_seconds(process) -> float | None:
+    """The CPU time ``process`` has used so far; None once it has exited."""
+    import psutil
+
+    try:
+        times = psutil.Process(process.pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return None
+    return times.user + times.system
+
+
 @contextlib.contextmanager
 def cancelled_once(run_id, when, *, what="the moment to cancel"):
     """While the block runs (an attempt, say), an operator cancels ``run_id``
@@ -229,10 +240,13 @@ class WorkerProcess(subprocess.Popen):
         )
         return self.communicate()[0]
 
-    def output_so_far(self) -> bytes:
-        """What it has written until now (it may still be running)."""
-        descriptor = self.output_file.fileno()
-        return os.pread(descriptor, os.fstat(descriptor).st_size, 0)
+    def written(self) -> str:
+        """What it has written so far, while it runs. Read at an offset: the
+        file's own offset is the process's too, and must not move."""
+        if self.output_file.closed:
+            return self.output.decode()
+        size = os.fstat(self.output_file.fileno()).st_size
+        return os.pread(self.output_file.fileno(), size, 0).decode(errors="replace")
 
     def communicate(self, input=None, timeout=None):
         self.wait(timeout=timeout)

@@ -32,6 +32,8 @@ LAYERS = (
             "runs.management",
             "runs.jobs",
             "runs.cron",
+            "runs.cron_scheduler",
+            "runs.redis_outage",
             "runs.worker",
             "runs.concurrent_worker",
             "runs.embedded_worker",

@@ -1,12 +1,9 @@
 """A cancel wins over every way back into the queue (G9); the reaper acts only
 on what it saw (G7); a job id is never used twice for a run, and a dispatch
 that cannot reach Redis never strands a run (G4). Against real rqworkers,
-PostgreSQL and Redis — one test stops and restarts a redis-server of its own."""
+PostgreSQL and Redis — one test stops and restarts a redis-server of its own
+(``own_redis``)."""
 
-import shutil
-import subprocess
-
-import port_for
 import psutil
 import pytest
 from django.db import DatabaseError
@@ -209,54 +206,11 @@ def test_an_operator_requeue_dispatches_a_job_under_an_id_never_used_for_the_run
     assert fresh(agent_run).status == "completed"
 
 
-@pytest.fixture
-def own_redis(settings):
-    """A redis-server of this test's own, which the test stops and starts."""
-    port = port_for.select_random()
-    command = [
-        shutil.which("redis-server"),
-        "--port",
-        str(port),
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    servers = []
-
-    def start():
-        server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        servers.append(server)
-        wait_until(lambda: _pings(port), what="redis-server to start")
-
-    def stop():
-        servers[-1].terminate()
-        servers[-1].wait(timeout=30)
-
-    start()
-    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
-    yield start, stop
-    for server in servers:
-        if server.poll() is None:
-            server.kill()
-            server.wait(timeout=30)
-
-
-def _pings(port: int) -> bool:
-    import redis
-
-    try:
-        return redis.Redis(port=port, socket_connect_timeout=1).ping()
-    except redis.exceptions.ConnectionError:
-        return False
-
-
 @pytest.mark.worker
 @pytest.mark.parametrize("model", MODELS, indirect=True)
 def test_a_run_whose_retry_could_not_be_dispatched_while_redis_was_down_completes(
     model, workers, own_redis, settings
 ):
-    start_redis, stop_redis = own_redis
     settings.NRLLM_REDISPATCH_AFTER_SECONDS = 1
     agent_run = enqueue(failing_first_turn(model, "rate_limit", 429))
     # The forking worker: its horse's end says the dispatch was tried.
@@ -269,10 +223,10 @@ def test_a_run_whose_retry_could_not_be_dispatched_while_redis_was_down_complete
     )
     if model is None:
         wait_until(lambda: fresh(agent_run).status == "running", what="the attempt")
-        stop_redis()
+        own_redis.stop()
     else:
         assert model.held.wait(timeout=30)
-        stop_redis()
+        own_redis.stop()
         model.release.set()
     # The attempt fails, and its retry cannot be dispatched: once the work
     # horse is done (its dispatch tried), the run waits, queued.
@@ -282,7 +236,7 @@ def test_a_run_whose_retry_could_not_be_dispatched_while_redis_was_down_complete
     assert (waiting.status, waiting.requeue_count) == ("queued", 1), waiting.error_message
     workers.kill(worker)  # it lost its Redis
 
-    start_redis()  # empty: whatever it held is gone
+    own_redis.start()  # empty: whatever it held is gone
     # A reaper pass after the retry's due time and the redispatch threshold.
     report = reap_stale_runs(as_of=later(60))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}

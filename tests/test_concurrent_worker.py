@@ -39,21 +39,6 @@ CONCURRENT = {
 TOOLS = ["search_notes", "send_notification", "post_webhook"]
 
 
-@pytest.fixture
-def own_redis(settings, tmp_path):
-    """A redis-server of the test's own, which it may stop or stall without
-    touching the other tests' (``settings.REDIS_URL`` points at it)."""
-    from tests.harness import _redis
-
-    redis = _redis(tmp_path)
-    redis.start()
-    settings.REDIS_URL = f"redis://127.0.0.1:{redis.port}/0"
-    try:
-        yield redis
-    finally:
-        redis.stop()
-
-
 def unfinished() -> int:
     return AgentRun.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).count()
 
@@ -153,7 +138,7 @@ def test_sigterm_drains_the_runs_that_finish_and_hands_back_the_rest(
     worker = workers.start(**{**CONCURRENT, **drain})
     assert wait_until(lambda: drifting_model.requests_by_turn[0] == 6, 60)
     workers.signal(worker, signal.SIGTERM)
-    assert wait_until(lambda: b"warm shut down requested" in worker.output_so_far(), 30)
+    assert wait_until(lambda: "warm shut down requested" in worker.written(), 30)
     late = enqueue(openai_request("after", [{"answer": "x"}], []))
     drifting_model.release.set()
     output, _ = worker.communicate(timeout=15)

@@ -1,14 +1,9 @@
 """`make run`'s embedded default: SQLite and in-process execution, no Redis,
 no PostgreSQL. The set-up commands run as `make run` runs them."""
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import sqlite3
-import subprocess
-import sys
 import uuid
 from datetime import datetime, timedelta
 
@@ -16,8 +11,20 @@ import pytest
 
 from runs.management.commands import seed_demo
 from tests.drifting_model import openai_request
+from tests.embedded_processes import (
+    STOPPED_SECONDS,
+    embedded_worker,
+    progress,
+    sqlite_rows,
+    sqlite_write,
+    start_embedded_worker,
+)
 from tests.fake_openai import error
-from tests.helpers import ROOT, WorkerProcess, manage, sqlite_env, wait_until
+from tests.helpers import manage, sqlite_env, wait_until
+
+#: A wait fails after this long with nothing moving (``progress``), not
+#: after this long in all: a loaded host is slow, a stuck one still.
+STALLED = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +54,11 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
     assert "not seeded again" in seeded.stdout
 
     def outcomes():
-        return sorted(_rows(env, "SELECT status, termination_reason FROM runs_agentrun"))
+        return sorted(sqlite_rows(env, "SELECT status, termination_reason FROM runs_agentrun"))
 
     def decisions():
         return dict(
-            _rows(
+            sqlite_rows(
                 env,
                 "SELECT run.prompt, approval.status || ' by ' || coalesce(user.username, '-') "
                 "FROM runs_approvalrequest approval JOIN runs_agentrun run ON run.id = "
@@ -60,7 +67,7 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
         )
 
     def sent(scenario) -> int:
-        return _rows(
+        return sqlite_rows(
             env,
             "SELECT count(*) FROM tools_outboxnotification WHERE run_id = "
             "(SELECT id FROM runs_agentrun WHERE prompt = ?)",
@@ -92,8 +99,13 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
         ("failed", "not_retryable"),
         ("waiting_for_approval", ""),
     ]
-    with embedded_worker(env):
-        wait_until(lambda: outcomes() == expected, what="the demo run's retry")
+    with embedded_worker(env) as worker:
+        wait_until(
+            lambda: outcomes() == expected,
+            timeout=STALLED,
+            progress=progress(env, worker),
+            what="the demo run's retry",
+        )
         # The worker's passes leave the waiting run alone; the operator
         # approves it (as the admin does, from another process) and it runs
         # to its end, its notification sent once.
@@ -112,7 +124,10 @@ def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
         assert approved.stdout.splitlines()[-1] == "approved"
         # Approved, it is queued, then run by the embedded worker: waited for to its end.
         wait_until(
-            lambda: outcomes().count(("completed", "completed")) == 5, what="the approved run"
+            lambda: outcomes().count(("completed", "completed")) == 5,
+            timeout=STALLED,
+            progress=progress(env, worker),
+            what="the approved run",
         )
     assert outcomes().count(("completed", "completed")) == 5
     assert decisions()[seed_demo.WAITING["prompt"]] == "approved by admin"
@@ -219,21 +234,14 @@ def _embedded_env(tmp_path, fake_openai, **extra) -> dict:
     }
 
 
-def _rows(env, sql, *params) -> list[tuple]:
-    """Read the SQLite file directly: no Django start-up per poll."""
-    path = env["DATABASE_URL"].removeprefix("sqlite:///")
-    with contextlib.closing(sqlite3.connect(path, timeout=20)) as database:
-        return database.execute(sql, params).fetchall()
-
-
 def _run(env, run_id) -> dict:
     columns = ("status", "termination_reason", "requeue_count", "available_at", "started_at")
-    row = _rows(env, f"SELECT {', '.join(columns)} FROM runs_agentrun WHERE id = ?", run_id)
+    row = sqlite_rows(env, f"SELECT {', '.join(columns)} FROM runs_agentrun WHERE id = ?", run_id)
     return dict(zip(columns, row[0], strict=True))
 
 
 def _steps(env, run_id) -> list[tuple]:
-    return _rows(
+    return sqlite_rows(
         env,
         "SELECT sequence, kind, tool_name, result FROM runs_runstep WHERE run_id = ? "
         "ORDER BY sequence",
@@ -245,29 +253,6 @@ def _moment(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
-@contextlib.contextmanager
-def embedded_worker(env):
-    """A real ``manage.py embedded_worker``; stopped with SIGTERM as `make
-    run` stops it, which must end it cleanly."""
-    process = WorkerProcess(
-        [sys.executable, "manage.py", "embedded_worker", "--interval", "0.2"],
-        cwd=ROOT,
-        env=env,
-        text=True,
-    )
-    try:
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            output, _ = process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-    assert process.returncode == 0, output[-3000:]
-    assert "embedded worker: stopped" in output
-
-
 def test_a_retry_waits_for_its_backoff_and_the_embedded_worker_runs_it_when_due(
     tmp_path, fake_openai, drifting_model, migrated
 ):
@@ -275,14 +260,19 @@ def test_a_retry_waits_for_its_backoff_and_the_embedded_worker_runs_it_when_due(
     migrated(tmp_path / "embedded.sqlite3")
     drifting_model.fail_turn(0, error(429, "slow down"))
     request = openai_request("answer", [{"answer": "done (take {take})"}], tools=[])
-    with embedded_worker(env):
+    with embedded_worker(env) as worker:
         # No Redis: the new run waits for the embedded worker, which executes
         # it; its model call is refused with a 429, and the retry is left to
         # wait its backoff.
         enqueued = manage("enqueue_run", "-", env=env, stdin=json.dumps(request))
         assert enqueued.returncode == 0, enqueued.stderr[-2000:]
         run_id = uuid.UUID(enqueued.stdout.strip().splitlines()[-1]).hex
-        wait_until(lambda: _run(env, run_id)["requeue_count"] == 1, what="the first attempt")
+        wait_until(
+            lambda: _run(env, run_id)["requeue_count"] == 1,
+            timeout=STALLED,
+            progress=progress(env, worker, model=drifting_model),
+            what="the first attempt",
+        )
         waiting = _run(env, run_id)
         # Not run nested in the failed attempt: queued, due its backoff after
         # that attempt's claim (both times the database's clock).
@@ -290,7 +280,12 @@ def test_a_retry_waits_for_its_backoff_and_the_embedded_worker_runs_it_when_due(
         due_after = _moment(waiting["available_at"]) - _moment(waiting["started_at"])
         assert due_after >= timedelta(seconds=2)
         assert drifting_model.requests_by_turn[0] == 1
-        wait_until(lambda: _run(env, run_id)["status"] == "completed", what="the retry")
+        wait_until(
+            lambda: _run(env, run_id)["status"] == "completed",
+            timeout=STALLED,
+            progress=progress(env, worker, model=drifting_model),
+            what="the retry",
+        )
     done = _run(env, run_id)
     assert (done["termination_reason"], done["requeue_count"]) == ("completed", 1)
     # Its second claim (started_at, the database's clock) came when it was due.
@@ -305,7 +300,7 @@ def test_the_embedded_worker_reaps_a_run_whose_process_was_killed_and_it_resumes
     """The embedded worker executing a run (in a thread of its own) is
     SIGKILLed mid-call; the next embedded worker reaps the run and resumes
     it, its recorded write not executed again."""
-    env = _embedded_env(tmp_path, fake_openai, NRLLM_LEASE_SECONDS=2)
+    env = _embedded_env(tmp_path, fake_openai)
     migrated(tmp_path / "embedded.sqlite3")
     plan = [
         {"calls": [{"name": "upsert_note", "arguments": {"slug": "s", "body": "v{take}"}}]},
@@ -319,24 +314,30 @@ def test_the_embedded_worker_reaps_a_run_whose_process_was_killed_and_it_resumes
         stdin=json.dumps(openai_request("note it", plan, ["upsert_note"])),
     )
     assert enqueued.returncode == 0, enqueued.stderr[-2000:]
-    first = subprocess.Popen(
-        [sys.executable, "manage.py", "embedded_worker", "--interval", "0.2"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    first = start_embedded_worker(env)
     try:
-        assert drifting_model.held.wait(timeout=60), "the run never reached its second turn"
+        wait_until(
+            drifting_model.held.is_set,
+            timeout=STALLED,
+            progress=progress(env, first, model=drifting_model),
+            what="the run's second turn",
+        )
     finally:
         first.kill()  # SIGKILL: the run is left running, its lease unrenewed
-        first.wait(timeout=30)
-    ((run_id, status),) = _rows(env, "SELECT id, status FROM runs_agentrun")
+        first.communicate(timeout=STOPPED_SECONDS)
+    ((run_id, status),) = sqlite_rows(env, "SELECT id, status FROM runs_agentrun")
     assert status == "running"
+    # Its lease lapses: moved back, not waited for. (A lease short enough
+    # to wait for would lapse under the next worker too, on a loaded host,
+    # and the run be reaped again.)
+    sqlite_write(env, "UPDATE runs_agentrun SET lease_expires_at = started_at WHERE id = ?", run_id)
 
-    with embedded_worker(env):
+    with embedded_worker(env) as worker:
         wait_until(
-            lambda: _run(env, run_id)["status"] == "completed", timeout=60, what="reap and resume"
+            lambda: _run(env, run_id)["status"] == "completed",
+            timeout=STALLED,
+            progress=progress(env, worker, model=drifting_model),
+            what="reap and resume",
         )
     done = _run(env, run_id)
     assert (done["termination_reason"], done["requeue_count"]) == ("completed", 1)
@@ -346,7 +347,7 @@ def test_the_embedded_worker_reaps_a_run_whose_process_was_killed_and_it_resumes
     # Resumed from the journal: the recorded write was not executed again.
     assert [tool for _, kind, tool, _ in steps if kind == "tool"] == ["upsert_note"]
     assert [kind for _, kind, _, _ in steps].count("resume") == 1
-    assert _rows(env, "SELECT body FROM tools_note") == [("v1",)]
+    assert sqlite_rows(env, "SELECT body FROM tools_note") == [("v1",)]
 
 
 def test_the_embedded_worker_refuses_to_start_with_redis_configured(tmp_path):

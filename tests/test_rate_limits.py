@@ -21,13 +21,9 @@ from runs.runtime import enqueue, rate_limit
 from runs.runtime import run as run_in_process
 from runs.runtime.rate_limit import SharedLimit, waiting_for
 from runs.vocabulary import RunStatus
-from tests import test_concurrent_worker
 from tests.drifting_model import openai_request
 from tests.fake_openai import Reply
 from tests.test_concurrent_worker import unfinished, wait_until
-
-#: A redis-server of the test's own, which it stops.
-own_redis = test_concurrent_worker.own_redis
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
 
