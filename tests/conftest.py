@@ -12,9 +12,10 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from runs.dispatch import run_queue
-from tests.helpers import ROOT, WorkerProcess
+from tests.helpers import ROOT
 from tests.http_fixture import TestResolver, start_http_server
 from tests.mcp_fixtures import http_tracker, tracker  # noqa: F401 (fixtures)
+from tests.processes import WorkerProcess
 from tests.redis_server import own_redis  # noqa: F401 (a fixture)
 from tests.webhook_receiver import receiver  # noqa: F401 (a fixture)
 

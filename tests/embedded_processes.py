@@ -9,7 +9,8 @@ import sqlite3
 import subprocess
 import sys
 
-from tests.helpers import ROOT, WorkerProcess, cpu_seconds
+from tests.helpers import ROOT
+from tests.processes import WorkerProcess, cpu_seconds
 
 
 def sqlite_rows(env, sql, *params) -> list[tuple]:

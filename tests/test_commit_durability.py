@@ -29,7 +29,8 @@ from django.utils import timezone
 
 from tests.drifting_model import MODELS, NOTIFY, SEARCH, request_for
 from tests.harness import postgres_server, transaction_pooler
-from tests.helpers import answer, call, manage, paused, scripted, wait_until
+from tests.helpers import answer, call, manage, scripted, wait_until
+from tests.processes import paused
 
 CRASH_TOOL = "tests.tools_for_tests.WriteDuringServerCrash"
 CRASH_TOOLS = (

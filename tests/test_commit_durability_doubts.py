@@ -17,7 +17,8 @@ import psycopg
 import pytest
 
 from tests.db_proxy import FaultProxy, Rule
-from tests.helpers import answer, call, paused, scripted, wait_until
+from tests.helpers import answer, call, scripted, wait_until
+from tests.processes import paused
 from tests.test_commit_durability import (  # noqa: F401  (server_url: the crashable server)
     CRASH_TOOLS,
     _app_env,

@@ -19,7 +19,8 @@ from runs.transitions import db_time
 from spend.budgets import database_now
 from tests.drifting_model import MODELS, request_for
 from tests.fake_openai import error
-from tests.helpers import ROOT, WorkerProcess, answer, fresh, scripted, stored, wait_until
+from tests.helpers import ROOT, answer, fresh, scripted, stored, wait_until
+from tests.processes import WorkerProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slow]
 

@@ -18,13 +18,13 @@ from runs.runtime import enqueue
 from tests.conftest import Workers
 from tests.helpers import (
     ROOT,
-    WorkerProcess,
     answer,
     call,
     scripted,
     step_inserts_held,
     wait_until,
 )
+from tests.processes import WorkerProcess
 
 #: Variables that choose the worker or its connections: a test of the
 #: defaults leaves them all unset.

@@ -22,7 +22,8 @@ import pytest
 
 from tests.drifting_model import request_for
 from tests.harness import postgres_server
-from tests.helpers import manage, paused, wait_until
+from tests.helpers import manage, wait_until
+from tests.processes import paused
 
 pytestmark = pytest.mark.worker
 
