@@ -277,3 +277,32 @@ def test_the_dead_letters_ask_about_their_runs_writes_once_however_many_rows(
         dead_lettered_again(model)
 
     assert queries_of(operator_client, "/admin/runs/deadletter/") == one
+
+
+def preview_queries(operator_client, api, runs) -> tuple[int, int]:
+    """The queries of a bulk requeue's preview of ``runs``, in the console
+    and through the API."""
+    ticked = {"action": "requeue_selected", "_selected_action": [run.pk for run in runs]}
+    with CaptureQueriesContext(connection) as console:
+        page = operator_client.post("/admin/runs/agentrun/", ticked).content.decode()
+    assert f"refused {len(runs)}: write_in_doubt {len(runs)}" in page
+    body = {"action": "requeue", "ids": [str(run.pk) for run in runs], "preview": True}
+    with CaptureQueriesContext(connection) as through_api:
+        answer = api.post("/api/runs/bulk/", body, format="json").json()
+    assert answer["refused_by_code"] == {"write_in_doubt": len(runs)}, answer
+    return len(console), len(through_api)
+
+
+@pytest.mark.parametrize("model", ["scripted", "drifting"])
+def test_a_bulk_preview_asks_about_its_runs_idempotent_writes_once(
+    model, request, operator_client, api
+):
+    """A run refused for a write in doubt reads nothing more (docs/console.md):
+    the preview asks about its runs' idempotent writes once, however many."""
+    if model == "drifting":
+        request.getfixturevalue("drifting_model")
+    runs = [fresh(turn_lost(model))]
+    one = preview_queries(operator_client, api, runs)
+    runs += [fresh(turn_lost(model)) for _ in range(3)]
+
+    assert preview_queries(operator_client, api, runs) == one
