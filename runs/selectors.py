@@ -136,20 +136,23 @@ def note_writes_in_doubt(runs) -> None:
     """Find out, in one query for them all (none when none is an ended run
     fenced on an idempotent write), what ``is_write_in_doubt`` asks the
     database about each of ``runs``: a page of a list calls it once, so
-    its rows ask nothing more."""
-    fenced = {
-        run.pk: run
-        for run in runs
-        if run.status in RunStatus.terminal()
-        and run.pending_effect == ToolEffect.IDEMPOTENT_WRITE
-        and _key_on_fence(run)
-    }
+    its rows ask nothing more. A run may be on a page more than once, as
+    objects of its own (the dead letters: one row a letter): each is noted."""
+    fenced: dict = {}
+    for run in runs:
+        if (
+            run.status in RunStatus.terminal()
+            and run.pending_effect == ToolEffect.IDEMPOTENT_WRITE
+            and _key_on_fence(run)
+        ):
+            fenced.setdefault(run.pk, []).append(run)
     if not fenced:
         return
     candidates = AgentRun.objects.filter(pk__in=fenced).annotate(fenced_key=fenced_key())
     not_run_again = set(_idempotent_writes_not_run_again(candidates))
-    for run_id, run in fenced.items():
-        setattr(run, _NOT_RUN_AGAIN, (_fence_as_it_stands(run), run_id in not_run_again))
+    for run_id, copies in fenced.items():
+        for run in copies:
+            setattr(run, _NOT_RUN_AGAIN, (_fence_as_it_stands(run), run_id in not_run_again))
 
 
 def _key_on_fence(run: AgentRun) -> str:

@@ -25,6 +25,8 @@ from tests.browser_boxes import (
 )
 from tests.helpers import answer, call, fresh, scripted
 from tests.test_console import XSS, audit_failed_run
+from tests.tools_for_tests import UnsureWrite
+from tools.contract import WhereToCheck
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -195,3 +197,51 @@ def test_a_tools_word_on_its_record_is_escaped_and_a_link_no_page_may_carry_is_l
     check = re.search(r'<p class="doubt-check">(.*?)</p>', page, re.S)[1]
     assert "the &lt;i&gt;ledger&lt;/i&gt; of &lt;script&gt;v2&lt;/script&gt;" in check
     assert "<a" not in check and "javascript:" not in page
+
+
+class UnsureCarelessWrite(UnsureWrite):
+    """``unsure_write`` whose word on where to check it is a plain string,
+    not a ``WhereToCheck``: a tool author's slip."""
+
+    name = "unsure_careless_write"
+
+    def where_to_check(self, arguments, idempotency_key):
+        return f"the ledger, under {idempotency_key}"
+
+
+class UnsureFailingWrite(UnsureWrite):
+    """``unsure_write`` whose ``where_to_check`` raises."""
+
+    name = "unsure_failing_write"
+
+    def where_to_check(self, arguments, idempotency_key):
+        return WhereToCheck(arguments["ledger"])
+
+
+@pytest.mark.parametrize("tool", ["unsure_careless_write", "unsure_failing_write"])
+def test_a_tool_that_cannot_say_where_to_check_leaves_every_page_of_its_write_drawn(
+    operator_client, settings, tool
+):
+    """A tool's ``where_to_check`` is its author's code: one that raises, or
+    answers with something other than a ``WhereToCheck``, leaves the pages
+    of its write in doubt drawn with the words every write tool shares."""
+    settings.NRLLM_TOOLS = [
+        *settings.NRLLM_TOOLS,
+        f"{__name__}.UnsureCarelessWrite",
+        f"{__name__}.UnsureFailingWrite",
+    ]
+    unsure = fresh(enqueue(scripted(call(tool, text="v2"), answer(), tools=[tool])))
+    dead_letter = DeadLetter.objects.get(run=unsure)
+    generic = f"where {tool} writes: look there for this call&#x27;s effect"
+
+    for page in (
+        f"/admin/runs/agentrun/{unsure.pk}/change/",
+        "/admin/runs/agentrun/write-audits/",
+        f"/admin/runs/deadletter/{dead_letter.pk}/change/",
+    ):
+        response = operator_client.get(page)
+        assert response.status_code == 200, page
+        assert generic in response.content.decode(), page
+    dead_letters = operator_client.get("/admin/runs/deadletter/")
+    assert dead_letters.status_code == 200
+    assert "A write may have landed" in dead_letters.content.decode()

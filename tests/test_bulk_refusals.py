@@ -75,6 +75,55 @@ def test_select_all_with_a_filter_left_empty_in_the_address_is_refused_naming_it
 
 
 @pytest.mark.parametrize(
+    ("query", "parameter", "value"),
+    [
+        # The API's spelling of the filter: the list's is "yes".
+        ("write_in_doubt=true", "write_in_doubt", "true"),
+        ("status__exact=queued&requeues=7", "requeues", "7"),
+        ("lease=lost", "lease", "lost"),
+    ],
+)
+def test_select_all_under_a_filter_value_the_list_ignores_is_refused_naming_it(
+    operator_client, query, parameter, value
+):
+    """A list filter reads a value it does not know (``?write_in_doubt=true``,
+    the API's word for the list's "yes") as no filter at all, as it reads an
+    empty one: "select all" there would take every run for what the address
+    seemed to narrow. Refused, naming the parameter and its value."""
+    queued = [transitions.create_queued_run({"prompt": "p", "tools": []}, "p") for _ in "ab"]
+    across = {
+        "action": "cancel_selected",
+        "select_across": "1",
+        "index": "0",
+        "_selected_action": [queued[0].pk],
+    }
+
+    response = operator_client.post(f"{RUNS}?{query}", across, follow=True)
+
+    (message,) = messages_on(response)
+    assert message.startswith(
+        f"Nothing was done: the list's filter {parameter!r} does not take the value "
+        f'{value!r} (?{parameter}={value}), so "all matching" would not be narrowed by it.'
+    ), message
+    assert 'id="bulk-counts"' not in response.content.decode()
+    assert {fresh(run).status for run in queued} == {RunStatus.QUEUED}
+    # The dead letters' "select all" likewise.
+    letter = DeadLetter.objects.get(run=auth_failed_run())
+    for action in ("requeue_selected", "dismiss_selected"):
+        letters = operator_client.post(
+            "/admin/runs/deadletter/?state=closed",
+            {**across, "action": action, "_selected_action": [letter.pk]},
+            follow=True,
+        )
+        (message,) = messages_on(letters)
+        assert message.startswith("Nothing was done: the list's filter 'state' does not take")
+    assert DeadLetter.objects.get(pk=letter.pk).resolved_at is None
+    # A value the filter takes narrows as ever: the preview of the queued runs.
+    page = operator_client.post(f"{RUNS}?status__exact=queued&requeues=0", across)
+    assert "Will cancel 2 (of 2 runs)." in page.content.decode()
+
+
+@pytest.mark.parametrize(
     ("body", "field"),
     [
         ({"action": "delete", "ids": [UNKNOWN]}, "action"),

@@ -13,16 +13,19 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import connection
 from django.db.models import F
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from runs.faults import run_status_changes_refused, step_inserts_refused
 from runs.models import AgentRun, DeadLetter
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue, run
+from runs.selectors import is_write_in_doubt
 from runs.vocabulary import StepKind
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import fresh, the_turn_lost_when_a_note_is_written, wait_until
@@ -238,3 +241,68 @@ def test_every_surface_counts_the_same_writes_in_doubt(
         assert operator_actions.dismiss(dead_letter, operator, "kept apart").ok
     deleted = 0 if in_doubt or not agent_run.is_terminal else 1
     assert prune_dry_run().startswith(f"would delete {deleted} run")
+
+
+def dead_lettered_again(model):
+    """An idempotent write whose turn was lost, reconciled not_applied and
+    requeued, its turn lost again: in doubt again, with a second dead
+    letter (the first resolved by the requeue)."""
+    operator = User.objects.get(username="olivia")
+    agent_run = reconciled(turn_lost(model), operator, "not_applied")
+    with the_turn_lost_when_a_note_is_written():
+        assert operator_actions.requeue(fresh(agent_run), operator, "again").ok
+    assert DeadLetter.objects.filter(run=agent_run).count() == 2
+    return fresh(agent_run)
+
+
+def queries_of(client, url) -> int:
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200
+    return len(queries)
+
+
+@pytest.mark.parametrize("model", ["scripted", "drifting"])
+def test_the_dead_letters_ask_about_their_runs_writes_once_however_many_rows(
+    model, request, operator_client
+):
+    """A run dead-lettered again after a requeue has two rows on the dead
+    letters list, the open one first: the page asks about its runs'
+    idempotent writes in doubt once, not once per such run."""
+    if model == "drifting":
+        request.getfixturevalue("drifting_model")
+    first = dead_lettered_again(model)
+    assert is_write_in_doubt(first)
+    one = queries_of(operator_client, "/admin/runs/deadletter/")
+    for _ in range(3):
+        dead_lettered_again(model)
+
+    assert queries_of(operator_client, "/admin/runs/deadletter/") == one
+
+
+def preview_queries(operator_client, api, runs) -> tuple[int, int]:
+    """The queries of a bulk requeue's preview of ``runs``, in the console
+    and through the API."""
+    ticked = {"action": "requeue_selected", "_selected_action": [run.pk for run in runs]}
+    with CaptureQueriesContext(connection) as console:
+        page = operator_client.post("/admin/runs/agentrun/", ticked).content.decode()
+    assert f"refused {len(runs)}: write_in_doubt {len(runs)}" in page
+    body = {"action": "requeue", "ids": [str(run.pk) for run in runs], "preview": True}
+    with CaptureQueriesContext(connection) as through_api:
+        answer = api.post("/api/runs/bulk/", body, format="json").json()
+    assert answer["refused_by_code"] == {"write_in_doubt": len(runs)}, answer
+    return len(console), len(through_api)
+
+
+@pytest.mark.parametrize("model", ["scripted", "drifting"])
+def test_a_bulk_preview_asks_about_its_runs_idempotent_writes_once(
+    model, request, operator_client, api
+):
+    """A run refused for a write in doubt reads nothing more (docs/console.md):
+    the preview asks about its runs' idempotent writes once, however many."""
+    if model == "drifting":
+        request.getfixturevalue("drifting_model")
+    runs = [fresh(turn_lost(model))]
+    one = preview_queries(operator_client, api, runs)
+    runs += [fresh(turn_lost(model)) for _ in range(3)]
+
+    assert preview_queries(operator_client, api, runs) == one

@@ -70,7 +70,7 @@ class BulkRunActions:
         still counted — each decided again."""
         changelist = reverse("admin:runs_agentrun_changelist")
         if request.POST.get("confirm") != "yes":
-            if refused := empty_filter_refused(request):
+            if refused := empty_filter_refused(request, self):
                 self.message_user(request, refused, messages.ERROR)
                 return None
             if bulk.too_many(queryset):
@@ -198,14 +198,16 @@ def too_many_selected() -> str:
     )
 
 
-def empty_filter_refused(request) -> str:
-    """Why "select all" may not act on what the list matches, or "" if it
-    may: the list's address gives a filter no value (``?tool=``, say, from
-    a link built with a value missing). A list reads that as no filter at
-    all (or as a value no row has), so what "all matching" would take is
-    not what the address asked for; it is refused, naming the parameter,
-    rather than widened to every row. Rows ticked one by one are what the
-    page shows, and are not refused."""
+def empty_filter_refused(request, model_admin) -> str:
+    """Why "select all" may not act on what ``model_admin``'s list matches,
+    or "" if it may: the list's address gives a filter no value (``?tool=``,
+    say, from a link built with a value missing), or a value the filter
+    does not take (``?write_in_doubt=true``, the API's word for the list's
+    "yes"). A list reads either as no filter at all (or as a value no row
+    has), so what "all matching" would take is not what the address asked
+    for; it is refused, naming the parameter, rather than widened to every
+    row. Rows ticked one by one are what the page shows, and are not
+    refused."""
     if not _selects_across(request):
         return ""
     controls = {*IGNORED_PARAMS, PAGE_VAR, ERROR_FLAG}
@@ -213,10 +215,39 @@ def empty_filter_refused(request) -> str:
         if name not in controls and any(not value.strip() for value in values):
             return (
                 f"Nothing was done: the list's address gives the filter {name!r} no value "
-                f'(?{name}=), so "all matching" would not be narrowed by it. Pick a value for '
-                'it among the filters, or "All" to drop it, and select again.'
+                f'(?{name}=), so "all matching" would not be narrowed by it. {_PICK_AGAIN}'
             )
-    return ""
+    ignored = next(_values_ignored(request, model_admin), None)
+    if ignored is None:
+        return ""
+    name, value = ignored
+    return (
+        f"Nothing was done: the list's filter {name!r} does not take the value "
+        f'{value!r} (?{name}={value}), so "all matching" would not be narrowed by it. '
+        f"{_PICK_AGAIN}"
+    )
+
+
+_PICK_AGAIN = 'Pick a value for it among the filters, or "All" to drop it, and select again.'
+
+
+def _values_ignored(request, model_admin):
+    """Each (parameter, value) of the address that a list filter of
+    ``model_admin`` of choices (a ``SimpleListFilter``) does not take: its
+    ``queryset`` reads such a value as no filter. A filter that narrows by
+    any value it is given (``takes_any_value``: runs offering a tool by
+    that name) is not asked."""
+    params = {name: request.GET.getlist(name) for name in request.GET}
+    for list_filter in model_admin.get_list_filter(request):
+        if not (isinstance(list_filter, type) and issubclass(list_filter, admin.SimpleListFilter)):
+            continue
+        name = list_filter.parameter_name
+        if name not in params or getattr(list_filter, "takes_any_value", False):
+            continue
+        # The filter as the list builds it (it reads the last value given).
+        shown = list_filter(request, dict(params), model_admin.model, model_admin)
+        if shown.value() not in {str(lookup) for lookup, _ in shown.lookup_choices}:
+            yield name, shown.value()[:40]
 
 
 def _selects_across(request) -> bool:

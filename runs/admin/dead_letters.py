@@ -196,7 +196,7 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
         its failure would come again), confirmed to the runs' action."""
         runs = AgentRun.objects.filter(pk__in=queryset.values("run_id"))
         run_admin = self.admin_site.get_model_admin(AgentRun)
-        if refused := empty_filter_refused(request):
+        if refused := empty_filter_refused(request, self):
             self.message_user(request, refused, messages.ERROR)
             return None
         if bulk.too_many(runs):
@@ -213,10 +213,11 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     @admin.action(description="Dismiss selected dead letters", permissions=["dismiss"])
     def dismiss_selected(self, request, queryset):
         note = request.POST.get("note", "")
-        if request.POST.get("confirm") != "yes" and (refused := empty_filter_refused(request)):
+        confirmed = request.POST.get("confirm") == "yes"
+        if not confirmed and (refused := empty_filter_refused(request, self)):
             self.message_user(request, refused, messages.ERROR)
             return None
-        if request.POST.get("confirm") != "yes" or not note.strip():
+        if not confirmed or not note.strip():
             return TemplateResponse(
                 request,
                 "admin/runs/deadletter/dismiss_confirmation.html",

@@ -38,6 +38,10 @@ class WriteInDoubtFilter(admin.SimpleListFilter):
 class OffersToolFilter(admin.SimpleListFilter):
     title = "offers tool"
     parameter_name = "tool"
+    #: Any name narrows the list (to the runs offering that tool; a name no
+    #: run offers, to none): an MCP tool is not among the choices, and the
+    #: bulk actions' "select all" takes it (``runs.admin.bulk_actions``).
+    takes_any_value = True
 
     def lookups(self, request, model_admin):
         # Names and effects from code: no MCP server is asked to list its tools.

@@ -19,6 +19,7 @@ from runs.admin.display import as_text, cut
 from runs.models import AgentRun
 from runs.selectors import is_write_in_doubt, needs_reconciling
 from runs.vocabulary import RunStatus, StepKind, TerminationReason
+from tools.contract import WhereToCheck
 from tools.effects import ToolEffect
 from tools.registry import get_registry
 
@@ -174,7 +175,14 @@ def where_to_check(tool_name: str, arguments, idempotency_key: str) -> tuple[str
             record = tool.where_to_check(arguments, idempotency_key)
         except Exception:  # the tool author's code: the page is drawn anyway
             logger.exception("where_to_check of tool %r failed", tool_name)
-    if record is None or not str(record.text).strip():
+    if not isinstance(record, WhereToCheck) or not str(record.text).strip():
+        if record is not None and not isinstance(record, WhereToCheck):
+            # Its author's slip (a string, say): the page is drawn anyway.
+            logger.error(
+                "where_to_check of tool %r answered a %s, not a WhereToCheck",
+                tool_name,
+                type(record).__name__,
+            )
         return (
             f"where {tool_name} writes: look there for this call's effect (and for the "
             "idempotency key, if the tool sends it along)",

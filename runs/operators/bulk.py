@@ -26,6 +26,7 @@ from runs.models import AgentRun
 from runs.operators import actions
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import RequeueVerdict, requeue_safety, restart_safety
+from runs.selectors import note_writes_in_doubt
 from runs.vocabulary import RunStatus
 
 logger = logging.getLogger(__name__)
@@ -152,8 +153,11 @@ class Tally:
 def runs_for_preview(queryset) -> list[AgentRun]:
     """The runs of ``queryset`` (at most ``MAX_RUNS``, newest first) with
     what their verdicts read prefetched: their reconciliations, in one
-    query for all of them."""
-    return list(queryset.prefetch_related("reconciliations").order_by("-created_at")[:MAX_RUNS])
+    query for all of them, and whether their idempotent writes are in
+    doubt (``runs.selectors``), in one more."""
+    runs = list(queryset.prefetch_related("reconciliations").order_by("-created_at")[:MAX_RUNS])
+    note_writes_in_doubt(runs)
+    return runs
 
 
 def too_many(queryset) -> bool:
