@@ -148,6 +148,52 @@ def test_a_worker_started_while_redis_is_down_waits_and_then_runs(
     said_once_per_outage(worker)
 
 
+#: A Redis that is there but does not serve: stalled (a paused host, a
+#: network dropping packets: the worker's socket times out, 15 s for the
+#: concurrent worker) or demoted to a replica by a failover (a blocked
+#: dequeue is ended, every write refused). The forking worker's socket waits
+#: 415 s: it meets the demotion only.
+NOT_SERVING = [
+    pytest.param(WORKER_CLASSES["concurrent"], "stalled", id="concurrent-stalled"),
+    pytest.param(WORKER_CLASSES["concurrent"], "demoted", id="concurrent-demoted"),
+    pytest.param(WORKER_CLASSES["forking"], "demoted", id="forking-demoted"),
+]
+
+
+@pytest.mark.parametrize(("worker_class", "fault"), NOT_SERVING)
+def test_a_worker_outlives_a_redis_that_stops_serving_without_closing(
+    workers, settings, own_redis, operator_client, worker_class, fault
+):
+    """RQ's dequeue waits out only a Redis that refuses connections: one
+    whose answer times out, or that refuses the dequeue's write (READONLY,
+    UNBLOCKED: a failover's old master), ended RQ's loop, and the worker
+    exited ("Redis connection timeout, quitting...", or a traceback). Each
+    is an outage as well: the worker waits, says so once, and takes the
+    next run once Redis serves again."""
+    worker = workers.start(REDIS_URL=own_redis.url, NRLLM_WORKER_CLASS=worker_class)
+    before = enqueue(scripted(answer("before")))
+    wait_until(
+        lambda: fresh(before).status == "completed",
+        timeout=LOADED_HOST_SECONDS,
+        what="a run before the fault",
+    )
+    with getattr(own_redis, fault)():
+        wait_until(lambda: said(worker, UNREACHABLE), timeout=LOADED_HOST_SECONDS, what="it")
+        assert worker.poll() is None, worker.written()[-4000:]
+    after = enqueue(scripted(answer("after")))
+    wait_until(
+        lambda: fresh(after).status == "completed" or worker.poll() is not None,
+        timeout=LOADED_HOST_SECONDS,
+        what="the next run, once Redis serves again",
+    )
+    output = worker.written()
+    assert worker.poll() is None and "quitting" not in output, output[-4000:]
+    assert fresh(after).status == "completed"
+    wait_until(lambda: said(worker, ANSWERS_AGAIN), timeout=LOADED_HOST_SECONDS, what="its note")
+    said_once_per_outage(worker)
+    assert '<span class="badge alive">1 alive</span>' in liveness_table(operator_client)
+
+
 #: Each worker class, and the concurrent one (the default) with both models.
 ENDING_WHILE_AWAY = [
     pytest.param(WORKER_CLASSES["concurrent"], "scripted", id="concurrent-scripted"),
