@@ -3,6 +3,8 @@ its own: every secret part, in each form a receiver or an error may write
 it, and the origin left readable. The webhooks' own tests show it applied
 to every log line and stored error (tests/test_webhook_receivers.py)."""
 
+import base64
+
 import pytest
 
 from runs.approvals.webhook_url import origin, scrubbed
@@ -51,3 +53,10 @@ def test_a_secret_holding_the_host_is_hidden_whole():
 def test_user_info_is_hidden():
     url = "https://robot:pw-SECRET@hooks.test/"
     assert scrubbed("robot pw-SECRET", url) == "… …"
+
+
+def test_user_info_is_hidden_as_basic_credentials():
+    """As the HTTP client sends it: the base64 of the decoded ``user:password``."""
+    url = "https://robot:pw%40SECRET@hooks.test/"
+    basic = base64.b64encode(b"robot:pw@SECRET").decode()
+    assert scrubbed(f"refused Basic {basic}", url) == "refused Basic …"
