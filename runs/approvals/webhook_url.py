@@ -8,7 +8,8 @@ each piece replaced before the text is logged or stored, however it is
 written: the URL itself (by its origin), and each path segment, query
 value, user name, password and fragment as the URL holds it
 (percent-encoded), decoded, encoded again (``%2F`` or ``%2f``, ``%20`` or
-``+``) and JSON-escaped; the user info also as the HTTP client sends it
+``+``) and JSON-escaped, and as held encoded again (``%252F``, the URL
+quoted in a link); the user info also as the HTTP client sends it
 (``Authorization: Basic``). A receiver that echoes back its token, whole or
 just the one part, has it replaced. The run-ended webhook and the approval
 webhook both show their URL and their texts only through these two.
@@ -131,9 +132,10 @@ def _basic_credentials(userinfo: str) -> str:
 
 
 def _forms(part: str) -> set[str]:
-    """``part`` as written, decoded, encoded again, and JSON-escaped."""
+    """``part`` as written, decoded, encoded again, and JSON-escaped; and
+    as written, encoded again (the URL quoted in a link: ``%252F``)."""
     decoded = {unquote(part), unquote_plus(part)}
-    forms = {part, *decoded}
+    forms = {part, *decoded, quote(part, safe="")}
     for value in decoded:
         forms |= {quote(value, safe=""), quote(value, safe=PATH_SAFE), quote_plus(value)}
         escaped = json.dumps(value)[1:-1]
