@@ -273,6 +273,11 @@ class ConcurrentWorker(WaitsOutRedis, SimpleWorker):
         state); the next dequeue waits for Redis to come back."""
         if pipeline is not None:
             return super().heartbeat(timeout, pipeline)  # a job's own, pipelined
+        if getattr(self, "_tearing_down", False) and self.redis_outage.away:
+            # Draining while Redis is away: a try at a Redis that stalls
+            # would hold the drain a socket timeout (15 s) past its grace,
+            # and the runs would be handed back that late (G15).
+            return None
         if timeout is not None or time.monotonic() - self._heartbeat_at >= self.heartbeat_seconds:
             try:
                 with self.connection.pipeline(transaction=False) as beat:

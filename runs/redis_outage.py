@@ -122,7 +122,8 @@ class WaitsOutRedis:
     Starting, it waits for Redis (RQ's own start would exit at once). In its
     loop, a Redis failure is noticed, never raised (RQ's loop quits on
     one): RQ's own dequeue then waits for Redis with backoff, capped here
-    at ``LONGEST_WAIT_SECONDS``. A job that ends while Redis is away has
+    at ``LONGEST_WAIT_SECONDS``, whether Redis refuses connections, times
+    out or refuses writes. A job that ends while Redis is away has
     its run's end in its row; RQ's books for it are not kept, and no
     traceback says so. When Redis answers again, maybe empty (restarted
     without persistence), the worker registers itself again, so the
@@ -150,6 +151,20 @@ class WaitsOutRedis:
         self.redis_outage.wait_for(super().subscribe)
 
     # --- the loop: a failure is noticed, not raised ----------------------
+
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        """RQ's, which waits out a Redis that refuses connections and ends
+        the worker on any other Redis error: an answer that times out (a
+        stalled host, a network dropping packets) or a write refused by a
+        failover's old master (UNBLOCKED, READONLY). Each is an outage as
+        well: noticed, and tried again after its wait (a stop request
+        interrupts the wait, as it does RQ's)."""
+        while True:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except RedisError as error:
+                self.redis_outage.noticed(error)
+                time.sleep(self.redis_outage.next_wait())
 
     def heartbeat(self, timeout=None, pipeline=None):
         if pipeline is not None:

@@ -1,8 +1,10 @@
 """A redis-server of a test's own (``own_redis``), which the test may stop,
-start again on the same port (empty: nothing is persisted) or stall,
-without touching the other tests' Redis; ``settings.REDIS_URL`` points at it,
-and workers the test starts get it as their ``REDIS_URL``."""
+start again on the same port (empty: nothing is persisted), stall, or
+demote to a replica, without touching the other tests' Redis;
+``settings.REDIS_URL`` points at it, and workers the test starts get it as
+their ``REDIS_URL``."""
 
+import contextlib
 import shutil
 import subprocess
 
@@ -10,7 +12,8 @@ import port_for
 import pytest
 import redis
 
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
+from tests.processes import paused
 
 
 class RedisServer:
@@ -28,6 +31,28 @@ class RedisServer:
     def stop(self) -> None:
         self._servers[-1].terminate()
         self._servers[-1].wait(timeout=30)
+
+    @contextlib.contextmanager
+    def stalled(self):
+        """The server stopped (SIGSTOP) while the block runs, continued
+        after: it takes connections and answers nothing, as a paused host
+        or a network that drops packets does; what it was sent is answered
+        once it goes on, its data kept."""
+        with paused(self._servers[-1]):
+            yield
+
+    @contextlib.contextmanager
+    def demoted(self):
+        """The server a replica while the block runs, as a failover makes
+        of the old master: of a master that is not there, so it keeps its
+        data and answers reads, refuses every write (READONLY) and ends a
+        blocked command (UNBLOCKED); a master again after."""
+        client = redis.Redis(port=self.port)
+        client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        try:
+            yield
+        finally:
+            client.execute_command("REPLICAOF", "NO", "ONE")
 
     def answers(self) -> bool:
         try:

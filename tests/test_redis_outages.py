@@ -6,7 +6,9 @@ redis-server of the test's own (``own_redis``), stopped and started again on
 the same port, empty."""
 
 import re
+import signal
 import sys
+from datetime import datetime
 
 import psutil
 import pytest
@@ -146,6 +148,97 @@ def test_a_worker_started_while_redis_is_down_waits_and_then_runs(
     assert '<span class="badge alive">1 alive</span>' in liveness_table(operator_client)
     assert worker.poll() is None
     said_once_per_outage(worker)
+
+
+#: A Redis that is there but does not serve: stalled (a paused host, a
+#: network dropping packets: the worker's socket times out, 15 s for the
+#: concurrent worker) or demoted to a replica by a failover (a blocked
+#: dequeue is ended, every write refused). The forking worker's socket waits
+#: 415 s: it meets the demotion only.
+NOT_SERVING = [
+    pytest.param(WORKER_CLASSES["concurrent"], "stalled", id="concurrent-stalled"),
+    pytest.param(WORKER_CLASSES["concurrent"], "demoted", id="concurrent-demoted"),
+    pytest.param(WORKER_CLASSES["forking"], "demoted", id="forking-demoted"),
+]
+
+
+@pytest.mark.parametrize(("worker_class", "fault"), NOT_SERVING)
+def test_a_worker_outlives_a_redis_that_stops_serving_without_closing(
+    workers, settings, own_redis, operator_client, worker_class, fault
+):
+    """RQ's dequeue waits out only a Redis that refuses connections: one
+    whose answer times out, or that refuses the dequeue's write (READONLY,
+    UNBLOCKED: a failover's old master), ended RQ's loop, and the worker
+    exited ("Redis connection timeout, quitting...", or a traceback). Each
+    is an outage as well: the worker waits, says so once, and takes the
+    next run once Redis serves again."""
+    worker = workers.start(REDIS_URL=own_redis.url, NRLLM_WORKER_CLASS=worker_class)
+    before = enqueue(scripted(answer("before")))
+    wait_until(
+        lambda: fresh(before).status == "completed",
+        timeout=LOADED_HOST_SECONDS,
+        what="a run before the fault",
+    )
+    with getattr(own_redis, fault)():
+        wait_until(lambda: said(worker, UNREACHABLE), timeout=LOADED_HOST_SECONDS, what="it")
+        assert worker.poll() is None, worker.written()[-4000:]
+    after = enqueue(scripted(answer("after")))
+    wait_until(
+        lambda: fresh(after).status == "completed" or worker.poll() is not None,
+        timeout=LOADED_HOST_SECONDS,
+        what="the next run, once Redis serves again",
+    )
+    output = worker.written()
+    assert worker.poll() is None and "quitting" not in output, output[-4000:]
+    assert fresh(after).status == "completed"
+    wait_until(lambda: said(worker, ANSWERS_AGAIN), timeout=LOADED_HOST_SECONDS, what="its note")
+    said_once_per_outage(worker)
+    assert '<span class="badge alive">1 alive</span>' in liveness_table(operator_client)
+
+
+#: The concurrent worker's Redis socket timeout: RQ's, its dequeue's 5 s and 10.
+STALLED_ANSWER_SECONDS = 15
+
+
+def logged_at(output: str, words: str) -> datetime:
+    """When the worker logged the line holding ``words`` (its own clock)."""
+    line = next(line for line in output.splitlines() if words in line)
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+
+def test_sigterm_while_redis_stalls_hands_the_runs_back_after_the_drains_grace(
+    workers, http_server, own_redis
+):
+    """G15: after a SIGTERM the runs in flight get ``NRLLM_WORKER_DRAIN_SECONDS``
+    and are then handed back. The drain sent the worker's heartbeat to Redis
+    every second: to a Redis that stalls, each held the drain a socket
+    timeout past its grace, and the runs were handed back 15 s late (after
+    the supervisor's stop timeout, often). While Redis is away the drain
+    sends none. (The drain's length is read from the worker's own log: the
+    grace is 1 s, and a heartbeat tried would make it 16 s.)"""
+    hold = {"name": "http_get", "arguments": {"url": http_server.url("/hold")}}
+    agent_run = enqueue(
+        request_for("scripted", [{"calls": [hold]}, {"answer": "read"}], ["http_get"])
+    )
+    worker = workers.start(
+        REDIS_URL=own_redis.url,
+        NRLLM_WORKER_DRAIN_SECONDS=1,
+        NRLLM_HTTP_TIMEOUT_SECONDS=LOADED_HOST_SECONDS,
+    )
+    wait_until(http_server.held.is_set, timeout=LOADED_HOST_SECONDS, what="the run's read")
+    with own_redis.stalled():
+        wait_until(lambda: said(worker, UNREACHABLE), timeout=LOADED_HOST_SECONDS, what="it")
+        workers.signal(worker, signal.SIGTERM)
+        wait_until(
+            lambda: said(worker, "handed back to the reaper"),
+            timeout=LOADED_HOST_SECONDS,
+            what="the hand-back",
+        )
+    http_server.release.set()
+    output = worker.ended(LOADED_HOST_SECONDS).decode()
+    drained = logged_at(output, "handed back to the reaper") - logged_at(output, "draining 1")
+    assert drained.total_seconds() < STALLED_ANSWER_SECONDS - 1, output[-4000:]
+    assert fresh(agent_run).status == "running" and "Traceback" not in output
 
 
 #: Each worker class, and the concurrent one (the default) with both models.

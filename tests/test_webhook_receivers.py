@@ -7,6 +7,7 @@ The receiver is a real local HTTP server (``tests.webhook_receiver``), the
 worker a real ``rqworker`` process with the concurrent worker and a small
 connection pool; the reaper's retries are driven by its ``as_of``."""
 
+import base64
 import logging
 import re
 import signal
@@ -156,3 +157,24 @@ def test_a_token_the_receiver_echoes_is_in_no_log_stored_error_api_answer_or_pag
     request = re.search(r'<details id="request-json">.*?</details>', page, re.DOTALL)
     assert SECRET in request.group()  # the request as stored: the URL whole
     assert SECRET not in page.replace(request.group(), "")
+
+
+def test_user_info_a_receiver_echoes_as_it_got_it_is_in_no_log_or_stored_error(
+    receiver, operator_client, caplog
+):
+    """A URL's user info never reaches the receiver as written: the HTTP
+    client sends it as ``Authorization: Basic`` and the base64 of
+    ``user:password``, and that is what a receiver naming the credentials it
+    refused echoes. It is hidden as the user name and password are."""
+    url = receiver.url("/hooks/runs").replace("://", "://robot:pw-SECRET-7@")
+    basic = base64.b64encode(b"robot:pw-SECRET-7").decode()
+    receiver.status, receiver.body, receiver.echo_authorization = 401, "refused", True
+    caplog.set_level(logging.INFO)
+    agent_run = enqueue({**scripted({"content": "done"}), "webhook": url})
+    (event,) = RunEvent.objects.filter(run=agent_run)
+    assert receiver.posts[0][0]["authorization"] == f"Basic {basic}"
+    assert event.last_error == "answered 401: refused Basic …"
+    assert "not delivered: answered 401: refused Basic …" in caplog.text
+    listed = operator_client.get(f"/api/runs/{agent_run.pk}/webhook-deliveries/")
+    for shown in (caplog.text, listed.content.decode()):
+        assert basic not in shown and SECRET not in shown

@@ -3,6 +3,8 @@ its own: every secret part, in each form a receiver or an error may write
 it, and the origin left readable. The webhooks' own tests show it applied
 to every log line and stored error (tests/test_webhook_receivers.py)."""
 
+import base64
+
 import pytest
 
 from runs.approvals.webhook_url import origin, scrubbed
@@ -17,6 +19,8 @@ URL = "https://hooks.example.org:8443/services/T0Team/B0%2Fbot?token=tok%2BSECRE
         "tok%2BSECRET",  # the query value as the URL holds it
         "tok+SECRET",  # decoded
         "tok%2bSECRET",  # encoded again, lower-case hex
+        "tok%252BSECRET",  # as held, encoded again (the URL quoted in a link)
+        "B0%252Fbot",
         "B0%2Fbot",  # a path segment as held
         "B0/bot",  # decoded
         '"B0\\/bot"',  # JSON-escaped
@@ -28,7 +32,7 @@ URL = "https://hooks.example.org:8443/services/T0Team/B0%2Fbot?token=tok%2BSECRE
 def test_each_secret_part_is_hidden_in_every_form(echoed):
     shown = scrubbed(f"answered 403: unknown {echoed}, try again", URL)
     assert shown.startswith("answered 403: unknown ") and shown.endswith(", try again")
-    for secret in ("SECRET", "T0Team".lower(), "bot"):
+    for secret in ("secret", "t0team", "bot"):
         assert secret not in shown.lower(), shown
 
 
@@ -51,3 +55,10 @@ def test_a_secret_holding_the_host_is_hidden_whole():
 def test_user_info_is_hidden():
     url = "https://robot:pw-SECRET@hooks.test/"
     assert scrubbed("robot pw-SECRET", url) == "… …"
+
+
+def test_user_info_is_hidden_as_basic_credentials():
+    """As the HTTP client sends it: the base64 of the decoded ``user:password``."""
+    url = "https://robot:pw%40SECRET@hooks.test/"
+    basic = base64.b64encode(b"robot:pw@SECRET").decode()
+    assert scrubbed(f"refused Basic {basic}", url) == "refused Basic …"

@@ -22,11 +22,14 @@ class Receiver:
     fewer to hold each time) until ``release`` is set: ``held`` counts
     them, ``wait_held`` waits for them. ``answered`` lists (event id,
     status) of every answer it wrote whole and not held (the client of a
-    held one may be gone)."""
+    held one may be gone). With ``echo_authorization`` the answer ends with
+    the request's ``Authorization`` header, as a receiver that says which
+    credentials it refused may."""
 
     def __init__(self):
         self.port = free_port()
         self.status, self.body, self.holding, self.held = 200, "", 0, 0
+        self.echo_authorization = False
         self.posts: list[tuple[dict, bytes]] = []
         self.answered: list[tuple[str, int]] = []
         self.release = threading.Event()
@@ -47,7 +50,10 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 headers = {name.lower(): value for name, value in self.headers.items()}
                 receiver.posts.append((headers, body))
-                status, answer = receiver.status, receiver.body.encode()
+                status, answer = receiver.status, receiver.body
+                if receiver.echo_authorization:
+                    answer += f" {headers.get('authorization')}"
+                answer = answer.encode()
                 if receiver.hold_this_one():
                     receiver.release.wait(timeout=120)
                     status = None  # its client may be gone: not counted as answered

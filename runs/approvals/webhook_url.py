@@ -8,11 +8,14 @@ each piece replaced before the text is logged or stored, however it is
 written: the URL itself (by its origin), and each path segment, query
 value, user name, password and fragment as the URL holds it
 (percent-encoded), decoded, encoded again (``%2F`` or ``%2f``, ``%20`` or
-``+``) and JSON-escaped. A receiver that echoes back its token, whole or
+``+``) and JSON-escaped, and as held encoded again (``%252F``, the URL
+quoted in a link); the user info also as the HTTP client sends it
+(``Authorization: Basic``). A receiver that echoes back its token, whole or
 just the one part, has it replaced. The run-ended webhook and the approval
 webhook both show their URL and their texts only through these two.
 """
 
+import base64
 import functools
 import json
 import re
@@ -105,7 +108,7 @@ def _alternatives(forms: set[str]) -> re.Pattern | None:
 def _parts(url: str) -> list[str]:
     """The secret parts of ``url`` as it writes them: each path segment,
     each query value (a query item without ``=`` is a value), the user
-    name, the password and the fragment."""
+    name, the password, their Basic credentials and the fragment."""
     try:
         split = urlsplit(url)
     except ValueError:
@@ -115,13 +118,24 @@ def _parts(url: str) -> list[str]:
         parts.append(item.partition("=")[2] if "=" in item else item)
     userinfo = split.netloc.rpartition("@")[0]
     parts += [*userinfo.split(":", 1), split.fragment]
+    if userinfo:
+        parts.append(_basic_credentials(userinfo))
     return [part for part in parts if part]
 
 
+def _basic_credentials(userinfo: str) -> str:
+    """The user info as the receiver gets it: the HTTP client sends it as
+    ``Authorization: Basic`` and the base64 of the decoded ``user:password``,
+    which is what a receiver naming the credentials it refused echoes."""
+    user, _, password = userinfo.partition(":")
+    return base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+
+
 def _forms(part: str) -> set[str]:
-    """``part`` as written, decoded, encoded again, and JSON-escaped."""
+    """``part`` as written, decoded, encoded again, and JSON-escaped; and
+    as written, encoded again (the URL quoted in a link: ``%252F``)."""
     decoded = {unquote(part), unquote_plus(part)}
-    forms = {part, *decoded}
+    forms = {part, *decoded, quote(part, safe="")}
     for value in decoded:
         forms |= {quote(value, safe=""), quote(value, safe=PATH_SAFE), quote_plus(value)}
         escaped = json.dumps(value)[1:-1]
