@@ -192,6 +192,35 @@ def test_ensure_admin_uses_the_given_password_once(monkeypatch):
     assert "password:   unchanged since the account was made" in out.getvalue()
 
 
+def block_of(out: io.StringIO) -> str:
+    """What ensure_admin printed, from its password line to the rule under it."""
+    lines = out.getvalue().splitlines()
+    start = next(at for at, line in enumerate(lines) if line.startswith("password:"))
+    return "\n".join(lines[start:-1])
+
+
+def test_ensure_admin_never_says_a_password_changed_since_is_unchanged(monkeypatch, tmp_path):
+    """A password set since the account was made (`manage.py changepassword
+    admin`) was said to be "unchanged since the account was made", beside
+    the file holding the old one: the block says only what it knows, that
+    the password is neither the one kept nor NRLLM_ADMIN_PASSWORD's."""
+    monkeypatch.delenv("NRLLM_ADMIN_PASSWORD", raising=False)
+    kept = tmp_path / "admin-password"
+    call_command("ensure_admin", "--password-file", str(kept), stdout=io.StringIO())
+    admin = get_user_model().objects.get(username="admin")
+    admin.set_password("set-by-changepassword")  # what changepassword does
+    admin.save()
+
+    out = io.StringIO()
+    call_command("ensure_admin", "--password-file", str(kept), stdout=out)
+
+    said = block_of(out)
+    assert "unchanged" not in said, said
+    assert said.startswith("password:   the one set when the account was made or since"), said
+    assert f"nor the one kept in {kept}" in " ".join(said.split()), said
+    assert "`manage.py changepassword admin` sets another" in said, said
+
+
 def test_ensure_admin_generates_and_prints_a_password(monkeypatch):
     monkeypatch.delenv("NRLLM_ADMIN_PASSWORD", raising=False)
     out = io.StringIO()
