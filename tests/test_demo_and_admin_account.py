@@ -222,6 +222,23 @@ def test_ensure_admin_never_says_a_password_changed_since_is_unchanged(monkeypat
     assert "`manage.py changepassword admin` sets another" in said, said
 
 
+def test_ensure_admin_keeps_a_generated_password_readable_by_its_owner_only(monkeypatch, tmp_path):
+    """The file a generated password is kept in is its owner's only, also
+    when a file was there before (one left by an earlier database, made
+    readable by all): opening it with mode 0600 set no mode on a file that
+    existed, and the new password was written readable by all."""
+    monkeypatch.delenv("NRLLM_ADMIN_PASSWORD", raising=False)
+    kept = tmp_path / "admin-password"
+    kept.write_text("an old database's admin password\n")
+    kept.chmod(0o644)
+
+    call_command("ensure_admin", "--password-file", str(kept), stdout=io.StringIO())
+
+    admin = get_user_model().objects.get(username="admin")
+    assert admin.check_password(kept.read_text().strip())
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+
+
 def test_ensure_admin_generates_and_prints_a_password(monkeypatch):
     monkeypatch.delenv("NRLLM_ADMIN_PASSWORD", raising=False)
     out = io.StringIO()
