@@ -69,6 +69,9 @@ def _keep(path: Path, password: str) -> None:
     """Write ``password`` to ``path``, readable by its owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # The mode above is a new file's: one already there (an earlier
+    # database's) keeps its own until it is set, before the password is in it.
+    os.fchmod(descriptor, 0o600)
     with os.fdopen(descriptor, "w") as file:
         file.write(password + "\n")
 
