@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 from runs.models import AgentRun
 from runs.vocabulary import RunStatus
 from tests.browser import admin_page
-from tests.browser_boxes import assert_table_fits
+from tests.browser_boxes import ROW_CELLS, assert_table_fits
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -74,6 +74,9 @@ def test_a_prompt_or_error_written_right_to_left_shows_its_start(
         page.goto(f"{base}/admin/runs/agentrun/")
         expect(page.locator("#result_list tbody tr")).to_have_count(2)
         assert_table_fits(page, "#result_list")
+        # Nothing drawn outside its cell: what is cut is hidden, either way.
+        for row in page.evaluate(ROW_CELLS):
+            assert not row["overlapping"] and not row["outside"], row
         for first_words in ("First summarise", "أولا لخص"):
             row = page.locator("#result_list tbody tr", has_text=first_words)
             for shown in (".run-prompt", ".run-error"):
