@@ -28,7 +28,9 @@ from agents.admin_provider import (
     kind_choices,
     number,
     provider_of,
+    sent_as_shown,
     takes,
+    values_of,
 )
 from agents.definitions import FIELDS, InvalidDefinition, check_definition
 from agents.models import Agent, AgentVersion
@@ -123,6 +125,16 @@ class AgentForm(forms.ModelForm):
                 if name != "provider":
                     self.initial.setdefault(name, value if value is not None else "")
         self._show_provider(latest.provider if latest is not None else None)
+        #: What the page shows, as the agent holds it: a field sent back
+        #: as shown keeps it (``_as_stored``).
+        self.stored = {}
+        if latest is not None:
+            self.stored = {
+                "description": self.instance.description,
+                "instructions": latest.instructions,
+                "webhook": latest.webhook,
+                **values_of(latest.provider),
+            }
         for name in ("tools", "require_approval"):
             self.fields[name].choices = [(tool, tool) for tool in names]
         if "name" in self.fields and self.instance.pk:
@@ -164,6 +176,19 @@ class AgentForm(forms.ModelForm):
             raise forms.ValidationError('a JSON object, e.g. {"top_p": 0.9}; blank: none')
         return options
 
+    def _as_stored(self) -> None:
+        """Each field sent back as the page showed it holds the agent's
+        value, byte for byte: read from what a browser sends, a value
+        written 40.0, lines ending LF or a space at either end would come
+        back otherwise, and a page saved unchanged make a version (or
+        rewrite the description) differing from the one it showed."""
+        for name, value in self.stored.items():
+            sent = self.data.get(self.add_prefix(name))
+            shown = str(self.initial.get(name, ""))
+            lines = isinstance(self.fields[name].widget, forms.Textarea)
+            if name in self.cleaned_data and sent_as_shown(sent, shown, lines=lines):
+                self.cleaned_data[name] = value
+
     def definition(self) -> dict:
         data = self.cleaned_data
         return {
@@ -180,6 +205,7 @@ class AgentForm(forms.ModelForm):
         cleaned = super().clean()
         if self.errors:
             return cleaned
+        self._as_stored()
         self.provider = provider_of(self)
         if self.provider is None:  # a field its kind does not take: named
             return cleaned

@@ -8,8 +8,9 @@ the provider's JSON; what a version holds is the JSON, unchanged.
 field the chosen kind does not take (naming it); the definition's check
 (``agents.definitions``) then refuses bad values in the API's words, and
 ``field_of_refusal`` says which field such a refusal is about.
-``initial_of`` splits a version's provider back into the fields, so a form
-saved unchanged makes no new version."""
+``initial_of`` splits a version's provider back into the fields, and a
+field sent back as shown keeps the version's value (``sent_as_shown``),
+so a form saved unchanged makes no new version."""
 
 import json
 import math
@@ -25,6 +26,9 @@ from runs.providers import PROVIDER_KINDS
 OPTION_FIELDS = ("model", "temperature", "max_tokens", "turns")
 #: Any other option of a provider: a JSON object.
 OTHER_OPTIONS = "provider_options"
+#: A line's end, as a textarea's value may hold it; a line break.
+_LINE_END = re.compile(r"\r\n?|\n")
+_LINE_BREAK = re.compile(r"[\r\n]")
 
 TURNS_HELP = format_html(
     "for the <code>scripted</code> provider: the model's answers in order, as a JSON "
@@ -75,19 +79,41 @@ def turns_text(turns) -> str:
     return f"[\n  {lines}\n]"
 
 
+def values_of(provider: dict) -> dict:
+    """What each field holds of a version's ``provider``: each option with
+    a field of its own, and the others as one object (absent: none)."""
+    values = {name: provider[name] for name in OPTION_FIELDS if name in provider}
+    others = {key: value for key, value in provider.items() if key not in ("kind", *OPTION_FIELDS)}
+    if others:
+        values[OTHER_OPTIONS] = others
+    return values
+
+
 def initial_of(provider) -> dict:
     """The form's fields for a version's ``provider``: each option with a
     field in it, the rest as a JSON object (blank when there is none)."""
     if not isinstance(provider, dict):
         return {OTHER_OPTIONS: json.dumps(provider, ensure_ascii=False)}
-    initial = {"provider": provider.get("kind", "")}
-    for name in OPTION_FIELDS:
-        if name in provider:
-            value = provider[name]
+    initial = {"provider": provider.get("kind", ""), OTHER_OPTIONS: ""}
+    for name, value in values_of(provider).items():
+        if name == OTHER_OPTIONS:
+            initial[name] = json.dumps(value, indent=2, ensure_ascii=False)
+        else:
             initial[name] = turns_text(value) if name == "turns" else json_or_text(value)
-    others = {key: value for key, value in provider.items() if key not in ("kind", *OPTION_FIELDS)}
-    initial[OTHER_OPTIONS] = json.dumps(others, indent=2, ensure_ascii=False) if others else ""
     return initial
+
+
+def sent_as_shown(sent, shown: str, *, lines: bool) -> bool:
+    """Whether ``sent`` is what a browser sends back for a field that
+    showed ``shown``, untouched. HTML's form submission makes every line
+    end of a textarea's value (``lines``) CRLF, and an input's value holds
+    no line break; so a value a field shows cannot always come back byte
+    for byte (and a number "40.0" reads back as 40)."""
+    if not isinstance(sent, str):
+        return False
+    if lines:
+        return _LINE_END.sub("\n", sent) == _LINE_END.sub("\n", shown)
+    return sent == _LINE_BREAK.sub("", shown)
 
 
 def json_or_text(value) -> str:

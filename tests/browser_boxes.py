@@ -77,7 +77,8 @@ ROWS_IN_VIEW = """() => {
 #: overlap, the characters a cell shows outside its own box (spilling into
 #: a neighbour's), and per column (its ``field-`` name) how many characters
 #: it shows and holds: a character hidden behind a "…" (past the edge of
-#: the element that cuts it, less the "…" itself) is not shown.
+#: the element that cuts it, less the "…" itself; its left edge for a text
+#: laid out right to left) is not shown.
 ROW_CELLS = """() => [...document.querySelectorAll("#result_list tbody tr")].map(row => {
   const cells = [...row.cells];
   const boxes = cells.map(cell => cell.getBoundingClientRect());
@@ -103,14 +104,19 @@ ROW_CELLS = """() => [...document.querySelectorAll("#result_list tbody tr")].map
       const hides = getComputedStyle(cutter).overflowX !== "visible";
       const isCut = hides && cutter.scrollWidth > cutter.clientWidth + 1;
       const ellipsis = isCut ? parseFloat(getComputedStyle(cutter).fontSize) : 0;
-      const edge = hides ? cutter.getBoundingClientRect().right - ellipsis : Infinity;
+      // A text laid out right to left is cut at its left, where it ends.
+      const rtl = getComputedStyle(cutter).direction === "rtl";
+      const cutterBox = cutter.getBoundingClientRect();
+      const edge = hides && !rtl ? cutterBox.right - ellipsis : Infinity;
+      const start = hides && rtl ? cutterBox.left + ellipsis : -Infinity;
       for (let i = 0; i < node.length; i++) {
         all++;
         const range = document.createRange();
         range.setStart(node, i);
         range.setEnd(node, i + 1);
         const at = range.getBoundingClientRect();
-        if (!at.width || at.right > edge + 0.5) continue;  // not laid out, or cut
+        // Not laid out, or cut.
+        if (!at.width || at.right > edge + 0.5 || at.left < start - 0.5) continue;
         count++;
         // A glyph may reach a little above or below its line box, not into
         // the line above or below.

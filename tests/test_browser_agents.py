@@ -2,17 +2,19 @@
 the admin's add page — its provider as fields, only those its kind takes
 shown —, changes its instructions (version 2), reads both versions, and
 starts a run of it from the agent's page; the run's page names the
-version. Saves the manual's screenshot of the agent's page
-(docs/agents.md; `make screenshots`)."""
+version. An agent the API stored as no field shows it byte for byte,
+saved from its page untouched, is kept as it was. Saves the manual's
+screenshot of the agent's page (docs/agents.md; `make screenshots`)."""
 
 import json
 import re
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
-from agents.models import Agent
+from agents.models import Agent, AgentVersion
 from runs.models import AgentRun
 from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.browser_boxes import assert_shown
@@ -96,6 +98,67 @@ def test_an_operator_defines_an_agent_changes_it_and_starts_a_run_of_it(
     assert run.agent_version == agent.latest
     assert run.request["instructions"] == "Answer from the notes only; quote the note."
     assert run.request["provider"] == {"kind": "scripted", "turns": json.loads(TURNS)}
+
+
+#: Definitions the API stores as a form's fields cannot send them back:
+#: a whole number written 40.0 (the number field reads "40.0" as 40),
+#: instructions on lines ending LF and with a last one (a textarea sends
+#: CRLF; a form field strips the ends), a model and a webhook with a space
+#: after them (a form field strips it).
+STORED_AS_NO_FIELD_SHOWS_THEM = {
+    "scripted-notes": {
+        "description": "Answers from the notes.\n",
+        "instructions": "Answer from the notes only.\n\nSay which note.\n",
+        "provider": {"kind": "scripted", "turns": [{"content": "noted"}], "max_tokens": 40.0},
+    },
+    "openai-notes": {
+        "instructions": "  Indented, as pasted.",
+        "webhook": "http://hooks.example/notes ",
+        "provider": {
+            "kind": "openai",
+            "model": "gpt-4.1-mini ",
+            "temperature": 1.0,
+            "max_tokens": 800.0,
+        },
+    },
+}
+
+
+def test_an_agent_saved_unchanged_keeps_its_version_byte_for_byte(
+    live_server, operator, api, settings, monkeypatch
+):
+    """Saved from its page in a browser without an edit, an agent's
+    definition is kept as the API stored it: no new version, no byte
+    changed, no description rewritten, nothing logged. (The form read each
+    field back as the browser sent it, so such an agent got a version
+    whose provider or instructions differed from the ones the page showed.)"""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    settings.NRLLM_OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
+    settings.NRLLM_OPENAI_API_KEY = "sk-test-not-a-real-key"
+    settings.NRLLM_HTTP_ALLOWED_HOSTS = ["hooks.example"]
+    for name, definition in STORED_AS_NO_FIELD_SHOWS_THEM.items():
+        created = api.post("/api/agents/", {"name": name, **definition}, format="json")
+        assert created.status_code == 201, created.content
+    # Read before the browser opens: an ORM call inside its block gets a
+    # connection of its own (Playwright's greenlet) that outlives the test.
+    stored = {
+        agent.pk: (agent.description, agent.latest.definition()) for agent in Agent.objects.all()
+    }
+    logged = LogEntry.objects.count()
+    base = live_server.url
+    with admin_page(base, "olivia", viewport=(1366, 900)) as page:
+        for pk in stored:
+            page.goto(f"{base}/admin/agents/agent/{pk}/change/")
+            page.click("input[name=_continue]")
+            expect(page.locator(".messagelist")).to_contain_text("was changed successfully")
+
+    assert AgentVersion.objects.count() == len(STORED_AS_NO_FIELD_SHOWS_THEM)
+    for agent in Agent.objects.all():
+        description, definition = stored[agent.pk]
+        assert (agent.description, agent.latest.definition()) == (description, definition)
+        # Equal as Python values is not enough: 40 == 40.0; as JSON they differ.
+        assert json.dumps(agent.latest.provider) == json.dumps(definition["provider"])
+    assert LogEntry.objects.count() == logged
 
 
 def test_the_screenshot_of_the_agent_page_is_in_the_docs():

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from runs.models import DeadLetter
+from runs.operators import actions as operator_actions
 from runs.runtime import enqueue
 from tests.helpers import answer, call, fresh, scripted
 from tests.test_console import audit_failed_run
@@ -90,18 +91,22 @@ def test_the_rarer_filters_are_folded_until_used(operator_client):
     assert operator_client.get(RUNS, {"pending_effect__exact": "read_only"}).status_code == 200
 
 
-def test_a_dead_letters_error_is_shown_whole_and_its_run_linked(operator_client):
+def test_a_dead_letters_error_is_shown_whole_and_its_run_linked(operator, operator_client):
     agent_run = audit_failed_run()
     (dead_letter,) = DeadLetter.objects.filter(run=agent_run)
     error = f"{dead_letter.error_type}: {dead_letter.error_message}"
     assert 100 < len(error) < 240
 
-    content = operator_client.get("/admin/runs/deadletter/").content.decode()
+    def row_shown() -> str:
+        content = operator_client.get("/admin/runs/deadletter/").content.decode()
+        return row_of(content, agent_run).replace("&#x27;", "'")
 
-    row = row_of(content, agent_run)
-    # Its run's write is in doubt: the row says so in words (issue 47), the
-    # error whole in its tooltip.
-    assert f'title="{html.escape(error)}"' in row
-    assert "A write may have landed" in row
+    # Its write in doubt in words (issue #47), the error whole in the tooltip.
+    row = row_shown()
+    assert "<strong>A write may have landed</strong>" in row
+    assert f'title="{html.escape(error, quote=False)}"' in row
     assert f'<code class="run-id">{str(agent_run.pk)[:8]}</code></a> (failed)' in row
     assert "<strong>open</strong>" in row
+    # Reconciled, no write is in doubt: the error itself, whole.
+    assert operator_actions.reconcile(agent_run, operator, "applied", "it landed").ok
+    assert f">{html.escape(error, quote=False)}<" in row_shown()

@@ -189,7 +189,54 @@ def test_ensure_admin_uses_the_given_password_once(monkeypatch):
     call_command("ensure_admin", stdout=out)
     admin.refresh_from_db()
     assert admin.check_password("s3cret-pass")
-    assert "password:   unchanged since the account was made" in out.getvalue()
+    # Given then, not now: the block cannot tell it from one changed since.
+    assert "password:   the one set when the account was made or since" in out.getvalue()
+
+
+def block_of(out: io.StringIO) -> str:
+    """What ensure_admin printed, from its password line to the rule under it."""
+    lines = out.getvalue().splitlines()
+    start = next(at for at, line in enumerate(lines) if line.startswith("password:"))
+    return "\n".join(lines[start:-1])
+
+
+def test_ensure_admin_never_says_a_password_changed_since_is_unchanged(monkeypatch, tmp_path):
+    """A password set since the account was made (`manage.py changepassword
+    admin`) was said to be "unchanged since the account was made", beside
+    the file holding the old one: the block says only what it knows, that
+    the password is neither the one kept nor NRLLM_ADMIN_PASSWORD's."""
+    monkeypatch.delenv("NRLLM_ADMIN_PASSWORD", raising=False)
+    kept = tmp_path / "admin-password"
+    call_command("ensure_admin", "--password-file", str(kept), stdout=io.StringIO())
+    admin = get_user_model().objects.get(username="admin")
+    admin.set_password("set-by-changepassword")  # what changepassword does
+    admin.save()
+
+    out = io.StringIO()
+    call_command("ensure_admin", "--password-file", str(kept), stdout=out)
+
+    said = block_of(out)
+    assert "unchanged" not in said, said
+    assert said.startswith("password:   the one set when the account was made or since"), said
+    assert f"nor the one kept in {kept}" in " ".join(said.split()), said
+    assert "`manage.py changepassword admin` sets another" in said, said
+
+
+def test_ensure_admin_keeps_a_generated_password_readable_by_its_owner_only(monkeypatch, tmp_path):
+    """The file a generated password is kept in is its owner's only, also
+    when a file was there before (one left by an earlier database, made
+    readable by all): opening it with mode 0600 set no mode on a file that
+    existed, and the new password was written readable by all."""
+    monkeypatch.delenv("NRLLM_ADMIN_PASSWORD", raising=False)
+    kept = tmp_path / "admin-password"
+    kept.write_text("an old database's admin password\n")
+    kept.chmod(0o644)
+
+    call_command("ensure_admin", "--password-file", str(kept), stdout=io.StringIO())
+
+    admin = get_user_model().objects.get(username="admin")
+    assert admin.check_password(kept.read_text().strip())
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
 
 
 def test_ensure_admin_generates_and_prints_a_password(monkeypatch):

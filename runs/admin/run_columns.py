@@ -39,8 +39,10 @@ class RunListColumns:
 
     @admin.display(description="prompt")
     def prompt_shown(self, run: AgentRun):
+        # dir="auto": a prompt written right to left (Arabic, Hebrew) is laid
+        # out from the right, its start shown and its end cut, as any other.
         return format_html(
-            '<span class="run-prompt" title="{}">{}</span>',
+            '<span class="run-prompt" dir="auto" title="{}">{}</span>',
             cut(run.prompt, TOOLTIP_CHARS),
             cut(run.prompt, PROMPT_CHARS),
         )
@@ -128,8 +130,10 @@ class RunListColumns:
             '<span class="why-line" title="{}">{}{}{}</span>',
             " — ".join(part for part in (why, cut(error, TOOLTIP_CHARS)) if part),
             format_html('<small class="run-why">{}</small>', why) if why else "",
-            " — " if why and said else "",
-            format_html('<span class="run-error">{}</span>', cut(said, ERROR_CHARS))
+            format_html('<span class="why-sep">{}</span>', " — ") if why and said else "",
+            # dir="auto": an error written right to left starts at the right
+            # of what the line leaves it, and is cut at its left.
+            format_html('<span class="run-error" dir="auto">{}</span>', cut(said, ERROR_CHARS))
             if said
             else "",
         )

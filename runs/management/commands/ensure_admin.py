@@ -52,11 +52,14 @@ class Command(BaseCommand):
             told = _whereabouts(admin, given, kept)
         self._tell(url, told)
 
-    def _tell(self, url: str, password: str) -> None:
-        """The block that ends the output: what an operator needs to log in."""
+    def _tell(self, url: str, password: str | list[str]) -> None:
+        """The block that ends the output: what an operator needs to log in
+        (a password's words on lines of their own, to keep it narrow)."""
+        said = [password] if isinstance(password, str) else password
         lines = ([f"The admin:  {url}"] if url else []) + [
             "user:       admin",
-            f"password:   {password}",
+            f"password:   {said[0]}",
+            *(f"            {line}" for line in said[1:]),
         ]
         rule = "-" * max(len(line) for line in lines)
         self.stdout.write("\n".join(["", rule, *lines, rule]))
@@ -66,17 +69,24 @@ def _keep(path: Path, password: str) -> None:
     """Write ``password`` to ``path``, readable by its owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # The mode above is a new file's: one already there (an earlier
+    # database's) keeps its own until it is set, before the password is in it.
+    os.fchmod(descriptor, 0o600)
     with os.fdopen(descriptor, "w") as file:
         file.write(password + "\n")
 
 
-def _whereabouts(admin, given: str, kept: Path | None) -> str:
-    """Where the password of an 'admin' made before is: never printed again."""
+def _whereabouts(admin, given: str, kept: Path | None) -> str | list[str]:
+    """Where the password of an 'admin' made before is: never printed again.
+    One it does not know it cannot tell apart: given by an earlier
+    NRLLM_ADMIN_PASSWORD, or set since (``changepassword``)."""
     if given and admin.check_password(given):
         return f"the one {PASSWORD_VARIABLE} gives"
     if kept is not None and kept.is_file() and admin.check_password(kept.read_text().strip()):
         return f"in {kept} (generated when the account was made)"
-    return (
-        "unchanged since the account was made (not the one this command generated or "
-        f"{PASSWORD_VARIABLE} gives); `manage.py changepassword admin` sets another"
-    )
+    neither = f"{PASSWORD_VARIABLE}'s" + (f", nor the one kept in {kept}" if kept else "")
+    return [
+        "the one set when the account was made or since",
+        f"(not {neither});",
+        "`manage.py changepassword admin` sets another",
+    ]
