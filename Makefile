@@ -32,7 +32,8 @@ dev-venv: $(VENV)/.dev-installed
 
 ## make run: the app with demo data on SQLite, no Redis: the web server and,
 ## beside it, the embedded worker (delayed retries when due, the reaper).
-## Ctrl-C (or SIGTERM) stops both; the worker finishes the run in hand first.
+## Ctrl-C (or SIGTERM) stops both, a stop asked for being a success; the
+## worker finishes the run in hand first.
 ## The set-up is quiet (a line per demo run) and ends with how to log in:
 ## the admin's address, the user and the password (or where it is).
 run: venv
@@ -43,11 +44,12 @@ run: venv
 # migrate ran the system checks; runserver stands in for gunicorn on
 # purpose (docs/operations.md), so its warning that it is no production
 # server is not printed under the block.
-	@trap 'kill $$server $$worker 2>/dev/null' INT TERM; \
+	@trap 'stopped=1; kill $$server $$worker 2>/dev/null' INT TERM; \
 	$(PY) manage.py embedded_worker & worker=$$!; \
 	DJANGO_RUNSERVER_HIDE_WARNING=true \
 	$(PY) manage.py runserver --insecure --noreload --skip-checks $(RUN_ADDRESS) & server=$$!; \
-	wait $$server; status=$$?; kill $$worker 2>/dev/null; wait; exit $$status
+	wait $$server; status=$$?; kill $$worker 2>/dev/null; wait; \
+	if [ -n "$$stopped" ]; then exit 0; fi; exit $$status
 
 ## make lint: ruff, the migrations check and the OpenAPI schema check.
 lint: dev-venv

@@ -11,7 +11,9 @@ from rest_framework.reverse import reverse
 
 from api.views.base import BaseAPIView
 
-#: The collections, by the name the root lists them under → their route.
+#: The collections, by the name the root lists them under → their route
+#: (and the query a link needs to answer: usage is always grouped).
+QUERIES = {"usage": "?group_by=day"}
 RESOURCES = {
     "runs": "api-runs",
     "runs_bulk": "api-runs-bulk",
@@ -46,7 +48,8 @@ class ApiRoot(BaseAPIView):
         return Response(
             {
                 "resources": {
-                    name: reverse(route, request=request) for name, route in RESOURCES.items()
+                    name: reverse(route, request=request) + QUERIES.get(name, "")
+                    for name, route in RESOURCES.items()
                 },
                 "schema": reverse("api-schema", request=request),
                 "docs": reverse("api-docs", request=request),

@@ -17,7 +17,11 @@ class _ToldByTheSummary(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
             return record.name.partition(".")[0] not in ("runs", "tools", "agents", "spend")
-        return INJECTED not in record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True  # a malformed record: logging's own handler reports it
+        return INJECTED not in message
 
 
 @contextlib.contextmanager
