@@ -4,6 +4,7 @@ changed directly (no Django start-up per look), and what shows that the
 worker is getting on, for waits bounded by progress rather than a clock."""
 
 import contextlib
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -25,6 +26,27 @@ def sqlite_write(env, sql, *params) -> None:
     path = env["DATABASE_URL"].removeprefix("sqlite:///")
     with contextlib.closing(sqlite3.connect(path, timeout=20)) as database, database:
         database.execute(sql, params)
+
+
+def make_run_setup(**variables: str) -> list[list[str]]:
+    """The ``manage.py`` commands `make run` runs before it serves, as the
+    Makefile has them today (``make -n``: printed, not run)."""
+    dry = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "run", f"PY={sys.executable}"]
+        + [f"PYTHON={sys.executable}", *(f"{name}={value}" for name, value in variables.items())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    prefix = f"{sys.executable} manage.py "
+    return [
+        shlex.split(line.removeprefix(prefix))
+        for line in dry.stdout.splitlines()
+        # What runs beside the server (&) serves: the set-up is what comes before.
+        if line.startswith(prefix) and "&" not in line
+    ]
 
 
 #: A bound on what ends at once unless something is wrong (a process

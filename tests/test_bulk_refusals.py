@@ -24,22 +24,37 @@ from tests.test_console_actions import auth_failed_run, messages_on
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+EMPTY = "Nothing was done: the list's address gives the filter {parameter!r} no value "
+UNKNOWN_VALUE = "Nothing was done: the list's filter {parameter!r} does not take the value "
+
+
 @pytest.mark.parametrize(
-    ("query", "parameter"),
+    ("query", "parameter", "refused", "letters_query"),
     [
-        ("tool=", "tool"),
-        ("status__exact=queued&write_in_doubt=", "write_in_doubt"),
-        ("requeues=%20", "requeues"),
-        ("status=", "status"),
+        ("tool=", "tool", EMPTY + "(?tool=)", "state="),
+        ("status__exact=queued&write_in_doubt=", "write_in_doubt", EMPTY, "state="),
+        ("requeues=%20", "requeues", EMPTY, "state="),
+        ("status=", "status", EMPTY, "state="),
+        # The API's spelling of the filter: the list's is "yes".
+        (
+            "write_in_doubt=true",
+            "write_in_doubt",
+            UNKNOWN_VALUE + "'true' (?write_in_doubt=true)",
+            "state=closed",
+        ),
+        ("status__exact=queued&requeues=7", "requeues", UNKNOWN_VALUE + "'7'", "state=closed"),
+        ("lease=lost", "lease", UNKNOWN_VALUE + "'lost'", "state=closed"),
     ],
 )
-def test_select_all_with_a_filter_left_empty_in_the_address_is_refused_naming_it(
-    operator_client, query, parameter
+def test_select_all_under_a_filter_the_list_reads_as_none_is_refused_naming_it(
+    operator_client, query, parameter, refused, letters_query
 ):
-    """A list reads ``?tool=`` as no filter: "select all" there would have
-    taken every run for what the address seemed to narrow (issue #47).
-    Refused, naming the parameter; rows ticked one by one are what the page
-    shows, and are previewed as ever."""
+    """A list filter reads an empty value (``?tool=``) or one it does not
+    know (``?write_in_doubt=true``, the API's word for the list's "yes") as
+    no filter at all: "select all" there would have taken every run for
+    what the address seemed to narrow (issue #47). Refused, naming the
+    parameter (and the value); the dead letters' "select all" likewise.
+    Rows ticked one by one, and a value the filter takes, act as ever."""
     queued = [transitions.create_queued_run({"prompt": "p", "tools": []}, "p") for _ in "ab"]
     completed_run()
     across = {
@@ -52,72 +67,25 @@ def test_select_all_with_a_filter_left_empty_in_the_address_is_refused_naming_it
     response = operator_client.post(f"{RUNS}?{query}", across, follow=True)
 
     (message,) = messages_on(response)
-    assert message.startswith(
-        f"Nothing was done: the list's address gives the filter '{parameter}' no value "
-        f'(?{parameter}=), so "all matching" would not be narrowed by it.'
-    ), message
+    assert message.startswith(refused.format(parameter=parameter)), message
+    assert '"all matching" would not be narrowed by it.' in message
     assert 'id="bulk-counts"' not in response.content.decode()
     assert {fresh(run).status for run in queued} == {RunStatus.QUEUED}
+    # Their runs' requeue, their dismissal: neither done.
+    letter = DeadLetter.objects.get(run=auth_failed_run())
+    for action in ("requeue_selected", "dismiss_selected"):
+        letters = operator_client.post(
+            f"/admin/runs/deadletter/?{letters_query}",
+            {**across, "action": action, "_selected_action": [letter.pk]},
+            follow=True,
+        )
+        (message,) = messages_on(letters)
+        assert message.startswith(refused.format(parameter="state")[:50]), message
+    assert DeadLetter.objects.get(pk=letter.pk).resolved_at is None
     if parameter == "tool":
         ticked = {"action": "cancel_selected", "_selected_action": [queued[0].pk]}
         page = operator_client.post(f"{RUNS}?{query}", ticked).content.decode()
         assert "Will cancel 1 (of 1 run)." in page
-    # The dead letters' "select all" likewise: their runs' requeue, their dismissal.
-    letter = DeadLetter.objects.get(run=auth_failed_run())
-    for action in ("requeue_selected", "dismiss_selected"):
-        letters = operator_client.post(
-            "/admin/runs/deadletter/?state=",
-            {**across, "action": action, "_selected_action": [letter.pk]},
-            follow=True,
-        )
-        (message,) = messages_on(letters)
-        assert message.startswith("Nothing was done: the list's address gives the filter 'state'")
-
-
-@pytest.mark.parametrize(
-    ("query", "parameter", "value"),
-    [
-        # The API's spelling of the filter: the list's is "yes".
-        ("write_in_doubt=true", "write_in_doubt", "true"),
-        ("status__exact=queued&requeues=7", "requeues", "7"),
-        ("lease=lost", "lease", "lost"),
-    ],
-)
-def test_select_all_under_a_filter_value_the_list_ignores_is_refused_naming_it(
-    operator_client, query, parameter, value
-):
-    """A list filter reads a value it does not know (``?write_in_doubt=true``,
-    the API's word for the list's "yes") as no filter at all, as it reads an
-    empty one: "select all" there would take every run for what the address
-    seemed to narrow. Refused, naming the parameter and its value."""
-    queued = [transitions.create_queued_run({"prompt": "p", "tools": []}, "p") for _ in "ab"]
-    across = {
-        "action": "cancel_selected",
-        "select_across": "1",
-        "index": "0",
-        "_selected_action": [queued[0].pk],
-    }
-
-    response = operator_client.post(f"{RUNS}?{query}", across, follow=True)
-
-    (message,) = messages_on(response)
-    assert message.startswith(
-        f"Nothing was done: the list's filter {parameter!r} does not take the value "
-        f'{value!r} (?{parameter}={value}), so "all matching" would not be narrowed by it.'
-    ), message
-    assert 'id="bulk-counts"' not in response.content.decode()
-    assert {fresh(run).status for run in queued} == {RunStatus.QUEUED}
-    # The dead letters' "select all" likewise.
-    letter = DeadLetter.objects.get(run=auth_failed_run())
-    for action in ("requeue_selected", "dismiss_selected"):
-        letters = operator_client.post(
-            "/admin/runs/deadletter/?state=closed",
-            {**across, "action": action, "_selected_action": [letter.pk]},
-            follow=True,
-        )
-        (message,) = messages_on(letters)
-        assert message.startswith("Nothing was done: the list's filter 'state' does not take")
-    assert DeadLetter.objects.get(pk=letter.pk).resolved_at is None
     # A value the filter takes narrows as ever: the preview of the queued runs.
     page = operator_client.post(f"{RUNS}?status__exact=queued&requeues=0", across)
     assert "Will cancel 2 (of 2 runs)." in page.content.decode()

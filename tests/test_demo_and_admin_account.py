@@ -1,17 +1,11 @@
 """`make run`'s set-up commands: the admin account and demo data from real
 executions, and what they print: a line per demo run, then how to log in."""
 
-import contextlib
 import io
-import shlex
-import sqlite3
-import subprocess
-import sys
 from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.core.management import call_command
 from django.db.models.functions import Now
 
@@ -19,7 +13,6 @@ from runs.dispatch import executing_in_embedded_worker
 from runs.embedded_worker import execute_due_runs
 from runs.management.commands import seed_demo
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
-from tests.helpers import ROOT, manage, sqlite_env
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -247,67 +240,3 @@ def test_ensure_admin_generates_and_prints_a_password(monkeypatch):
     password = line.split()[1]
     assert "(generated now)" in line
     assert get_user_model().objects.get(username="admin").check_password(password)
-
-
-def make_run_setup(**variables: str) -> list[list[str]]:
-    """The ``manage.py`` commands `make run` runs before it serves, as the
-    Makefile has them today (``make -n``: printed, not run)."""
-    dry = subprocess.run(
-        ["make", "-n", "-o", ".venv/.installed", "run", f"PY={sys.executable}"]
-        + [f"PYTHON={sys.executable}", *(f"{name}={value}" for name, value in variables.items())],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    prefix = f"{sys.executable} manage.py "
-    return [
-        shlex.split(line.removeprefix(prefix))
-        for line in dry.stdout.splitlines()
-        # What runs beside the server (&) serves: the set-up is what comes before.
-        if line.startswith(prefix) and "&" not in line
-    ]
-
-
-def test_make_run_ends_its_set_up_with_how_to_log_in_and_prints_no_error(tmp_path):
-    """`make run` printed ~130 lines, the login among them and the demo's
-    injected fault as an ERROR: now a line per demo run, then a block with
-    the address, the user and the password (or where it is), and no ERROR
-    or traceback. Its set-up commands, run against a fresh SQLite file."""
-    kept = tmp_path / "admin-password"
-    steps = make_run_setup(RUN_ADDRESS="127.0.0.1:8077", ADMIN_PASSWORD_FILE=str(kept))
-    assert [step[0] for step in steps] == ["migrate", "seed_demo", "ensure_admin"]
-    env = sqlite_env(tmp_path / "demo.sqlite3")
-
-    def set_up() -> list[str]:
-        printed = []
-        for step in steps:
-            done = manage(*step, env=env)
-            assert done.returncode == 0, (step, done.stderr[-2000:])
-            printed += done.stdout.splitlines() + done.stderr.splitlines()
-        assert not [line for line in printed if "ERROR" in line or "Traceback" in line], printed
-        # The last lines printed, the block: what an operator needs to log in.
-        block = [line for line in printed if line.strip()][-5:]
-        rule = "-" * len(block[0])
-        assert block[0] == block[-1] == rule and set(block[0]) == {"-"}, printed
-        assert block[1:3] == ["The admin:  http://127.0.0.1:8077/admin/", "user:       admin"]
-        assert block[3].startswith("password:   "), block
-        return printed
-
-    first = set_up()
-    # A line per demo run above it, nothing of the runtime's log.
-    assert len(first) < 20, first
-    password = kept.read_text().strip()
-    assert first[-2] == f"password:   {password}  (generated now; kept in {kept})"
-    with contextlib.closing(sqlite3.connect(tmp_path / "demo.sqlite3")) as database:
-        ((encoded,),) = database.execute("SELECT password FROM auth_user WHERE username = 'admin'")
-    # Hashed as the app's settings hash (the tests' own hasher is a faster one).
-    assert PBKDF2PasswordHasher().verify(password, encoded)
-    assert oct(kept.stat().st_mode & 0o777) == "0o600"
-
-    # Again, as a second `make run` does: the password is not printed again,
-    # the block says where it is.
-    again = set_up()
-    assert "runs exist; demo data not seeded again" in again
-    assert again[-2] == f"password:   in {kept} (generated when the account was made)"

@@ -8,12 +8,14 @@ import uuid
 from datetime import datetime, timedelta
 
 import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from runs.management.commands import seed_demo
 from tests.drifting_model import openai_request
 from tests.embedded_processes import (
     STOPPED_SECONDS,
     embedded_worker,
+    make_run_setup,
     progress,
     sqlite_rows,
     sqlite_write,
@@ -43,15 +45,44 @@ def migrated(tmp_path_factory):
     return copy_to
 
 
-def test_make_runs_setup_works_on_sqlite_without_redis(tmp_path):
-    # The shipped approval policy (NRLLM_APPROVAL_REQUIRED_FOR unset:
-    # non_idempotent_write), as `make run` has it.
-    env = sqlite_env(tmp_path / "demo.sqlite3", NRLLM_ADMIN_PASSWORD="pw")
-    for command in (["migrate", "--noinput"], ["ensure_admin"], ["seed_demo"], ["check"]):
-        result = manage(*command, env=env)
-        assert result.returncode == 0, (command, result.stderr[-2000:])
-    seeded = manage("seed_demo", env=env)
-    assert "not seeded again" in seeded.stdout
+def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_in(tmp_path):
+    """`make run`'s set-up commands, read from the Makefile, on a fresh
+    SQLite file with the shipped approval policy (non_idempotent_write):
+    a line per demo run, then a block with the address, the user and the
+    password (or where it is) — never the ~130 lines it printed, the demo's
+    injected fault as an ERROR among them (issue #47). Run again, as a
+    second `make run`: nothing seeded twice, the block says where the
+    password is. Then the embedded worker takes the demo's runs on."""
+    kept = tmp_path / "admin-password"
+    steps = make_run_setup(RUN_ADDRESS="127.0.0.1:8077", ADMIN_PASSWORD_FILE=str(kept))
+    assert [step[0] for step in steps] == ["migrate", "seed_demo", "ensure_admin"]
+    env = sqlite_env(tmp_path / "demo.sqlite3")
+
+    def set_up() -> list[str]:
+        printed = []
+        for step in steps:
+            done = manage(*step, env=env)
+            assert done.returncode == 0, (step, done.stderr[-2000:])
+            printed += done.stdout.splitlines() + done.stderr.splitlines()
+        assert not [line for line in printed if "ERROR" in line or "Traceback" in line], printed
+        # The last lines printed, the block: what an operator needs to log in.
+        block = [line for line in printed if line.strip()][-5:]
+        assert block[0] == block[-1] and set(block[0]) == {"-"}, printed
+        assert block[1:3] == ["The admin:  http://127.0.0.1:8077/admin/", "user:       admin"]
+        return printed
+
+    first = set_up()
+    assert len(first) < 20, first  # a line per demo run above it, nothing of the runtime's log
+    password = kept.read_text().strip()
+    assert first[-2] == f"password:   {password}  (generated now; kept in {kept})"
+    ((encoded,),) = sqlite_rows(env, "SELECT password FROM auth_user WHERE username = 'admin'")
+    # Hashed as the app's settings hash (the tests' own hasher is a faster one).
+    assert PBKDF2PasswordHasher().verify(password, encoded)
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    again = set_up()
+    assert "runs exist; demo data not seeded again" in again
+    assert again[-2] == f"password:   in {kept} (generated when the account was made)"
+    assert manage("check", env=env).returncode == 0
 
     def outcomes():
         return sorted(sqlite_rows(env, "SELECT status, termination_reason FROM runs_agentrun"))
