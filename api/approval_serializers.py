@@ -15,7 +15,7 @@ from rest_framework import serializers
 from api.serializers import StrictSerializer, TextField
 from runs.approvals.actions import MAX_NOTE_CHARS
 from runs.models import ApprovalRequest
-from runs.vocabulary import ApprovalStatus, RunStatus
+from runs.models.vocabulary import ApprovalStatus, RunStatus
 
 #: How much of the run's prompt a listed request shows; the whole prompt is
 #: at ``GET /api/runs/{id}/``.

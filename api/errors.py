@@ -12,8 +12,6 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from nrllm_ops import admin_site
-
 logger = logging.getLogger(__name__)
 
 
@@ -107,7 +105,7 @@ def _scheme_hint(request) -> str:
     )
 
 
-def _in_the_api_shape(django_handler, status_code: int, code: str):
+def in_the_api_shape(django_handler, status_code: int, code: str):
     """A project-wide error handler that answers under ``/api/`` in the API's
     shape (no route matched, or a middleware refused the request) and
     leaves every other page to Django's own."""
@@ -125,6 +123,5 @@ def _in_the_api_shape(django_handler, status_code: int, code: str):
     return handler
 
 
-forbidden = _in_the_api_shape(admin_site.forbidden, 403, "permission_denied")
-not_found = _in_the_api_shape(defaults.page_not_found, 404, "not_found")
-bad_request = _in_the_api_shape(defaults.bad_request, 400, "invalid")
+not_found = in_the_api_shape(defaults.page_not_found, 404, "not_found")
+bad_request = in_the_api_shape(defaults.bad_request, 400, "invalid")

@@ -7,8 +7,8 @@ from rest_framework.exceptions import ValidationError
 
 from api.approval_serializers import REQUIRED_BY
 from runs.models import AgentRun, ApprovalRequest
-from runs.selectors import offering_tool, writes_in_doubt
-from runs.vocabulary import (
+from runs.models.selectors import offering_tool, writes_in_doubt
+from runs.models.vocabulary import (
     ApprovalStatus,
     FailureClass,
     RunMode,

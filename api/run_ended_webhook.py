@@ -6,8 +6,8 @@ delivered body against it), and the answers that deliver it."""
 from drf_spectacular.utils import OpenApiResponse, OpenApiWebhook, extend_schema
 from rest_framework import serializers
 
-from runs.run_events import EVENT_TYPES
-from runs.vocabulary import FailureClass, RunStatus, TerminationReason
+from runs.models.run_events import EVENT_TYPES
+from runs.models.vocabulary import FailureClass, RunStatus, TerminationReason
 
 
 class RunEndedTokensSerializer(serializers.Serializer):

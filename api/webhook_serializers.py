@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from runs.approvals.webhook_url import origin
-from runs.run_events import EVENT_TYPES, RunEvent
+from runs.models.run_events import EVENT_TYPES, RunEvent
 
 DELIVERY_STATES = [
     ("pending", "pending: due again at next_attempt_at"),

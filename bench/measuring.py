@@ -29,7 +29,7 @@ def commits_not_waiting_for_the_flush():
     without waiting for its WAL to reach disk (``synchronous_commit = off``)
     by default: the floor's and the peer's figures then measure CPU per step,
     the limit a faster disk approaches. Ours still wait where they must (a
-    write's fence and record, a settle: ``nrllm_ops.commits``), whatever the
+    write's fence and record, a settle: ``ground.commits``), whatever the
     default says — a deployment tuned this way keeps G6 and G12. Django's
     connection is reopened on the way in and out, so the setting reaches it."""
     name = connection.settings_dict["NAME"]

@@ -252,7 +252,7 @@ def wait_for_workers(count: int) -> None:
     """Until ``count`` workers listen (their start-up is not the runs' cost)."""
     from rq import Worker
 
-    from runs.dispatch import run_queue
+    from runs.queue.dispatch import run_queue
 
     connection = run_queue().connection
     deadline = time.monotonic() + 120

@@ -43,8 +43,8 @@ def _requeued_after_failure(steps: int):
     and was dead-lettered, put back in the queue by an operator requeue."""
     from runs import transitions
     from runs.models import AgentRun
+    from runs.models.vocabulary import StepKind
     from runs.runtime import enqueue
-    from runs.vocabulary import StepKind
 
     run = AgentRun.objects.get(pk=enqueue(_resumable_request(steps)).pk)
     assert (run.status, run.termination_reason) == ("failed", "not_retryable"), run.error_message

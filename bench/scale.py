@@ -72,7 +72,7 @@ def _reaper_with_backlog() -> float:
     """One reaper pass over a backlog: every queued run due long ago (workers
     were down), each with its job waiting in Redis in the order it was
     dispatched. The pass must find the oldest jobs and dispatch nothing."""
-    from runs.dispatch import dispatch_many, run_queue
+    from runs.queue.dispatch import dispatch_many, run_queue
     from runs.reaper import reap_stale_runs
 
     with connection.cursor() as cursor:
@@ -99,7 +99,7 @@ def _pruned_oldest_tenth(runs: int) -> dict:
     from django.conf import settings
     from django.utils import timezone
 
-    from runs.retention import prune_runs
+    from runs.reaper.retention import prune_runs
 
     batch = settings.NRLLM_RETENTION_BATCH_SIZE
     # Retention never takes a run that ended less than an hour ago: the
@@ -232,7 +232,7 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
         "admin list by status": _plan(
             "SELECT * FROM runs_agentrun WHERE status = 'failed' ORDER BY created_at DESC LIMIT 51"
         ),
-        # As runs/admin/search.py asks it, for the two words searched above.
+        # As console/search.py asks it, for the two words searched above.
         "admin prompt search": _plan(
             "SELECT id FROM runs_agentrun WHERE (UPPER(prompt) LIKE %s AND UPPER(prompt) LIKE %s "
             "AND status IN ('cancelled', 'completed', 'failed')) "

@@ -31,7 +31,7 @@ def _drain_with_workers(env: dict, workers: int, worker_class: str, job_ids: lis
     """Seconds from the first of ``job_ids`` starting to the last one ending:
     the workers' own start-up (importing Django) is left out, for ours and
     bare RQ alike."""
-    from runs.dispatch import run_queue
+    from runs.queue.dispatch import run_queue
 
     env = {**env, "NRLLM_WORKER_CLASS": worker_class, **WORKER_CLASSES[worker_class]}
     queue = run_queue()
@@ -98,8 +98,8 @@ def _enqueue_many(queue, function: str, arguments: list[tuple]) -> list[str]:
 
 
 def _queue_round(runs: int, worker_class: str, worker_env: dict, workers: int) -> dict:
-    from runs.dispatch import job_id_for, run_queue
     from runs.models import AgentRun
+    from runs.queue.dispatch import job_id_for, run_queue
     from runs.runtime import enqueue
 
     queue = run_queue()

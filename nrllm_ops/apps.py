@@ -4,4 +4,4 @@ from django.contrib.admin.apps import AdminConfig as DjangoAdminConfig
 
 
 class AdminConfig(DjangoAdminConfig):
-    default_site = "nrllm_ops.admin_site.AdminSite"
+    default_site = "console.site.AdminSite"

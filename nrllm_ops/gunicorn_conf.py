@@ -10,7 +10,7 @@ having reaped a worker, folds whatever it left, as RQ's worker folds its work
 horses' files: the totals stay, the files go.
 """
 
-from nrllm_ops import metrics_files
+from ground import metrics_files
 
 
 def child_exit(server, worker):

@@ -9,8 +9,8 @@ from django.http import HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client import REGISTRY as PROCESS_REGISTRY
 
-from nrllm_ops import metrics_files
-from runs.metrics import RunStateCollector
+from ground import metrics_files
+from runs.models.metrics import RunStateCollector
 
 
 def healthz(request):
@@ -29,7 +29,7 @@ def readyz(request):
     except Exception as error:  # noqa: BLE001 - any failure means not ready
         checks["database"] = f"error: {type(error).__name__}"
     else:
-        from nrllm_ops.durability import refusal
+        from ground.durability import refusal
 
         try:
             problem = refusal()
@@ -37,7 +37,7 @@ def readyz(request):
             problem = type(error).__name__
         checks["durable_commits"] = "ok" if problem is None else f"error: {problem}"
     if settings.REDIS_URL:
-        from runs.dispatch import run_queue
+        from runs.queue.dispatch import run_queue
 
         try:
             run_queue().connection.ping()

@@ -11,8 +11,8 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
-from nrllm_ops.database import database_from_url
-from nrllm_ops.env import (
+from ground.database import database_from_url
+from ground.env import (
     env_bool,
     env_choice,
     env_decimal,
@@ -22,7 +22,7 @@ from nrllm_ops.env import (
     env_rate_limits,
     env_str,
 )
-from nrllm_ops.tracing import exporters_from_env
+from ground.tracing import exporters_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -42,7 +42,7 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 
 INSTALLED_APPS = [
-    "nrllm_ops.apps.AdminConfig",  # Django's admin, on our site (admin_site.py)
+    "nrllm_ops.apps.AdminConfig",  # Django's admin, on our site (console/site.py)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -60,6 +60,8 @@ INSTALLED_APPS = [
     "spend",
     "agents",
     "api",
+    # Every operator page; its ``admin`` module registers the ModelAdmins.
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -98,7 +100,7 @@ DATABASES = {
         conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0),
         prepared_statements=env_bool("DATABASE_PREPARED_STATEMENTS", True),
         # Unset: a pool of 20 on PostgreSQL unless DATABASE_CONN_MAX_AGE keeps
-        # connections instead; 0 turns it off (nrllm_ops/database.py).
+        # connections instead; 0 turns it off (ground/database.py).
         pool_max_size=env_int("DATABASE_POOL_MAX_SIZE", None, minimum=0),
         pool_timeout=env_int("DATABASE_POOL_TIMEOUT_SECONDS", 10, minimum=1),
     )
@@ -111,8 +113,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 SILENCED_SYSTEM_CHECKS = ["models.W040"]
 AUTH_PASSWORD_VALIDATORS = []
 LANGUAGE_CODE = "en-us"
-# Dates and moments written one way across the console (nrllm_ops/formats).
-FORMAT_MODULE_PATH = ["nrllm_ops.formats"]
+# Dates and moments written one way across the console (console/formats).
+FORMAT_MODULE_PATH = ["console.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
@@ -131,13 +133,13 @@ RQ_QUEUES = {
 # NRLLM_WORKER_CONCURRENCY runs in flight, each in a thread of its process,
 # sharing the database pool (G15): a run spends nearly all its life waiting on
 # a model. runs.worker.Worker (RQ's forking worker, a work horse per job, that
-# also folds each horse's Prometheus files, nrllm_ops/metrics_files.py) and
+# also folds each horse's Prometheus files, ground/metrics_files.py) and
 # runs.worker.SimpleWorker (RQ's SimpleWorker, loading what runs need at its
 # start) execute one run at a time a process (bench/results.md compares
 # them). The lease and the reaper cover a worker that dies, whichever it is.
 # django-rq would also mount its dashboard inside the admin
 # (/admin/django_rq/dashboard/), with its mutating views open to any staff
-# user; it is mounted once instead, behind nrllm_ops.queue_dashboard.
+# user; it is mounted once instead, behind console.queue_dashboard.
 RQ_SHOW_ADMIN_LINK = False
 RQ = {"WORKER_CLASS": env_str("NRLLM_WORKER_CLASS", "runs.worker.ConcurrentWorker")}
 # runs.worker.ConcurrentWorker executes up to this many runs at once, each in
@@ -262,7 +264,7 @@ NRLLM_RUN_WEBHOOK_BATCH_SIZE = env_int(
 # --- The OpenAI-compatible provider ------------------------------------------------
 # Endpoint and key come from here only: never from a request, never stored.
 # Checked as the webhook's is: a malformed one stops start-up, naming it (the
-# worker builds its client at start, runs.jobs.load_for_runs). Set empty, it
+# worker builds its client at start, runs.workers.preload.load_for_runs). Set empty, it
 # leaves the provider unconfigured.
 NRLLM_OPENAI_BASE_URL = (
     env_http_url("NRLLM_OPENAI_BASE_URL")
@@ -352,8 +354,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ToolEffectEnum": "runs.models.EFFECT_CHOICES",
         # Two choice sets in fields named "status": a run's, an approval's.
-        "RunStatusEnum": "runs.vocabulary.RunStatus",
-        "ApprovalStatusEnum": "runs.vocabulary.ApprovalStatus",
+        "RunStatusEnum": "runs.models.vocabulary.RunStatus",
+        "ApprovalStatusEnum": "runs.models.vocabulary.ApprovalStatus",
         # Named for what it is: other resources may have a field "approval".
         "ApprovalPolicyEnum": "tools.approval_policy.ApprovalPolicy",
     },
@@ -364,7 +366,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {"()": "nrllm_ops.logs.JsonFormatter"},
+        "json": {"()": "ground.logs.JsonFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},

@@ -1,12 +1,14 @@
 """URL routes: the admin (the operator console, where ``/`` leads) and
 django-rq's dashboard, which the console links to when Redis is configured
-(read-only for staff, ``nrllm_ops.queue_dashboard``); the API under ``/api/``."""
+(read-only for staff, ``console.queue_dashboard``); the API under ``/api/``."""
 
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from nrllm_ops import observability, queue_dashboard
+from api import errors
+from console import queue_dashboard, site
+from nrllm_ops import observability
 
 urlpatterns = [
     # The app has no site of its own: its front page is the console.
@@ -23,6 +25,7 @@ urlpatterns = [
 
 # Under /api/ a URL no route matches is an error in the API's shape too.
 handler400 = "api.errors.bad_request"
-# In the console, a 403 in the admin's frame with a way back.
-handler403 = "api.errors.forbidden"
+# In the console, a 403 in the admin's frame with a way back; under /api/,
+# the API's shape.
+handler403 = errors.in_the_api_shape(site.forbidden, 403, "permission_denied")
 handler404 = "api.errors.not_found"

@@ -13,10 +13,10 @@ class RunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from nrllm_ops import tracing
+        from ground import tracing
 
         # Here, before the first request loads the middleware: the request
-        # spans' middleware is added to it (nrllm_ops.otel_sdk).
+        # spans' middleware is added to it (ground.otel_sdk).
         tracing.start_from_settings()
         pre_migrate.connect(_sqlite_triggers_dropped, sender=self)
         post_migrate.connect(_sqlite_triggers_created, sender=self)

@@ -1,4 +1,5 @@
-"""The RQ job functions, and what a worker loads for them once.
+"""The RQ job functions, as RQ stores them in Redis (what a worker loads for
+them once is ``runs.workers.preload``).
 
 ``execute_run_job`` never raises for a run's outcome: the run row holds the
 outcome, and RQ must not retry or record a failure of its own."""
@@ -30,21 +31,6 @@ def execute_run_job(run_id: str) -> None:
         close_old_connections()
 
 
-def load_for_runs() -> None:
-    """Load, once per worker process, what a run needs and Django's start
-    has not loaded: with the openai provider configured, its SDK (some 650
-    modules) and a client ready to send. The forking worker does it before
-    its first fork, so a work horse inherits them instead of importing them
-    for its one run: that was most of the CPU a real run cost. Sends nothing
-    and opens no connection; the runtime and the tools are loaded by then
-    (the admin imports the runtime, the tools app builds the registry)."""
-    from runs.providers.openai_chat import OpenAIChatProvider, built_client
-
-    if OpenAIChatProvider.configuration_problem() is None:
-        built_client()
-        logger.info("loaded for runs before any job: the openai SDK and client")
-
-
 def prune_job(days: int) -> str:
     """Retention as a periodic RQ job (see ``runs/cron.py``): one pass over
     the runs ended more than ``days`` ago (the scheduler's
@@ -58,7 +44,7 @@ def prune_job(days: int) -> str:
     from django.conf import settings
     from django.utils import timezone
 
-    from runs.retention import prune_runs
+    from runs.reaper.retention import prune_runs
 
     close_old_connections()
     try:

@@ -1,18 +1,18 @@
 """The RQ worker classes ``NRLLM_WORKER_CLASS`` names.
 
-``ConcurrentWorker`` (``runs.concurrent_worker``), the default: up to
+``ConcurrentWorker`` (``runs.workers.concurrent``), the default: up to
 ``NRLLM_WORKER_CONCURRENCY`` runs at once, each in a thread of its process.
 ``Worker``: RQ's forking worker, loading what runs need before
-its first fork (``runs.jobs.load_for_runs``), folding each finished work
-horse's metric files (``nrllm_ops.metrics_files``) when
+its first fork (``runs.workers.preload.load_for_runs``), folding each finished work
+horse's metric files (``ground.metrics_files``) when
 ``PROMETHEUS_MULTIPROC_DIR`` is set, and having each horse export its
-spans before it exits when traces are on (``nrllm_ops.tracing``).
+spans before it exits when traces are on (``ground.tracing``).
 ``SimpleWorker``: RQ's worker that runs jobs in its own process, loading
 the same at its start rather than in its first run, and exporting its
 spans as it stops, within ``NRLLM_TRACES_EXIT_SECONDS`` (a worker of
 ``rqworker-pool`` leaves by ``os._exit``).
 
-All three wait out a Redis outage (``runs.redis_outage.WaitsOutRedis``):
+All three wait out a Redis outage (``runs.workers.redis_outage.WaitsOutRedis``):
 started while Redis is away, or finding it gone, they wait and go on.
 """
 
@@ -23,10 +23,10 @@ from django.db import connection
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQWorker
 
-from nrllm_ops import metrics_files, tracing
-from runs.concurrent_worker import ConcurrentWorker
-from runs.jobs import load_for_runs
-from runs.redis_outage import WaitsOutRedis
+from ground import metrics_files, tracing
+from runs.workers.concurrent import ConcurrentWorker
+from runs.workers.preload import load_for_runs
+from runs.workers.redis_outage import WaitsOutRedis
 
 __all__ = ["ConcurrentWorker", "SimpleWorker", "Worker"]
 

@@ -5,8 +5,8 @@ checks that a refused decision changed nothing."""
 from rest_framework.test import APIClient
 
 from runs.models import AgentRun, ApprovalRequest
+from runs.models.vocabulary import ApprovalStatus, RunStatus
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus
 from tests.drifting_model import NOTIFY, SEARCH, request_for
 from tests.helpers import fresh
 from tools.models import OutboxNotification

@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from runs.dispatch import run_queue
+from runs.queue.dispatch import run_queue
 from tests.helpers import ROOT
 from tests.http_fixture import TestResolver, start_http_server
 from tests.mcp_fixtures import http_tracker, tracker  # noqa: F401 (fixtures)

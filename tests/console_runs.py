@@ -8,10 +8,10 @@ from decimal import Decimal
 import pytest
 
 from agents.models import Agent, AgentVersion
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun
+from runs.models.faults import step_inserts_refused
+from runs.models.vocabulary import RunStatus
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus
 from tests.helpers import answer, call, fresh, scripted
 
 #: Ids, keys and digests do not break at spaces: they must wrap anyway.

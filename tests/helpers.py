@@ -155,7 +155,7 @@ def collected(path) -> dict:
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
     from prometheus_client.parser import text_string_to_metric_families
 
-    from nrllm_ops import metrics_files
+    from ground import metrics_files
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(path))
@@ -310,10 +310,10 @@ def retried_when_due(*, rounds: int = 10) -> None:
     controlled, not slept); round after round for retries of retries."""
     from django.db.models.functions import Now
 
-    from runs.dispatch import executing_in_embedded_worker
-    from runs.embedded_worker import execute_due_runs
     from runs.models import AgentRun
-    from runs.vocabulary import RunStatus
+    from runs.models.vocabulary import RunStatus
+    from runs.queue.dispatch import executing_in_embedded_worker
+    from runs.workers.embedded import execute_due_runs
 
     with executing_in_embedded_worker():
         for _ in range(rounds):

@@ -5,7 +5,7 @@ import os
 
 from django.core.exceptions import ImproperlyConfigured
 
-from nrllm_ops.database import database_from_url
+from ground.database import database_from_url
 from nrllm_ops.settings import *  # noqa: F403
 
 try:

@@ -12,9 +12,9 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 
 from agents.models import Agent, AgentVersion
-from runs.admin.start_run import TURNS_EXAMPLE
+from console.start_run import TURNS_EXAMPLE
 from runs.models import AgentRun
-from runs.vocabulary import RunStatus
+from runs.models.vocabulary import RunStatus
 
 pytestmark = pytest.mark.django_db
 

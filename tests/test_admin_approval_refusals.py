@@ -11,9 +11,9 @@ import pytest
 from django.test import Client
 
 from runs.approvals import actions as approval_actions
-from runs.faults import step_inserts_refused
 from runs.models import ApprovalRequest
-from runs.vocabulary import RunStatus, StepKind
+from runs.models.faults import step_inserts_refused
+from runs.models.vocabulary import RunStatus, StepKind
 from tests.helpers import fresh
 from tests.test_admin_approvals import (
     INBOX,

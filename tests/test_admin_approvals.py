@@ -11,8 +11,8 @@ import re
 import pytest
 
 from runs.models import AgentRun, ApprovalRequest
+from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus, StepKind
 from tests.helpers import answer, call, fresh, scripted
 from tools.models import OutboxNotification
 

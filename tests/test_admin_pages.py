@@ -4,8 +4,8 @@ import pytest
 from django.db import transaction
 
 from runs import transitions
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun
+from runs.models.faults import step_inserts_refused
 from runs.runtime import enqueue, run
 from tests.helpers import answer, call, scripted
 

@@ -143,7 +143,7 @@ def test_a_tool_disabled_after_enqueue_is_not_offered_and_not_executed():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_tool_disabled_after_enqueue_is_not_offered_when_the_claim_falls_back_to_the_orm():
-    from runs.faults import step_inserts_refused
+    from runs.models.faults import step_inserts_refused
 
     # The request step refused: the one-statement claim fails with it, and
     # the claim is made again without it, through the ORM.

@@ -19,7 +19,7 @@ from agents.models import Agent, AgentVersion
 from agents.versions import save_agent
 from runs.approvals import actions as approval_actions
 from runs.models import AgentRun, ApprovalRequest
-from runs.vocabulary import RunStatus, StepKind
+from runs.models.vocabulary import RunStatus, StepKind
 from spend.models import ModelPrice
 from tests.drifting_model import NOTIFY, SEARCH, request_for
 from tests.helpers import fresh, wait_until

@@ -13,8 +13,8 @@ from django.db import connection
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun, DeadLetter
+from runs.models.faults import step_inserts_refused
 from tests.helpers import answer, call, scripted
 from tools.models import OutboxNotification
 

@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 
 from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
+from runs.models.vocabulary import RunStatus
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus
 from tests.approval_requests import PLAN, TOOLS, listed, pending, waiting
 from tests.drifting_model import NOTIFY, SEARCH, request_for
 

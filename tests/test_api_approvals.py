@@ -15,9 +15,9 @@ from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun, ApprovalRequest
-from runs.vocabulary import RunStatus, StepKind
+from runs.models.faults import step_inserts_refused
+from runs.models.vocabulary import RunStatus, StepKind
 from tests.approval_requests import (
     PLAN,
     TOOLS,

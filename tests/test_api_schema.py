@@ -20,10 +20,10 @@ from nrllm_ops.wsgi import application
 from runs import transitions
 from runs.approvals import actions as approval_actions
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
+from runs.models.vocabulary import SubmittedVia
 from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.vocabulary import SubmittedVia
 from tests.approval_requests import PLAN, TOOLS
 from tests.drifting_model import request_for
 from tests.helpers import answer, later, scripted, stored

@@ -12,9 +12,9 @@ from django.test import Client
 from runs import transitions
 from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
+from runs.models.vocabulary import ApprovalStatus, RunStatus
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import fresh, later
 

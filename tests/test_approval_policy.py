@@ -8,8 +8,8 @@ import pytest
 
 from runs.approvals import actions as approval_actions
 from runs.models import AgentRun, ApprovalRequest
+from runs.models.vocabulary import RunStatus
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus
 from tests.approval_requests import pending
 from tests.drifting_model import NOTIFY, SEARCH, request_for
 from tests.helpers import fresh, manage, sqlite_env

@@ -10,10 +10,10 @@ import pytest
 from runs import transitions
 from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
+from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from tests.drifting_model import NOTIFY, SEARCH, request_for
 from tests.helpers import fresh, inserts_held, later, step_inserts_held, wait_until
 from tools.models import OutboxNotification, ToolSetting

@@ -11,12 +11,12 @@ import pytest
 from django.db import connection
 
 from runs.approvals import actions as approval_actions
-from runs.faults import approval_requests_refused
 from runs.models import ApprovalRequest
+from runs.models.faults import approval_requests_refused
+from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from tests.drifting_model import NOTIFY, SEARCH, request_for
 from tests.helpers import fresh, later, step_inserts_held, wait_until
 from tools.models import OutboxNotification

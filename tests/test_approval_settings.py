@@ -13,8 +13,8 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from runs.models import ApprovalRequest
+from runs.models.vocabulary import RunStatus
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus
 from tests.approval_requests import pending
 from tests.drifting_model import SEARCH, request_for
 from tests.helpers import fresh

@@ -16,8 +16,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from runs.models import ApprovalRequest, RunStep
+from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus, StepKind
 from tests.approval_requests import TOOLS, client_with, decide, pending, unchanged, waiting
 from tests.conftest import _user
 from tests.drifting_model import NOTIFY, request_for

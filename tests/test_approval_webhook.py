@@ -14,8 +14,8 @@ from django.utils.dateparse import parse_datetime
 
 from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
+from runs.models.vocabulary import ApprovalStatus, RunStatus
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus
 from tests.approval_requests import waiting
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import fresh, manage, sqlite_env

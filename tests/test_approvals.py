@@ -9,11 +9,11 @@ from django.db import DatabaseError
 
 from runs import transitions
 from runs.approvals import actions as approval_actions
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun, ApprovalRequest
+from runs.models.faults import step_inserts_refused
+from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run
-from runs.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from tests.drifting_model import NOTIFY, SEARCH, request_for
 from tests.helpers import fresh, later
 from tools.models import OutboxNotification

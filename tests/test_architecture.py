@@ -1,6 +1,6 @@
-"""The house (docs/architecture.md): every import points down the layers, no
-module imports itself through others, every module says what it owns, and
-none is over 400 lines.
+"""The house (docs/architecture.md): every folder sits on one layer and
+every import points down the layers, no module imports itself through
+others, every module says what it owns, and none is over 600 lines.
 
 Read from the source. Deferred imports (inside a function) count, and so
 does a project module named in a string (``import_string``, a job
@@ -9,7 +9,7 @@ dodge a circle is still a circle. The few names a lower module holds on
 purpose are listed in ``NAMED_ON_PURPOSE``, each with why.
 
 A package's ``__init__`` that re-exports its modules (``runs.transitions``,
-``runs.runtime``, ``runs.reaper``) is a facade for the layers above; the
+``runs.runtime``, ``runs.reaper``, ``runs.models``) is a facade for the layers above; the
 modules inside import each other directly, never through it.
 """
 
@@ -18,92 +18,45 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("runs", "spend", "tools", "agents", "api", "nrllm_ops")
+PACKAGES = ("nrllm_ops", "console", "api", "agents", "runs", "spend", "tools", "ground")
 #: The most lines a module may have (docs/architecture.md, "Small modules").
-MOST_LINES = 400
+MOST_LINES = 600
 
-#: Top to bottom, each layer a set of parts. A module may import its own
-#: part, or any part of a layer below; never a part beside it or above it.
+#: Top to bottom, each layer a set of parts, each part a folder (a package
+#: and the folders inside it that no other part claims). A module may
+#: import its own part, or any part of a layer below; never a part beside
+#: it or above it. docs/architecture.md draws the same picture.
 LAYERS = (
+    # The composition root: settings, urls, wsgi, gunicorn, the app config.
+    {"root": ("nrllm_ops",)},
+    # Adapters: they parse, check permissions and show; they decide nothing.
+    {"console": ("console",), "api": ("api",)},
     {
-        "adapters": (
-            "api",
-            "runs.admin",
+        "commands": (
             "runs.management",
-            "runs.jobs",
-            "runs.cron",
-            "runs.cron_scheduler",
-            "runs.redis_outage",
-            "runs.worker",
-            "runs.concurrent_worker",
-            "runs.embedded_worker",
-            "tools.admin",
-            "tools.admin_display",
-            "spend.admin",
+            "agents.management",
             "spend.management",
-            "agents.admin",
-            "agents.admin_provider",
-            # The composition root: settings and the app config name the
-            # worker class, the tools, the admin site and the schema's enums.
-            "nrllm_ops.settings",
-            "nrllm_ops.apps",
-            "nrllm_ops.urls",
-            "nrllm_ops.wsgi",
-            "nrllm_ops.gunicorn_conf",
-            "nrllm_ops.observability",
-            "nrllm_ops.admin_site",
-            "nrllm_ops.queue_dashboard",
-            "nrllm_ops.nul_in_request",
-        ),
+            "api.management",
+        )
     },
-    {
-        "reaper": ("runs.reaper",),
-        # Definitions and starts by name: expanded into a run's request.
-        "agents": ("agents.definitions", "agents.versions", "agents.starting"),
-        "operators": ("runs.operators",),
-        "tool settings": ("tools.approval_settings", "tools.operator_view"),
-    },
+    # What deployments name: ``runs.worker``, ``runs.jobs``, ``runs.cron``,
+    # the app config (and the migrations, which no module imports).
+    {"entry points": ("runs",)},
+    {"workers": ("runs.workers",)},
+    # The domain.
+    {"agents": ("agents",), "operators": ("runs.operators",), "reaper": ("runs.reaper",)},
     {"runtime": ("runs.runtime",)},
     # Told by the runtime and the reaper; posts as the approval webhook does.
     {"run webhooks": ("runs.run_webhooks",)},
     {"approvals": ("runs.approvals",)},
-    {"queue": ("runs.dispatch",)},
+    {"queue": ("runs.queue",)},
     {"providers": ("runs.providers",)},
     {"transitions": ("runs.transitions",)},
-    {
-        "the record": (
-            "runs",
-            "runs.models",
-            "runs.vocabulary",
-            "runs.failures",
-            "runs.selectors",
-            "runs.metrics",
-            "runs.faults",
-            "runs.action_result",
-            "runs.run_events",
-            "runs.apps",
-            "runs.migrations",
-            # A run names its agent version ("agents.AgentVersion"): the
-            # agents' tables are record.
-            "agents",
-            "agents.models",
-            "agents.apps",
-            "agents.migrations",
-        ),
-    },
+    # The run's tables, their words and the queries every layer shares.
+    {"run models": ("runs.models",)},
     {"spend": ("spend",)},
     {"tools": ("tools",)},
-    {
-        "ground": (
-            "nrllm_ops",
-            "nrllm_ops.env",
-            "nrllm_ops.logs",
-            "nrllm_ops.database",
-            "nrllm_ops.commits",
-            "nrllm_ops.durability",
-            "nrllm_ops.metrics_files",
-        ),
-    },
+    {"ground": ("ground",)},
 )
 
 #: (module, what it names) that point up on purpose.
@@ -111,8 +64,8 @@ NAMED_ON_PURPOSE = {
     # The queue names the job function RQ calls, as RQ stores it in Redis,
     # and, without Redis, what the caller runs instead: it wakes the
     # runtime the way a worker does, by name, and never imports it.
-    ("runs.dispatch", "runs.jobs"),
-    ("runs.dispatch", "runs.runtime"),
+    ("runs.queue.dispatch", "runs.jobs"),
+    ("runs.queue.dispatch", "runs.runtime"),
     # Django's entry point names its settings module, which names it back
     # (``WSGI_APPLICATION``).
     ("nrllm_ops.wsgi", "nrllm_ops.settings"),
@@ -184,8 +137,12 @@ def imports_of(name: str, path: Path, known: dict) -> set[str]:
             and _DOTTED.fullmatch(node.value)
         ):
             # A module, or a name in one (``runs.jobs.execute_run_job``).
+            # Not an app's label and a name (``"runs.change_agentrun"``, a
+            # permission; ``"agents.AgentVersion"``, a model): Django's
+            # registry resolves those, and no code of the app is run.
             head, _, _ = node.value.rpartition(".")
-            names += [node.value if node.value in known else head]
+            if node.value in known or "." in head:
+                names += [node.value if node.value in known else head]
     return {target for target in names if target in known and target != name}
 
 
@@ -217,6 +174,16 @@ def part_of(module: str) -> tuple[int, str]:
 
 
 def test_every_import_points_down_the_layers():
+    """Layers of folders, not of modules: each part is a folder, so where a
+    module goes is where its folder is."""
+    not_folders = [
+        prefix
+        for layer in LAYERS
+        for prefixes in layer.values()
+        for prefix in prefixes
+        if not (ROOT / prefix.replace(".", "/") / "__init__.py").is_file()
+    ]
+    assert not not_folders, f"parts of LAYERS that are no folder: {not_folders}"
     wrong = []
     for module, targets in sorted(import_graph().items()):
         depth, part = part_of(module)
@@ -278,9 +245,9 @@ def test_every_module_says_what_it_owns():
     assert not silent, f"modules without a docstring: {silent}"
 
 
-def test_no_module_is_over_400_lines():
+def test_no_module_is_over_600_lines():
     """The house's size (docs/architecture.md, "Small modules"): a module
-    past about 400 lines holds more than one job; split it along a seam."""
+    past about 600 lines holds more than one job; split it along a seam."""
     long = [
         f"{path.relative_to(ROOT)} ({lines} lines)"
         for path in sorted(modules((*PACKAGES, "bench", "tests")).values())

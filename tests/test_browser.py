@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun
+from runs.models.faults import step_inserts_refused
 from runs.runtime import enqueue, run
 from spend.budgets import database_now
 from spend.models import DailySpend

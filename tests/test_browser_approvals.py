@@ -8,8 +8,8 @@ import pytest
 from playwright.sync_api import expect
 
 from runs.models import ApprovalRequest
+from runs.models.vocabulary import ApprovalStatus, RunStatus
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus
 from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.helpers import answer, call, fresh, scripted
 from tools.models import OutboxNotification

@@ -17,10 +17,10 @@ import pytest
 from django.contrib.auth.models import Permission
 from playwright.sync_api import expect
 
-from runs.admin.runs import AgentRunAdmin
+from console.runs import AgentRunAdmin
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
+from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus, StepKind
 from spend.models import DailySpend
 from tests.browser import DOCS_SCREENSHOTS, admin_page
 from tests.browser_boxes import (

@@ -23,8 +23,8 @@ from playwright.sync_api import expect
 from runs import transitions
 from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
+from runs.models.vocabulary import RunStatus
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus
 from tests.browser import admin_page
 from tests.browser_boxes import assert_shown
 from tests.helpers import answer, call, fresh, scripted, stored

@@ -7,8 +7,8 @@ import pytest
 from playwright.sync_api import expect
 
 from runs import transitions
-from runs.liveness import EMBEDDED_WORKER
 from runs.models import AgentRun
+from runs.models.last_passes import EMBEDDED_WORKER
 from runs.reaper import Beat, reap_stale_runs
 from runs.runtime import enqueue, run
 from runs.transitions import db_time

@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from runs.models import AgentRun
-from runs.vocabulary import RunStatus
+from runs.models.vocabulary import RunStatus
 from tests.browser import admin_page
 from tests.browser_boxes import ROW_CELLS, assert_table_fits
 

@@ -15,11 +15,11 @@ from django.test import Client
 
 from runs import transitions
 from runs.models import AgentRun
+from runs.models.vocabulary import RunStatus, TerminationReason
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import run
 from runs.runtime.loop import tool_spec
 from runs.runtime.run_request import parse_stored_request
-from runs.vocabulary import RunStatus, TerminationReason
 from spend.budgets import database_now
 from spend.call_size import largest_tokens
 from spend.models import DailySpend, ModelPrice

@@ -12,11 +12,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs.faults import step_inserts_refused
+from runs.models.faults import step_inserts_refused
+from runs.models.vocabulary import RunStatus, TerminationReason
 from runs.runtime import enqueue
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
-from runs.vocabulary import RunStatus, TerminationReason
 from spend.call_size import largest_tokens
 from spend.models import DailySpend, ModelPrice, SpendHold, SpendReservation, SubmitterBudget
 from tests.approval_requests import waiting

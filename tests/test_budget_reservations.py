@@ -9,9 +9,9 @@ from decimal import Decimal
 
 import pytest
 
+from runs.models.vocabulary import RunStatus, StepKind, TerminationReason
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from spend.call_size import largest_tokens
 from spend.models import ModelPrice, SpendHold, SpendReservation, SubmitterBudget
 from tests.drifting_model import FAKE_USAGE, MODELS, request_for

@@ -14,11 +14,11 @@ from django.db import connection
 
 from runs.approvals import actions as approval_actions
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
+from runs.models.vocabulary import RunStatus, StepKind, TerminationReason
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run
-from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from spend.models import DailySpend, ModelPrice, SpendHold, SubmitterBudget
 from tests.drifting_model import FAKE_USAGE, MODELS, NOTIFY, SEARCH, request_for
 from tests.fake_openai import Reply, completion, error

@@ -17,10 +17,10 @@ from django.test.utils import CaptureQueriesContext
 
 from runs import transitions
 from runs.models import AgentRun
+from runs.models.vocabulary import RunStatus
 from runs.operators import actions as operator_actions
 from runs.operators import bulk
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus
 from tests.helpers import answer, call, fresh, run_when_due, scripted
 from tests.test_console import audit_failed_run
 from tests.test_console_actions import auth_failed_run, messages_on

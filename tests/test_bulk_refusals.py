@@ -8,8 +8,8 @@ import pytest
 
 from runs import transitions
 from runs.models import AgentRun, DeadLetter
+from runs.models.vocabulary import RunStatus
 from runs.operators import bulk
-from runs.vocabulary import RunStatus
 from tests.helpers import fresh
 from tests.test_bulk_actions import (
     BULK,

@@ -11,10 +11,10 @@ from django.utils import timezone
 from rq.job import Job
 
 from runs import transitions
-from runs.dispatch import job_id_for, run_queue
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun, DeadLetter
+from runs.models.faults import step_inserts_refused
 from runs.operators import actions as operator_actions
+from runs.queue.dispatch import job_id_for, run_queue
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.transitions import Reaping, StaleLease

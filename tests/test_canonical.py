@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runs import transitions
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun, RunStep
+from runs.models.faults import step_inserts_refused
 from runs.operators import actions as operator_actions
 from runs.runtime import enqueue
 from tests.drifting_model import openai_request

@@ -17,9 +17,9 @@ import pytest
 
 from runs import transitions
 from runs.models import AgentRun, DeadLetter
+from runs.models.vocabulary import RunStatus, StepKind, TerminationReason
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from tests.drifting_model import openai_request, scripted_request
 from tests.helpers import statements_running, writes_per_call
 
@@ -352,7 +352,7 @@ def test_more_runs_than_redis_pys_default_pool_keep_their_jobs_books_through_a_r
     from redis import Redis
     from rq.job import Job
 
-    from runs.dispatch import job_id_for
+    from runs.queue.dispatch import job_id_for
 
     # Every run waits on the model until Redis stalls.
     drifting_model.hold_turn(0, every=True)

@@ -11,8 +11,8 @@ from django.test.utils import CaptureQueriesContext
 
 from agents.models import Agent, AgentVersion
 from runs import transitions
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun, DeadLetter
+from runs.models.faults import step_inserts_refused
 from runs.runtime import enqueue, run
 from tests.helpers import answer, call, scripted
 from tools.models import OutboxNotification, ToolSetting

@@ -13,8 +13,8 @@ import pytest
 
 from runs import transitions
 from runs.models import ApprovalRequest, DeadLetter
+from runs.models.vocabulary import ApprovalStatus, RunStatus
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus
 from tests.helpers import answer, call, fresh, scripted, stored
 from tests.test_console import audit_failed_run
 

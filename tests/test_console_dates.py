@@ -22,8 +22,8 @@ from django.contrib.auth.models import Permission
 from django.utils import timezone
 
 from runs.approvals import actions as approval_actions
-from runs.liveness import REAPER, LastPass
 from runs.models import ApprovalRequest, CircuitTransition, DeadLetter, ProviderCircuit
+from runs.models.last_passes import REAPER, LastPass
 from runs.operators import actions as operator_actions
 from runs.runtime import enqueue
 from spend.models import DailySpend

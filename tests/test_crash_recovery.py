@@ -6,8 +6,8 @@ import signal
 import pytest
 from django.db import connection
 
-from runs.faults import run_status_changes_refused, step_inserts_refused
 from runs.models import AgentRun, DeadLetter
+from runs.models.faults import run_status_changes_refused, step_inserts_refused
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from tests.helpers import answer, call, fresh, later, scripted, wait_until

@@ -9,10 +9,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db.models.functions import Now
 
-from runs.dispatch import executing_in_embedded_worker
-from runs.embedded_worker import execute_due_runs
-from runs.management.commands import seed_demo
+from agents.management.commands import seed_demo
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
+from runs.queue.dispatch import executing_in_embedded_worker
+from runs.workers.embedded import execute_due_runs
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,34 +20,34 @@ SETTINGS_MODULE = ROOT / "nrllm_ops" / "settings.py"
 #: Documented variables that are read outside settings.py, and where.
 READ_ELSEWHERE = {
     "NRLLM_ADMIN_PASSWORD": "runs/management/commands/ensure_admin.py",
-    "PROMETHEUS_MULTIPROC_DIR": "nrllm_ops/metrics_files.py",
+    "PROMETHEUS_MULTIPROC_DIR": "ground/metrics_files.py",
     "SSL_CERT_FILE": "tools/builtin/http_transport.py",
     "SSL_CERT_DIR": "tools/builtin/http_transport.py",
     # Read and checked by the settings through exporters_from_env; the SDK
     # reads them again itself, and the rest.
-    "OTEL_TRACES_EXPORTER": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_ENDPOINT": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_PROTOCOL": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_HEADERS": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_TIMEOUT": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_COMPRESSION": "nrllm_ops/tracing.py",
-    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "nrllm_ops/tracing.py",
-    "OTEL_BSP_SCHEDULE_DELAY": "nrllm_ops/tracing.py",
-    "OTEL_BSP_MAX_QUEUE_SIZE": "nrllm_ops/tracing.py",
-    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "nrllm_ops/tracing.py",
-    "OTEL_BSP_EXPORT_TIMEOUT": "nrllm_ops/tracing.py",
-    "OTEL_TRACES_SAMPLER": "nrllm_ops/tracing.py",
-    "OTEL_TRACES_SAMPLER_ARG": "nrllm_ops/tracing.py",
-    "OTEL_SDK_DISABLED": "nrllm_ops/tracing.py",
-    "OTEL_PYTHON_DJANGO_EXCLUDED_URLS": "nrllm_ops/tracing.py",
+    "OTEL_TRACES_EXPORTER": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_HEADERS": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_TIMEOUT": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_COMPRESSION": "ground/tracing.py",
+    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "ground/tracing.py",
+    "OTEL_BSP_SCHEDULE_DELAY": "ground/tracing.py",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "ground/tracing.py",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "ground/tracing.py",
+    "OTEL_BSP_EXPORT_TIMEOUT": "ground/tracing.py",
+    "OTEL_TRACES_SAMPLER": "ground/tracing.py",
+    "OTEL_TRACES_SAMPLER_ARG": "ground/tracing.py",
+    "OTEL_SDK_DISABLED": "ground/tracing.py",
+    "OTEL_PYTHON_DJANGO_EXCLUDED_URLS": "ground/tracing.py",
 }
 #: The app's code: every variable it reads must be in the settings table.
 #: (tests/ and bench/ read variables of their own: NRLLM_TEST_*, NRLLM_BENCH_*.)
-APP_PACKAGES = ("nrllm_ops", "runs", "tools", "api")
+APP_PACKAGES = ("nrllm_ops", "ground", "console", "runs", "tools", "api")
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-from runs.management.commands import seed_demo
+from agents.management.commands import seed_demo
 from tests.drifting_model import openai_request
 from tests.embedded_processes import (
     STOPPED_SECONDS,
@@ -185,7 +185,7 @@ def test_steps_stay_append_only_on_sqlite_through_every_migration(tmp_path):
         "except DatabaseError as error:\n"
         "    print('refused:', error)\n"
         "print(sorted(agent_run.steps.values_list('error', flat=True)))\n"
-        "from runs.retention import delete_whole_runs\n"
+        "from runs.reaper.retention import delete_whole_runs\n"
         "print(delete_whole_runs([agent_run.pk]), agent_run.steps.count())\n"
         # Retention, on SQLite: its batch's lock is the database's.
         "from datetime import timedelta\n"

@@ -1,4 +1,4 @@
-"""The embedded worker's pass (``runs.embedded_worker``), in-process: what
+"""The embedded worker's pass (``runs.workers.embedded``), in-process: what
 ``manage.py embedded_worker`` executes, in which order, and that nothing
 executes nested in it. Its processes on SQLite: ``test_embedded_default.py``."""
 
@@ -8,12 +8,12 @@ from django.db.models.functions import Now
 
 from runs import transitions
 from runs.approvals import actions as approval_actions
-from runs.dispatch import executing_in_embedded_worker
-from runs.embedded_worker import execute_due_runs
 from runs.models import AgentRun, ApprovalRequest
+from runs.queue.dispatch import executing_in_embedded_worker
 from runs.runtime import enqueue
 from runs.runtime.run_request import parse_run_request
 from runs.transitions import db_time
+from runs.workers.embedded import execute_due_runs
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import answer, fresh, scripted
 from tools.models import OutboxNotification

@@ -6,13 +6,13 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError
 
-from runs.failures import classify, is_retryable
 from runs.models import DeadLetter
+from runs.models.vocabulary import FailureClass
 from runs.providers import ProviderError
+from runs.providers.failures import classify, is_retryable
 from runs.runtime import enqueue
 from runs.runtime.errors import AuditPersistenceFailed
 from runs.runtime.retry import decide_retry
-from runs.vocabulary import FailureClass
 from tests.helpers import answer, call, retried_when_due, scripted
 from tools.models import Note
 

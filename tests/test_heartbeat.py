@@ -18,11 +18,11 @@ from django.test.utils import CaptureQueriesContext
 
 from runs import transitions
 from runs.models import AgentRun
+from runs.models.vocabulary import RunStatus
 from runs.reaper import reap_stale_runs
 from runs.runtime import heartbeat, run
 from runs.runtime.step_ledger import StepLedger
 from runs.transitions import RecordOutcome
-from runs.vocabulary import RunStatus
 from tests.drifting_model import SEARCH, openai_request
 from tests.helpers import answer, scripted, stored, wait_until
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 MALFORMED = ["not-a-uuid", "%00", "x" * 300, "99999999999999999999", "a%2Fb", "'"]
 #: The console's own pages for one run (``AgentRunAdmin.get_urls``).
 RUN_PAGES = ["requeue/", "restart/", "cancel/", "reconcile/"]
-#: The approvals inbox's (``runs.admin.approvals``), an id in the path or the query.
+#: The approvals inbox's (``console.approvals``), an id in the path or the query.
 APPROVAL_PAGES = [
     "approvals/{}/decide/",
     "approvals/?run={}",

@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from runs.models import AgentRun
+from runs.models.vocabulary import RunStatus, StepKind
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus, StepKind
 from tests.helpers import answer, call, fresh, scripted, wait_until
 from tests.mcp_fixtures import reset_mcp
 from tests.mcp_toolsets import Liar, StuckStarting, TrackerOverStdio

@@ -25,12 +25,12 @@ import psutil
 import pytest
 
 from runs.approvals import actions as approval_actions
-from runs.dispatch import executing_in_embedded_worker
-from runs.embedded_worker import execute_due_runs
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
+from runs.models.selectors import writes_in_doubt
+from runs.models.vocabulary import RunStatus, StepKind
+from runs.queue.dispatch import executing_in_embedded_worker
 from runs.runtime import enqueue
-from runs.selectors import writes_in_doubt
-from runs.vocabulary import RunStatus, StepKind
+from runs.workers.embedded import execute_due_runs
 from tests.drifting_model import MODELS
 from tests.helpers import fresh, step_inserts_held, wait_until
 from tests.mcp_runs import (

@@ -10,8 +10,8 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from runs.models.vocabulary import RunStatus, StepKind
 from runs.runtime import run
-from runs.vocabulary import RunStatus, StepKind
 from tests.helpers import answer, call, scripted
 from tests.mcp_fixtures import reset_mcp
 from tools.models import ToolSetting

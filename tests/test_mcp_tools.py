@@ -11,10 +11,10 @@ import pytest
 
 from runs.approvals import actions as approval_actions
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
+from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from runs.runtime import enqueue
 from runs.runtime.journal import read_journal_of
 from runs.runtime.run_request import InvalidRunRequest, parse_stored_request
-from runs.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
 from tests.drifting_model import request_for
 from tests.helpers import answer, call, fresh, scripted
 from tools.mcp import catalog

@@ -14,11 +14,11 @@ with the scripted and the drifting model.
 import pytest
 
 from runs.models import DeadLetter
+from runs.models.vocabulary import RunStatus, StepKind, TerminationReason
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus, StepKind, TerminationReason
 from tests.drifting_model import MODELS
 from tests.fake_openai import error
 from tests.helpers import fresh, later, run_progress, wait_until

@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.test import Client
 
-from nrllm_ops import metrics_files
+from ground import metrics_files
 from runs.runtime import enqueue
 from tests.helpers import answer, collected, scripted
 

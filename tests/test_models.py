@@ -7,10 +7,7 @@ from django.utils import timezone
 
 from api.models import RunCreationKey
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep
-from runs.retention import delete_whole_runs
-from runs.runtime import run
-from runs.transitions.run_insert import insert_queued_run
-from runs.vocabulary import (
+from runs.models.vocabulary import (
     ApprovalStatus,
     DeadLetterReason,
     FailureClass,
@@ -20,6 +17,9 @@ from runs.vocabulary import (
     SubmittedVia,
     TerminationReason,
 )
+from runs.reaper.retention import delete_whole_runs
+from runs.runtime import run
+from runs.transitions.run_insert import create_queued_run as insert_queued_run
 from tests.helpers import answer, call, scripted
 from tools.effects import ToolEffect
 

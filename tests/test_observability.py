@@ -6,7 +6,7 @@ import logging
 import pytest
 from django.test import Client
 
-from nrllm_ops.logs import JsonFormatter
+from ground.logs import JsonFormatter
 from runs.runtime import run
 from tests.helpers import answer, call, manage, retried_when_due, scripted
 

@@ -8,8 +8,8 @@ from django.contrib.admin.models import LogEntry
 from django.db import connection, transaction
 
 from runs import transitions
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun, DeadLetter
+from runs.models.faults import step_inserts_refused
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue, run

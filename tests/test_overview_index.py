@@ -18,13 +18,13 @@ from django.test.utils import CaptureQueriesContext
 from rq import Worker
 
 from runs import transitions
-from runs.embedded_worker import serve
-from runs.liveness import EMBEDDED_WORKER, REAPER, LastPass
 from runs.models import AgentRun, DeadLetter
+from runs.models.last_passes import EMBEDDED_WORKER, REAPER, LastPass
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.runtime.run_threads import RunThreads
 from runs.transitions import db_time
+from runs.workers.embedded import serve
+from runs.workers.run_threads import RunThreads
 from spend.budgets import database_now
 from tests.conftest import _client_for, _user
 from tests.helpers import answer, call, fresh, scripted
@@ -224,7 +224,7 @@ def test_a_real_rq_worker_is_shown_with_its_heartbeat(operator_client, workers):
 
 
 def workers_queue(workers):
-    from runs.dispatch import run_queue
+    from runs.queue.dispatch import run_queue
 
     return run_queue()
 

@@ -9,10 +9,10 @@ import threading
 import pytest
 from django.db import connection
 
-from runs.jobs import load_for_runs
 from runs.providers import openai_chat
 from runs.providers.openai_chat import OpenAIChatProvider, shared_client
 from runs.runtime import enqueue, run
+from runs.workers.preload import load_for_runs
 from tests.fake_openai import Reply, completion
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,5 +1,5 @@
 """django-rq's dashboard: staff may look, only a superuser may change the
-queue (``nrllm_ops.queue_dashboard``), against the real Redis."""
+queue (``console.queue_dashboard``), against the real Redis."""
 
 import uuid
 
@@ -11,7 +11,7 @@ from redis import Redis
 from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from rq.registry import FailedJobRegistry
 
-from nrllm_ops.queue_dashboard import superuser_unless_read_only
+from console.queue_dashboard import superuser_unless_read_only
 
 pytestmark = pytest.mark.django_db
 

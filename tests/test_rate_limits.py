@@ -17,10 +17,10 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from runs.models import AgentRun, ProviderCircuit
+from runs.models.vocabulary import RunStatus
 from runs.runtime import enqueue, rate_limit
 from runs.runtime import run as run_in_process
 from runs.runtime.rate_limit import SharedLimit, waiting_for
-from runs.vocabulary import RunStatus
 from tests.drifting_model import openai_request
 from tests.fake_openai import Reply
 from tests.test_concurrent_worker import unfinished, wait_until

@@ -12,12 +12,12 @@ from django.utils import timezone
 from rq.job import JobStatus
 
 from runs import transitions
-from runs.dispatch import dispatch, executing_in_embedded_worker, job_id_for
-from runs.embedded_worker import execute_due_runs
 from runs.models import AgentRun, DeadLetter, RunStep
+from runs.queue.dispatch import dispatch, executing_in_embedded_worker, job_id_for
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.transitions import Reaping, StaleLease
+from runs.workers.embedded import execute_due_runs
 from tests.helpers import answer, later, scripted, stored
 
 pytestmark = pytest.mark.django_db(transaction=True)

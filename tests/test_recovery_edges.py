@@ -14,12 +14,12 @@ from django.apps import apps as django_apps
 
 from runs import transitions
 from runs.models import AgentRun, RunStep, WriteReconciliation
+from runs.models.selectors import writes_in_doubt
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run
 from runs.runtime.run_request import parse_run_request
-from runs.selectors import writes_in_doubt
 from tests.helpers import answer, free_port, fresh, later, scripted
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -184,7 +184,7 @@ def test_a_write_in_doubt_fenced_before_pending_call_existed_can_be_reconciled(o
 
 
 def test_an_admin_cancel_the_database_refuses_changes_nothing_and_says_so(operator_client):
-    from runs.faults import step_inserts_refused
+    from runs.models.faults import step_inserts_refused
 
     agent_run = transitions.create_queued_run({"prompt": "p"}, "p")
     url = f"/admin/runs/agentrun/{agent_run.pk}/cancel/"

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from runs import transitions
-from runs.liveness import REAPER, LastPass
 from runs.models import AgentRun
+from runs.models.last_passes import REAPER, LastPass
 from runs.runtime import enqueue
 from runs.transitions import db_time
 from spend.budgets import database_now

@@ -16,14 +16,14 @@ from django.contrib.auth.models import Permission
 from agents.versions import save_agent
 from runs import transitions
 from runs.approvals import actions as approval_actions
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun
+from runs.models.faults import step_inserts_refused
+from runs.models.vocabulary import RunStatus, StepKind
 from runs.operators import actions as operator_actions
 from runs.operators.rerun import rerun_from
 from runs.operators.rerun_verdict import WriteAfter, rerun_verdict
-from runs.retention import delete_whole_runs
+from runs.reaper.retention import delete_whole_runs
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus, StepKind
 from tests.approval_requests import client_with, decide, pending
 from tests.drifting_model import MODELS, NOTIFY, SEARCH, request_for, scripted_request
 from tests.helpers import fresh, wait_until

@@ -6,7 +6,7 @@ asked for again."""
 
 import pytest
 
-from runs.faults import step_inserts_refused
+from runs.models.faults import step_inserts_refused
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.reaper import reap_stale_runs

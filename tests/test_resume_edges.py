@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 
 from runs import transitions
-from runs.faults import step_inserts_refused
 from runs.models import AgentRun
+from runs.models.faults import step_inserts_refused
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety
 from runs.runtime import enqueue, run, run_queued
@@ -303,8 +303,8 @@ def test_a_write_that_may_have_run_and_cannot_be_offered_again_stands_as_the_wri
     reaper requeues it (the fence cleared); an operator disables the tool.
     The resumed attempt stops at that call — and the run shows it as the
     write in question, on the write audits, as an interrupted write."""
+    from runs.models.selectors import write_audit_runs
     from runs.reaper import reap_stale_runs
-    from runs.selectors import write_audit_runs
     from tests.test_crash_recovery import kill_mid_call, later
 
     settings.NRLLM_TOOLS = ["tests.tools_for_tests.IdempotentWebhook"]

@@ -15,7 +15,6 @@ from django.test import Client
 
 from api.models import RunCreationKey
 from runs import transitions
-from runs.faults import step_inserts_refused
 from runs.jobs import prune_job
 from runs.models import (
     AgentRun,
@@ -25,10 +24,11 @@ from runs.models import (
     RunStep,
     WriteReconciliation,
 )
+from runs.models.faults import step_inserts_refused
+from runs.models.vocabulary import ApprovalStatus
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety
 from runs.runtime import enqueue, run
-from runs.vocabulary import ApprovalStatus
 from tests.approval_requests import waiting
 from tests.helpers import answer, call, fresh, scripted, the_turn_lost_when_a_note_is_written
 

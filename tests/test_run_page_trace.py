@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from runs.admin.run_trace import took, tool_name_html
+from console.run_trace import took, tool_name_html
 from runs.models import RunStep
+from runs.models.vocabulary import StepKind
 from runs.operators.actions import requeue
-from runs.vocabulary import StepKind
 from tests.helpers import fresh
 from tests.test_console_actions import auth_failed_run, page_of
 

@@ -11,7 +11,7 @@ import threading
 import pytest
 from django.db import connection
 
-from runs.runtime.run_threads import RunThreads
+from runs.workers.run_threads import RunThreads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,11 +19,11 @@ from nrllm_ops.wsgi import application
 from runs import transitions
 from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest, RunEvent
+from runs.models.vocabulary import ApprovalStatus, RunStatus
 from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.run_webhooks import outbox
 from runs.runtime import enqueue
-from runs.vocabulary import ApprovalStatus, RunStatus
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import fresh, later, manage, scripted, sqlite_env, stored
 from tests.webhook_receiver import SECRET, TOKEN, Receiver

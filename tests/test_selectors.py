@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs.models import AgentRun, WriteReconciliation
-from runs.selectors import (
+from runs.models.selectors import (
     is_write_in_doubt,
     note_writes_in_doubt,
     offering_tool,
@@ -110,7 +110,7 @@ def test_the_tool_filter_matches_offered_tools_only_on_sqlite_too(tmp_path):
     script = (
         "import json, sys\n"
         "from runs.models import AgentRun\n"
-        "from runs.selectors import offering_tool\n"
+        "from runs.models.selectors import offering_tool\n"
         "for prompt, request in json.load(sys.stdin).items():\n"
         "    AgentRun.objects.create(request=request, prompt=prompt, status='completed')\n"
         "print(json.dumps([run.prompt for run in offering_tool(AgentRun.objects.all(), "

@@ -7,7 +7,7 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from nrllm_ops.env import env_bool, env_int, env_list, env_rate_limits
+from ground.env import env_bool, env_int, env_list, env_rate_limits
 from tests.conftest import ROOT
 
 
@@ -146,7 +146,7 @@ def test_prepared_statements_are_on_unless_switched_off(worker_env, value, prepa
 def test_a_pool_is_built_for_postgresql_and_refused_where_it_cannot_apply():
     from django.core.exceptions import ImproperlyConfigured
 
-    from nrllm_ops.database import closed_by_the_server, database_from_url
+    from ground.database import closed_by_the_server, database_from_url
 
     pooled = database_from_url(
         "postgres://u@db/n", conn_max_age=0, prepared_statements=True, pool_max_size=20

@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 
 from runs.models import AgentRun
+from runs.models.vocabulary import RunStatus
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus
 from tests.drifting_model import openai_request, scripted_request
 from tests.helpers import writes_per_call
 from tools.models import OutboxNotification

@@ -215,7 +215,7 @@ def test_the_daily_spend_list_is_a_row_per_day_submitter_and_model_its_shards_su
             for row in re.findall(r"<tr.*?</tr>", body, re.S)
         ]
 
-    shown_day = f"{day:%Y-%m-%d}"  # as the console writes a day (nrllm_ops/formats)
+    shown_day = f"{day:%Y-%m-%d}"  # as the console writes a day (console/formats)
     # A day's costliest first; the tokens: input (cached) · output.
     assert rows() == [
         (shown_day, "olivia", "openai/gpt-4o", "6", "900 (0) · 300", "≥ 0.6 USD (1 unpriced)"),

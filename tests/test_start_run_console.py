@@ -9,9 +9,9 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from agents.models import Agent, AgentVersion
-from runs.admin.start_run import initial_from
+from console.start_run import initial_from
 from runs.models import AgentRun
-from runs.vocabulary import SubmittedVia
+from runs.models.vocabulary import SubmittedVia
 from spend.models import SubmitterBudget
 
 pytestmark = pytest.mark.django_db

@@ -23,7 +23,7 @@ from hypothesis.stateful import (
 from runs import transitions
 from runs.models import AgentRun
 from runs.reaper import reap_stale_runs
-from runs.retention import delete_whole_runs
+from runs.reaper.retention import delete_whole_runs
 from runs.runtime.journal import JournalUnreplayable, read_journal
 from runs.transitions import CancelOutcome, RecordOutcome
 from tools.contract import idempotency_key_for

@@ -12,11 +12,11 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from nrllm_ops import tracing
+from ground import tracing
 from runs.approvals import actions as approval_actions
 from runs.models import ApprovalRequest
+from runs.models.vocabulary import RunStatus
 from runs.runtime import enqueue, run
-from runs.vocabulary import RunStatus
 from tests.drifting_model import FAKE_USAGE, NOTIFY, SEARCH, request_for
 from tests.fake_openai import Reply, completion
 from tests.helpers import answer, call, fresh, scripted

@@ -22,7 +22,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from nrllm_ops.tracing import exporters_from_env
+from ground.tracing import exporters_from_env
 from runs.models import AgentRun
 from runs.runtime import enqueue
 from tests.helpers import ROOT, answer, call, scripted, serve_in_a_thread
@@ -182,7 +182,7 @@ import redis
 redis_own = {name for name in sys.modules if name.startswith(SDK)}
 import django
 django.setup()
-import nrllm_ops.urls, runs.worker, runs.embedded_worker
+import nrllm_ops.urls, runs.worker, runs.workers.embedded
 from runs.runtime import run
 from tests.helpers import answer, call, scripted
 agent_run = run(scripted(call("search_notes", query="x"), answer(), tools=["search_notes"]))
@@ -310,7 +310,7 @@ def test_a_worker_exports_its_spans_before_it_exits_a_forked_horse_included(
 A_SPAN_THEN_EXIT = """
 import time, django
 django.setup()
-from nrllm_ops import tracing
+from ground import tracing
 tracing.tracer.start_span("a span").end()
 print("EXITING", time.monotonic(), flush=True)
 """
@@ -350,7 +350,7 @@ def test_a_collector_that_does_not_answer_holds_an_exit_no_longer_than_its_bound
 A_FORK = """
 import os
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from nrllm_ops.otel_sdk import PerProcessExporter
+from ground.otel_sdk import PerProcessExporter
 built = []
 def build():
     built.append(os.getpid())

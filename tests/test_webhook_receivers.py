@@ -16,10 +16,10 @@ import pytest
 
 from runs import transitions
 from runs.models import RunEvent
+from runs.models.vocabulary import RunStatus
 from runs.operators import actions as operator_actions
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
-from runs.vocabulary import RunStatus
 from tests.approval_requests import waiting
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import fresh, later, scripted, stored, wait_until

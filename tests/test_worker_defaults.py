@@ -75,7 +75,7 @@ def test_the_embedded_default_sqlite_gets_no_pool(tmp_path):
 def test_kept_connections_or_an_explicit_0_leave_the_pool_out_and_a_contradiction_is_refused():
     from django.core.exceptions import ImproperlyConfigured
 
-    from nrllm_ops.database import database_from_url
+    from ground.database import database_from_url
 
     url = "postgres://u@db/n"
     kept = database_from_url(url, conn_max_age=600, prepared_statements=True, pool_max_size=None)
@@ -95,7 +95,7 @@ def test_the_pool_lends_no_connection_the_server_closed(worker_env):
     """After a server restart every idle pooled connection is dead: the
     pool's check finds it so from its socket, with no round trip for a live
     one."""
-    from nrllm_ops.database import closed_by_the_server
+    from ground.database import closed_by_the_server
 
     url = worker_env["DATABASE_URL"]
     with psycopg.connect(url, autocommit=True) as live, psycopg.connect(url) as admin:

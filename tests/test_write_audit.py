@@ -7,9 +7,9 @@ import os
 import pytest
 from django.db import OperationalError, connection
 
-from runs.failures import classify
-from runs.faults import step_inserts_refused
 from runs.models import DeadLetter, RunStep
+from runs.models.faults import step_inserts_refused
+from runs.providers.failures import classify
 from runs.runtime import enqueue, run
 from runs.runtime.errors import AuditPersistenceFailed
 from tests.helpers import answer, call, scripted

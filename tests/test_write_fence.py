@@ -145,9 +145,9 @@ def test_a_fence_is_never_stamped_over_steps_the_database_lost():
     step count. Over a turn the database lost, that renewal matches nothing:
     the attempt writes the turn again with it, so the write never starts
     without the turn that asked for it on disk (G6, G12)."""
+    from runs.models.vocabulary import StepKind
     from runs.runtime.execution import LeasedExecution
     from runs.runtime.loop import PlannedCall, StepEvent
-    from runs.vocabulary import StepKind
     from tools.registry import offered_tools
 
     agent_run = transitions.create_queued_run(scripted(answer()), "p")

@@ -7,13 +7,13 @@ through real rqworkers where a retry is involved."""
 import pytest
 
 from runs import transitions
-from runs.faults import run_status_changes_refused, step_inserts_refused
 from runs.models import AgentRun, DeadLetter, WriteReconciliation
+from runs.models.faults import run_status_changes_refused, step_inserts_refused
+from runs.models.selectors import writes_in_doubt
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue, run
-from runs.selectors import writes_in_doubt
 from tests.drifting_model import MODELS, NOTIFY, request_for
 from tests.helpers import fresh, later, wait_until
 from tools.models import Note, OutboxNotification

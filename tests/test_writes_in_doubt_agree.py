@@ -20,13 +20,13 @@ from django.db.models import F
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from runs.faults import run_status_changes_refused, step_inserts_refused
 from runs.models import AgentRun, DeadLetter
+from runs.models.faults import run_status_changes_refused, step_inserts_refused
+from runs.models.selectors import is_write_in_doubt
+from runs.models.vocabulary import StepKind
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime import enqueue, run
-from runs.selectors import is_write_in_doubt
-from runs.vocabulary import StepKind
 from tests.drifting_model import NOTIFY, request_for
 from tests.helpers import fresh, the_turn_lost_when_a_note_is_written, wait_until
 

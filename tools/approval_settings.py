@@ -15,7 +15,7 @@ from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models.functions import Now
 
-from nrllm_ops.commits import reaching_disk
+from ground.commits import reaching_disk
 from tools.approval_policy import (
     RELAX_PERMISSION,
     ApprovalPolicy,

@@ -27,7 +27,7 @@ from api.pagination import TimeCursorPagination
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from runs.approvals import actions as approval_actions
 from runs.models import AgentRun
-from runs.vocabulary import ApprovalStatus
+from runs.models.vocabulary import ApprovalStatus
 
 ASCII_DIGITS = re.compile(r"[0-9]{1,20}")
 

@@ -18,9 +18,9 @@ from api.serializers import (
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from api.views.runs import get_run
 from runs.models import DeadLetter
+from runs.models.selectors import note_writes_in_doubt, write_audit_runs
 from runs.operators import actions as operator_actions
 from runs.operators.actions import write_in_question
-from runs.selectors import note_writes_in_doubt, write_audit_runs
 
 
 class DeadLetterFilter(django_filters.FilterSet):

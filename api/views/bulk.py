@@ -8,8 +8,8 @@ from rest_framework.response import Response
 from api import permissions
 from api.bulk_serializers import BulkActionSerializer, BulkOutcomeSerializer
 from api.views.base import BaseAPIView, errors
-from runs.action_result import ActionResult
 from runs.models import AgentRun
+from runs.models.vocabulary import ActionResult
 from runs.operators import bulk
 from runs.operators.bulk import BULK_ACTIONS, RunResult, Tally
 

@@ -20,11 +20,11 @@ from api.serializers import RunSerializer, with_run_relations
 from api.views.base import BaseAPIView, errors
 from api.views.runs import get_run
 from runs.models import AgentRun
+from runs.models.vocabulary import SubmittedVia
 from runs.operators.rerun import rerun_from
 from runs.operators.rerun_verdict import rerun_verdict
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
-from runs.vocabulary import SubmittedVia
 
 
 class RunRerunFrom(BaseAPIView):

@@ -34,11 +34,11 @@ from api.serializers import (
 )
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from runs.models import AgentRun
+from runs.models.vocabulary import SubmittedVia
 from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
-from runs.vocabulary import SubmittedVia
 
 STEPS_PAGE = 100
 

@@ -9,9 +9,9 @@ from rest_framework.exceptions import NotFound, PermissionDenied, ValidationErro
 from rest_framework.response import Response
 
 from api import permissions
-from api.tool_serializers import ToolSerializer
+from api.serializers import ToolSerializer
 from api.views.base import BaseAPIView, errors
-from nrllm_ops.commits import reaching_disk
+from ground.commits import reaching_disk
 from tools import approval_settings
 from tools.approval_policy import ApprovalPolicy
 from tools.models import ToolSetting

@@ -13,12 +13,11 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db import transaction
 
 from runs import transitions
-from runs.action_result import ActionResult
-from runs.dispatch import dispatch_or_fail
-from runs.metrics import APPROVAL_DECISION_SECONDS, APPROVAL_DECISIONS
 from runs.models import AgentRun, ApprovalRequest
+from runs.models.metrics import APPROVAL_DECISION_SECONDS, APPROVAL_DECISIONS
+from runs.models.vocabulary import ActionResult, ApprovalStatus, RunStatus
+from runs.queue.dispatch import dispatch_or_fail
 from runs.transitions import DecisionOutcome
-from runs.vocabulary import ApprovalStatus, RunStatus
 
 APPROVE_PERMISSION = "runs.approve_write"
 #: A decision's note, at most: the API and the inbox refuse a longer one (a

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runs.models import ApprovalRequest
+from runs.models.vocabulary import ApprovalStatus
 from runs.transitions import WaitingCall
-from runs.vocabulary import ApprovalStatus
 from tools.contract import idempotency_key_for
 
 

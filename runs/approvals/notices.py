@@ -10,7 +10,7 @@ what waits).
 from django.conf import settings
 
 from runs.approvals import webhook
-from runs.metrics import APPROVAL_REQUESTS
+from runs.models.metrics import APPROVAL_REQUESTS
 
 
 def run_waits(run_id, approvals: list) -> None:

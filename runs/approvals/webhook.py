@@ -33,10 +33,10 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from nrllm_ops.database import release_connection
+from ground.database import release_connection
 from runs.approvals.webhook_url import scrubbed, scrubbed_traceback
-from runs.metrics import APPROVAL_WEBHOOKS
 from runs.models import AgentRun
+from runs.models.metrics import APPROVAL_WEBHOOKS
 from tools.builtin.http_guard import check_url
 from tools.builtin.http_transport import Deadline, PinnedTransport, read_capped
 from tools.contract import ToolError

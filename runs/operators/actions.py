@@ -14,13 +14,18 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from runs import transitions
-from runs.action_result import ActionResult
-from runs.dispatch import dispatch_or_fail
 from runs.models import AgentRun, DeadLetter, WriteReconciliation
+from runs.models.selectors import fenced_key
+from runs.models.vocabulary import (
+    ActionResult,
+    ReconciliationOutcome,
+    Resolution,
+    RunStatus,
+    StepKind,
+)
 from runs.operators.requeue_safety import requeue_safety, restart_safety
-from runs.selectors import fenced_key
+from runs.queue.dispatch import dispatch_or_fail
 from runs.transitions import CancelOutcome
-from runs.vocabulary import ReconciliationOutcome, Resolution, RunStatus, StepKind
 
 
 def _step(operator, action: str, note: str, **details) -> dict:

@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError
 
-from runs.action_result import ActionResult
 from runs.models import AgentRun
+from runs.models.selectors import note_writes_in_doubt
+from runs.models.vocabulary import ActionResult, RunStatus
 from runs.operators import actions
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import RequeueVerdict, requeue_safety, restart_safety
-from runs.selectors import note_writes_in_doubt
-from runs.vocabulary import RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +153,7 @@ def runs_for_preview(queryset) -> list[AgentRun]:
     """The runs of ``queryset`` (at most ``MAX_RUNS``, newest first) with
     what their verdicts read prefetched: their reconciliations, in one
     query for all of them, and whether their idempotent writes are in
-    doubt (``runs.selectors``), in one more."""
+    doubt (``runs.models.selectors``), in one more."""
     runs = list(queryset.prefetch_related("reconciliations").order_by("-created_at")[:MAX_RUNS])
     note_writes_in_doubt(runs)
     return runs

@@ -14,7 +14,7 @@ requeue after a reconciliation is the designed way on).
 """
 
 from runs.models import AgentRun
-from runs.vocabulary import FailureClass
+from runs.models.vocabulary import FailureClass
 
 #: Failure classes a requeue meets again unless someone changed the cause.
 LASTING = {

@@ -5,7 +5,7 @@ The admin and the API both call them and show their reasons.
 
 - A **requeue** resumes the run from its journal: recorded model turns and
   tool outcomes are replayed, never repeated, and the run goes live after
-  them. It is refused while a write is in doubt (``runs.selectors``' one
+  them. It is refused while a write is in doubt (``runs.models.selectors``' one
   definition: its outcome is not in the journal, and resuming would not
   settle it by running it again with its key) until an operator reconciles
   it, and when the journal could not be replayed.
@@ -17,11 +17,11 @@ The admin and the API both call them and show their reasons.
 from dataclasses import dataclass, field
 
 from runs.models import AgentRun
+from runs.models.selectors import needs_reconciling
+from runs.models.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from runs.runtime.budget_watch import why_a_resume_stops
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_stored_request
-from runs.selectors import needs_reconciling
-from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from spend.prices import Usage
 from tools.approval_policy import tools_needing_approval
 from tools.effects import ToolEffect
@@ -170,7 +170,7 @@ def _refused_for_status_or_doubt(
         # write the run made, worded otherwise (G10): this one too.
         return None, request
     # The run ended (status checked above) with its fence on a write only
-    # an operator can settle (runs.selectors: a non-idempotent write, or an
+    # an operator can settle (runs.models.selectors: a non-idempotent write, or an
     # idempotent one a resumed attempt would not run again with its key):
     # it may or may not have landed, and its outcome is not in the journal.
     return _unreconciled(run), request
@@ -178,7 +178,7 @@ def _refused_for_status_or_doubt(
 
 def _unreconciled(run: AgentRun) -> RequeueVerdict | None:
     """Why the write on ``run``'s fence stops it from running again: in
-    doubt (``runs.selectors.is_write_in_doubt``), or reconciled ``applied``;
+    doubt (``runs.models.selectors.is_write_in_doubt``), or reconciled ``applied``;
     None once an operator reconciled it ``not_applied``."""
     tool = (run.pending_call or {}).get("tool", f"a {run.pending_effect}")
     # Only a reconciliation of this very write counts: one made for an

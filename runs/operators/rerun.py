@@ -22,12 +22,12 @@ from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.db import transaction
 
 from runs import transitions
-from runs.dispatch import dispatch_or_fail
 from runs.models import AgentRun, RunStep
+from runs.models.vocabulary import StepKind
 from runs.operators.rerun_verdict import RerunVerdict, rerun_verdict
+from runs.queue.dispatch import dispatch_or_fail
 from runs.runtime.enqueue_spend import check_spend_at_enqueue
 from runs.runtime.journal import Journal
-from runs.vocabulary import StepKind
 from tools.contract import idempotency_key_for
 
 #: Who may confirm a rerun past a non-idempotent write.

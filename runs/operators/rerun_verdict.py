@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from django.db.models import Q
 
 from runs.models import AgentRun
+from runs.models.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from runs.runtime.journal import Journal, JournalUnreplayable, read_journal_of
 from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_run_request
-from runs.vocabulary import ReconciliationOutcome, RunStatus, StepKind
 from tools.effects import ToolEffect
 from tools.enabled import disabled_tool_names
 

@@ -17,9 +17,9 @@ from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
 
 from runs.models import CircuitTransition, ProviderCircuit
+from runs.models.vocabulary import FailureClass
 from runs.providers.base import ProviderError
 from runs.transitions import db_time
-from runs.vocabulary import FailureClass
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 SERVER_SIDE = {FailureClass.CONNECTION, FailureClass.SERVER_ERROR, FailureClass.RATE_LIMIT}

@@ -11,8 +11,8 @@ backoff and counts towards its circuit (G8), never mistaken for an answer.
 
 import json
 
+from runs.models.vocabulary import FailureClass
 from runs.providers.base import ProviderError, ToolCall, Turn
-from runs.vocabulary import FailureClass
 
 
 class MalformedAnswer(ProviderError):

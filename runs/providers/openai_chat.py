@@ -7,7 +7,7 @@ off: the run row decides retries. Every call passes the circuit breaker.
 The SDK is imported when a run first uses this provider, not with the
 module: it costs a process about 40 MB, which a worker serving other
 providers (or the web process validating requests) need not carry. A
-worker loads it once, before its work horses fork (``runs.jobs.load_for_runs``).
+worker loads it once, before its work horses fork (``runs.workers.preload.load_for_runs``).
 
 One client per process and configuration (``shared_client``): its HTTP pool
 and TLS context serve every run and thread; building them per run cost more
@@ -23,11 +23,11 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from nrllm_ops.database import release_connection
+from ground.database import release_connection
+from runs.models.vocabulary import FailureClass
 from runs.providers import circuit
 from runs.providers.base import ProviderError, Turn
 from runs.providers.openai_answer import MalformedAnswer, turn_of, unparsed
-from runs.vocabulary import FailureClass
 
 
 class OpenAIChatProvider:
@@ -178,7 +178,7 @@ def shared_client():
 def built_client() -> None:
     """Build the configured client, and load what its first request needs,
     without sending anything: work horses forked afterwards inherit it
-    (``runs.jobs.load_for_runs``)."""
+    (``runs.workers.preload.load_for_runs``)."""
     from runs.providers import openai_failures  # noqa: F401  (a failed call's mapping)
 
     key = _configuration()

@@ -4,8 +4,8 @@ import math
 
 import openai
 
+from runs.models.vocabulary import FailureClass
 from runs.providers.base import ProviderError
-from runs.vocabulary import FailureClass
 
 #: (how to recognise it, failure class), first match wins.
 FAILURE_TABLE: list[tuple[str, object, str]] = [

@@ -22,8 +22,8 @@ from the journal (G12) goes on with the script where the journal ends.
 
 import time
 
+from runs.models.vocabulary import FailureClass
 from runs.providers.base import ProviderError, ToolCall, Turn
-from runs.vocabulary import FailureClass
 
 #: Of the system message, what a scripted turn's meta records.
 INSTRUCTIONS_SHOWN = 200

@@ -7,7 +7,7 @@ a transition that re-checks staleness in its UPDATE.
 
 from dataclasses import dataclass
 
-from runs.vocabulary import DeadLetterReason, TerminationReason
+from runs.models.vocabulary import DeadLetterReason, TerminationReason
 from tools.effects import ToolEffect
 
 REQUEUE = "requeued"

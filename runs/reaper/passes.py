@@ -10,12 +10,16 @@ Every mutation is a transition that re-checks staleness inside its UPDATE,
 so running two reapers at once, or racing a slow-but-alive worker, changes
 each run at most once. Time is the database's.
 
-Then the pass delivers the run-ended webhooks that are due (G19): retries,
-and events a worker died before sending.
+A pass that completes is recorded (``runs.models.last_passes``): the
+console's only sign that the reaper, or the embedded worker whose passes are
+the reaper's, is alive. Then the pass delivers the run-ended webhooks that
+are due (G19): retries, and events a worker died before sending.
 """
 
 import functools
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -24,10 +28,11 @@ from django.conf import settings
 from django.db import transaction
 
 from runs import transitions
-from runs.dispatch import dispatch_many_or_fail, dispatch_or_fail, job_id_for, live_job_ids
-from runs.liveness import REAPER
-from runs.metrics import APPROVAL_DECISIONS, REAPER_DECISIONS
 from runs.models import AgentRun
+from runs.models.last_passes import REAPER, WRITE_EVERY_SECONDS, LastPass
+from runs.models.metrics import APPROVAL_DECISIONS, REAPER_DECISIONS
+from runs.models.vocabulary import RunMode, RunStatus, StepKind
+from runs.queue.dispatch import dispatch_many_or_fail, dispatch_or_fail, job_id_for, live_job_ids
 from runs.reaper.decisions import (
     ABANDON,
     CANCEL,
@@ -38,13 +43,19 @@ from runs.reaper.decisions import (
     ReapDecision,
     decide_reap,
 )
-from runs.reaper.liveness import Beat, record_pass
 from runs.run_webhooks import DeliveryReport, deliver_due
 from runs.transitions import Reaping, StaleLease, db_time
-from runs.vocabulary import RunMode, RunStatus, StepKind
 from spend.reservations import release_dead
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """Which row a pass is recorded in, and how often its process passes."""
+
+    name: str
+    every_seconds: float
 
 
 @dataclass
@@ -88,7 +99,7 @@ def reap_stale_runs(
     *, as_of: datetime | None = None, batch_size: int = 1000, beat: Beat | None = None
 ) -> ReapReport:
     """One reaper pass. ``as_of`` replaces the database's "now" (for tests).
-    A pass that completes is recorded for the console (``runs.liveness``):
+    A pass that completes is recorded for the console (``runs.models.last_passes``):
     as the reaper's, or as ``beat`` says (the embedded worker's); one made
     ``as_of`` another time is not."""
     report = ReapReport()
@@ -115,7 +126,7 @@ def reap_stale_runs(
         # A pass "as of" another time (a test's, reap_stale_runs --as-of) is
         # no sign of life: recorded, a future one would show a dead reaper
         # alive until that time.
-        record_pass(beat or Beat(REAPER, settings.NRLLM_REAPER_INTERVAL_SECONDS))
+        _record_pass(beat or Beat(REAPER, settings.NRLLM_REAPER_INTERVAL_SECONDS))
     # Last, after every run is decided: a slow receiver delays no reaping.
     # Each event's claim re-checks that it is still due (G19).
     report.webhooks = deliver_due(
@@ -144,7 +155,7 @@ def _reap_chunk(runs: list[dict], as_of, report: ReapReport) -> list[str]:
         for decision, reapings in groups.items():
             if decision.action == REQUEUE:
                 reaped = transitions.reap_requeue(reapings, as_of)
-                transaction.on_commit(functools.partial(_dispatch_many, reaped))
+                transaction.on_commit(functools.partial(dispatch_many_or_fail, reaped))
             elif decision.action == CANCEL:
                 reaped = transitions.reap_cancelled(reapings, as_of)
             elif decision.action == ABANDON:
@@ -250,8 +261,22 @@ def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
             _dispatch_after_commit(run_id, dispatched)
 
 
-def _dispatch_many(runs: list[tuple[str, int]]) -> None:
-    dispatch_many_or_fail(runs)
+def _record_pass(beat: Beat) -> None:
+    """Record a pass now (the database's now) in ``LastPass``. Off every
+    run's path, at the end of a pass: one UPDATE of one row when the row is
+    older than ``WRITE_EVERY_SECONDS``; otherwise that UPDATE and an INSERT
+    that conflicts, neither writing anything. The first pass ever inserts
+    the row (two passes racing to: one wins, both fine)."""
+    at, older = db_time(), db_time(-WRITE_EVERY_SECONDS)
+    # Read when the pass is made: a forking worker's job runs in a child.
+    fields = {
+        "at": at,
+        "process": f"{socket.gethostname()}:{os.getpid()}",
+        "every_seconds": beat.every_seconds,
+    }
+    if LastPass.objects.filter(name=beat.name, at__lt=older).update(**fields):
+        return
+    LastPass.objects.bulk_create([LastPass(name=beat.name, **fields)], ignore_conflicts=True)
 
 
 def _dispatch_after_commit(run_id, dispatch_count: int) -> None:

@@ -3,7 +3,7 @@
 its URL is told, at least once.
 
 The event is recorded by a database trigger in the statement that changed
-the run's status (``runs.run_events``); from there, delivering it is this
+the run's status (``runs.models.run_events``); from there, delivering it is this
 package's:
 
 - the process that ended the run — a worker, the embedded worker, the

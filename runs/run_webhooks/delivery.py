@@ -31,8 +31,8 @@ from django.utils import timezone
 
 from runs.approvals.webhook import SIGNATURE_HEADER, post, signature
 from runs.approvals.webhook_url import scrubbed, scrubbed_traceback
-from runs.metrics import RUN_WEBHOOKS
-from runs.run_events import RunEvent
+from runs.models.metrics import RUN_WEBHOOKS
+from runs.models.run_events import RunEvent
 from runs.run_webhooks import outbox
 from spend.usage import money_text
 from tools.contract import ToolError

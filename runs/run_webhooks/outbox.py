@@ -1,4 +1,4 @@
-"""The run-ended webhook's outbox rows (``runs.run_events.RunEvent``): which
+"""The run-ended webhook's outbox rows (``runs.models.run_events.RunEvent``): which
 are due, and the guarded UPDATEs of a delivery — claim, delivered, failed
 (given up after the last attempt).
 
@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import DateTimeField, Value
 
-from runs.run_events import RunEvent
+from runs.models.run_events import RunEvent
 from runs.transitions import db_time
 
 

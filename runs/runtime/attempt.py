@@ -19,7 +19,8 @@ from django.conf import settings
 from runs import transitions
 from runs.approvals import notices as approval_notices
 from runs.approvals.gate import ApprovalGate, Decisions
-from runs.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
+from runs.models.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, TimedProvider
+from runs.models.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
 from runs.providers import build_provider
 from runs.providers.base import Turn
 from runs.run_webhooks import deliver_new_events_of
@@ -37,7 +38,6 @@ from runs.runtime.loop import run_agent_loop
 from runs.runtime.reserving import CallReservations
 from runs.runtime.run_request import InvalidRunRequest, RunRequest, parse_stored_request
 from runs.transitions import Lease
-from runs.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
 from spend.starting import StartingSpend
 from tools.approval_policy import tools_needing_approval
 from tools.registry import offered_tools, require_available

@@ -20,7 +20,7 @@ call also reserves its size against it (``runs.runtime.reserving``, G21).
 
 from decimal import Decimal
 
-from runs.metrics import BUDGET_REFUSALS
+from runs.models.metrics import BUDGET_REFUSALS
 from runs.runtime.errors import BudgetExhausted
 from runs.runtime.next_call import first_call_size, going_live
 from spend.budgets import Budget, Spent, budget_of, no_room, over_budget

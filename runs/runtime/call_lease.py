@@ -11,7 +11,7 @@ import logging
 
 from django.db import DatabaseError
 
-from nrllm_ops.database import release_connection
+from ground.database import release_connection
 from runs import transitions
 from runs.runtime.errors import LeaseLost, RunCancelled
 from runs.runtime.heartbeat import Heartbeat

@@ -2,7 +2,7 @@
 
 from decimal import Decimal
 
-from runs.metrics import BUDGET_REFUSALS
+from runs.models.metrics import BUDGET_REFUSALS
 from runs.runtime.next_call import first_call_size
 from runs.runtime.run_request import InvalidRunRequest, RunRequest
 from spend.budgets import Budget, Refusal, Spent, budget_of, no_room, refusal_at_enqueue

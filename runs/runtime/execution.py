@@ -20,8 +20,10 @@ import logging
 
 from django.db import DatabaseError
 
-from runs import metrics, transitions
+from runs import transitions
 from runs.approvals.gate import ApprovalGate
+from runs.models import metrics
+from runs.models.vocabulary import StepKind
 from runs.runtime.budget_watch import BudgetWatch
 from runs.runtime.call_lease import CallLease
 from runs.runtime.errors import (
@@ -40,7 +42,6 @@ from runs.runtime.step_ledger import (
     withdraw_unstarted_fence,
 )
 from runs.transitions import FinishOutcome, Lease, RecordOutcome
-from runs.vocabulary import StepKind
 from spend.call_size import CallSize
 from tools.contract import ToolContext, idempotency_key_for
 

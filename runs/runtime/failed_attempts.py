@@ -9,10 +9,11 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from runs import transitions
-from runs.dispatch import dispatch_or_fail
-from runs.failures import classify, is_retryable
 from runs.models import AgentRun
+from runs.models.vocabulary import RunMode, RunStatus, TerminationReason
 from runs.providers import ProviderError
+from runs.providers.failures import classify, is_retryable
+from runs.queue.dispatch import dispatch_or_fail
 from runs.runtime.errors import (
     AuditPersistenceFailed,
     BudgetExhausted,
@@ -23,7 +24,6 @@ from runs.runtime.journal import JournalUnreplayable
 from runs.runtime.retry import decide_retry
 from runs.runtime.step_ledger import withdraw_unstarted_fence
 from runs.transitions import Lease
-from runs.vocabulary import RunMode, RunStatus, TerminationReason
 from tools.effects import ToolEffect
 
 logger = logging.getLogger(__name__)

@@ -21,11 +21,11 @@ from typing import Any
 from django.db import connection
 
 from runs.models import AgentRun, ApprovalRequest, RunStep
+from runs.models.selectors import calls_going_live
+from runs.models.vocabulary import ApprovalStatus, StepKind
 from runs.providers.base import ToolCall, Turn
 from runs.runtime.loop import RecordedOutcome, RecordedTurn, StepEvent
 from runs.runtime.run_request import RunRequest
-from runs.selectors import calls_going_live
-from runs.vocabulary import ApprovalStatus, StepKind
 from spend.prices import Usage
 from tools.contract import idempotency_key_for
 from tools.effects import ToolEffect

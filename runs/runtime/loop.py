@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from runs.models.vocabulary import StepKind, TerminationReason
 from runs.providers import Provider
 from runs.providers.base import ToolCall, Turn
 from runs.runtime import spans
 from runs.runtime.errors import WriteOutcomeUnknown
-from runs.vocabulary import StepKind, TerminationReason
 from tools.canonical import NAME_LIMIT, as_journaled, storable_text
 from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
 from tools.deadline import ToolTimeout, call_within

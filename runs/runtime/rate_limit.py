@@ -41,14 +41,14 @@ from redis import Redis, RedisError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from nrllm_ops.database import release_connection
+from ground.database import release_connection
 from runs import transitions
-from runs.metrics import RATE_LIMIT_EVENTS, RATE_LIMIT_WAIT_SECONDS
+from runs.models.metrics import RATE_LIMIT_EVENTS, RATE_LIMIT_WAIT_SECONDS
+from runs.models.vocabulary import FailureClass
 from runs.providers.base import ProviderError
 from runs.runtime.errors import LeaseLost, RunCancelled
 from runs.runtime.heartbeat import Heartbeat
 from runs.transitions import Lease
-from runs.vocabulary import FailureClass
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import time
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from nrllm_ops.database import release_connection
-from runs.metrics import BUDGET_REFUSALS, RESERVATION_WAITS
+from ground.database import release_connection
+from runs.models.metrics import BUDGET_REFUSALS, RESERVATION_WAITS
 from runs.runtime.errors import BudgetExhausted
 from spend import reservations
 from spend.budgets import no_room

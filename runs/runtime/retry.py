@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-from runs.failures import is_retryable
-from runs.vocabulary import DeadLetterReason
+from runs.models.vocabulary import DeadLetterReason
+from runs.providers.failures import is_retryable
 from tools.effects import ToolEffect
 
 

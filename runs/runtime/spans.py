@@ -8,7 +8,7 @@ What an attempt replays from its journal (G12) was done by an earlier one:
 it gets no span, and the attempt's span says how much it replayed. A call
 never executed (denied, malformed, not offered) has no span either.
 
-With traces off (``nrllm_ops.tracing.tracer`` None) each helper is that
+With traces off (``ground.tracing.tracer`` None) each helper is that
 one check and returns ``NOT_TRACED``, a shared no-op: nothing of
 OpenTelemetry is imported, nothing is allocated.
 
@@ -25,8 +25,8 @@ import logging
 import traceback
 from enum import StrEnum
 
-from nrllm_ops import tracing
-from runs.failures import classify
+from ground import tracing
+from runs.providers.failures import classify
 from spend.prices import Usage
 
 logger = logging.getLogger(__name__)

@@ -16,13 +16,13 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from runs import transitions
-from runs.dispatch import dispatch_or_fail
 from runs.models import AgentRun
+from runs.models.vocabulary import RunMode, RunStatus, SubmittedVia, TerminationReason
+from runs.queue.dispatch import dispatch_or_fail
 from runs.runtime.attempt import execute_attempt, worker_identity
 from runs.runtime.enqueue_spend import check_spend_at_enqueue
 from runs.runtime.run_request import parse_run_request
 from runs.transitions import Lease
-from runs.vocabulary import RunMode, RunStatus, SubmittedVia, TerminationReason
 from spend.starting import starting_spend_of
 from tools.enabled import approval_overrides
 

@@ -30,10 +30,11 @@ import time
 from django.conf import settings
 from django.db import DatabaseError
 
-from runs import metrics, transitions
+from runs import transitions
+from runs.models import metrics
+from runs.models.vocabulary import StepKind
 from runs.runtime.errors import LeaseLost, RunCancelled, StepsNotDurable, WriteNotDurable
 from runs.transitions import Lease, NextCall, ParkOutcome, RecordOutcome
-from runs.vocabulary import StepKind
 from spend.recording import turns_spend
 from tools.canonical import as_journaled, storable_text
 

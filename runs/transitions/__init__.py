@@ -6,11 +6,11 @@ matched. A worker that lost its run — reaped, re-claimed, cancelled, settled
 by someone else — matches nothing and so changes nothing (G4–G6, G9).
 
 The modules of this package are split by concern; import transitions from
-the package. ``step_journal`` and ``run_insert`` hold the PostgreSQL
-statements some of them run.
+the package. ``run_insert`` makes every new run in one INSERT;
+``step_journal`` holds the PostgreSQL statements that change a run and
+append its steps at once.
 """
 
-from runs.transitions._common import Lease, db_time, recover_connection
 from runs.transitions.approvals import (
     Decided,
     DecisionOutcome,
@@ -19,6 +19,7 @@ from runs.transitions.approvals import (
     decide_approval,
     wait_for_approval,
 )
+from runs.transitions.common import Lease, db_time, recover_connection, steps_lost
 from runs.transitions.ending import (
     CancelOutcome,
     FinishOutcome,
@@ -33,17 +34,14 @@ from runs.transitions.kept_leases import keep_leases
 from runs.transitions.lease import (
     AUDIT_FAILED,
     ClaimedRun,
-    begin_interactive,
     cancel_requested,
     claim,
-    create_queued_run,
     hand_back,
     heartbeat,
     mark_audit_failed,
     renew_lease,
     seconds_until_due,
     standing,
-    steps_lost,
     withdraw_fence,
 )
 from runs.transitions.operators import (
@@ -61,7 +59,7 @@ from runs.transitions.reaping import (
     reap_dead_letter,
     reap_requeue,
 )
-from runs.transitions.reruns import create_rerun
+from runs.transitions.run_insert import begin_interactive, create_queued_run, create_rerun
 from runs.transitions.steps import (
     NextCall,
     RecordOutcome,

@@ -23,20 +23,20 @@ from datetime import timedelta
 from django.db.models import F
 from django.db.models.functions import Now
 
+from ground.commits import reaching_disk
 from runs.models import AgentRun, ApprovalRequest
-from runs.transitions._common import (
+from runs.models.vocabulary import ApprovalStatus, RunMode, RunStatus, StepKind
+from runs.transitions.common import (
     Lease,
-    _append_steps,
-    _log_change,
-    _owned,
-    _owned_holding,
-    _steps_lost,
-    _update_returning,
+    append_steps,
     db_time,
-    reaching_disk,
+    log_change,
+    owned_run,
+    owned_run_holding,
+    steps_lost,
+    update_returning,
 )
-from runs.transitions.steps import _usage_totals, add_spend_through_the_orm
-from runs.vocabulary import ApprovalStatus, RunMode, RunStatus, StepKind
+from runs.transitions.steps import add_spend_through_the_orm, usage_totals
 
 
 class ParkOutcome(enum.Enum):
@@ -105,8 +105,8 @@ def wait_for_approval(
     attempt reserved before its calls, and this settles them (G21).
     """
     with reaching_disk():
-        rows = _update_returning(
-            _owned_holding(lease, recorded).filter(cancel_requested_at__isnull=True),
+        rows = update_returning(
+            owned_run_holding(lease, recorded).filter(cancel_requested_at__isnull=True),
             ("step_count",),
             status=RunStatus.WAITING_FOR_APPROVAL,
             lease_owner="",
@@ -116,12 +116,12 @@ def wait_for_approval(
             step_count=F("step_count") + len(steps) + 1,
             attempt_steps=F("attempt_steps") + len(steps),
             # The turn that asked (and any unwritten before it) spent tokens.
-            **_usage_totals(steps),
+            **usage_totals(steps),
         )
         if not rows:
-            if _steps_lost(lease, recorded):
+            if steps_lost(lease, recorded):
                 return ParkOutcome.STEPS_LOST, []
-            if _owned(lease).filter(cancel_requested_at__isnull=False).exists():
+            if owned_run(lease).filter(cancel_requested_at__isnull=False).exists():
                 return ParkOutcome.CANCEL_REQUESTED, []
             return ParkOutcome.LEASE_LOST, []
         (step_count,) = rows[0]
@@ -166,12 +166,12 @@ def wait_for_approval(
                 "expires_at": requests[0].expires_at.isoformat(),
             },
         }
-        _append_steps(lease.run_id, lease.token, [*steps, waiting_step])
+        append_steps(lease.run_id, lease.token, [*steps, waiting_step])
         add_spend_through_the_orm(
             lease.run_id, steps, lease_token=lease.token if settle_reservations else None
         )
         ApprovalRequest.objects.bulk_create(requests)
-    _log_change(
+    log_change(
         "wait_for_approval",
         lease.run_id,
         lease_token=lease.token,
@@ -260,7 +260,7 @@ def decide_approval(
             run_id=run_id, status=ApprovalStatus.PENDING
         ).exists()
         release = {} if still_waiting else _released()
-        rows = _update_returning(
+        rows = update_returning(
             AgentRun.objects.filter(pk=run_id, status=RunStatus.WAITING_FOR_APPROVAL),
             ("dispatch_count",),
             step_count=F("step_count") + 1,
@@ -283,11 +283,11 @@ def decide_approval(
                 "waited_seconds": round(waited, 3),
             },
         }
-        _append_steps(run_id, None, [step])
-    _log_change("decide_approval", run_id, approval=approval_id, decision=status.value)
+        append_steps(run_id, None, [step])
+    log_change("decide_approval", run_id, approval=approval_id, decision=status.value)
     if still_waiting:
         return Decided(DecisionOutcome.DECIDED, waited_seconds=waited)
-    _log_change("release", run_id, status=RunStatus.QUEUED)
+    log_change("release", run_id, status=RunStatus.QUEUED)
     return Decided(DecisionOutcome.RELEASED, rows[0][0], waited)
 
 

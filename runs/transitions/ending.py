@@ -6,27 +6,27 @@ from collections.abc import Sequence
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Case, F, Q, Value, When
 
-from runs.metrics import APPROVAL_DECISIONS
+from ground.commits import reaching_disk
 from runs.models import AgentRun, DeadLetter
-from runs.transitions._common import (
+from runs.models.metrics import APPROVAL_DECISIONS
+from runs.models.vocabulary import DeadLetterReason, RunStatus, TerminationReason
+from runs.transitions.common import (
     Lease,
-    _append_steps,
-    _back_in_queue,
-    _drop_broken_connection,
-    _ended,
-    _log_change,
-    _owned,
-    _owned_holding,
-    _steps_lost,
-    _update_returning,
+    append_steps,
     db_time,
+    drop_broken_connection,
+    ending_changes,
+    log_change,
     logger,
-    reaching_disk,
+    owned_run,
+    owned_run_holding,
+    requeue_changes,
+    steps_lost,
+    update_returning,
 )
 from runs.transitions.step_journal import finish_in_one_statement
-from runs.transitions.steps import _usage_totals, _usage_values, add_spend_through_the_orm
+from runs.transitions.steps import add_spend_through_the_orm, usage_totals, usage_values
 from runs.transitions.unused_approvals import withdraw_approvals
-from runs.vocabulary import DeadLetterReason, RunStatus, TerminationReason
 from tools.effects import ToolEffect
 
 
@@ -77,12 +77,15 @@ def _settle(lease: Lease, status: str, reason: str, *, fence: dict | None, **fie
         call = {key: fence[key] for key in ("tool", "arguments", "idempotency_key")}
         standing = {"pending_effect": fence["effect"], "pending_call": call}
     ending_status, ending_reason = status, reason
-    if status == RunStatus.FAILED and standing.get("pending_effect") != _NON_IDEMPOTENT:
+    if (
+        status == RunStatus.FAILED
+        and standing.get("pending_effect") != ToolEffect.NON_IDEMPOTENT_WRITE
+    ):
         # One UPDATE decides, on the row as it is: a cancel requested a
         # moment ago is seen, and nothing can come between.
         cancel_wins = Q(cancel_requested_at__isnull=False)
         if not standing:
-            cancel_wins &= ~Q(pending_effect=_NON_IDEMPOTENT)
+            cancel_wins &= ~Q(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
         ending_status = Case(
             When(cancel_wins, then=Value(RunStatus.CANCELLED)), default=Value(status)
         )
@@ -90,8 +93,10 @@ def _settle(lease: Lease, status: str, reason: str, *, fence: dict | None, **fie
             When(cancel_wins, then=Value(TerminationReason.CANCELLED)), default=Value(reason)
         )
     with reaching_disk():
-        rows = _update_returning(
-            _owned(lease), ("status",), **_ended(ending_status, ending_reason, **fields, **standing)
+        rows = update_returning(
+            owned_run(lease),
+            ("status",),
+            **ending_changes(ending_status, ending_reason, **fields, **standing),
         )
     if not rows:
         logger.warning(
@@ -103,15 +108,12 @@ def _settle(lease: Lease, status: str, reason: str, *, fence: dict | None, **fie
         )
         return None
     (ended,) = rows[0]
-    _log_change("settle", lease.run_id, lease_token=lease.token, status=ended, reason=reason)
+    log_change("settle", lease.run_id, lease_token=lease.token, status=ended, reason=reason)
     return ended
 
 
-_NON_IDEMPOTENT = ToolEffect.NON_IDEMPOTENT_WRITE
-
-
 def _unmatched(lease: Lease, recorded: int | None) -> "FinishOutcome":
-    return FinishOutcome.STEPS_LOST if _steps_lost(lease, recorded) else FinishOutcome.LEASE_LOST
+    return FinishOutcome.STEPS_LOST if steps_lost(lease, recorded) else FinishOutcome.LEASE_LOST
 
 
 class FinishOutcome(enum.Enum):
@@ -151,7 +153,7 @@ def finish(
                 lease,
                 steps,
                 output=output,
-                usage=_usage_values(steps),
+                usage=usage_values(steps),
                 recorded=recorded,
                 settle_reservations=settle_reservations,
             )
@@ -161,10 +163,10 @@ def finish(
         else:
             cancelled = Q(cancel_requested_at__isnull=False)
             with transaction.atomic():
-                matched = _owned_holding(lease, recorded).update(
+                matched = owned_run_holding(lease, recorded).update(
                     step_count=F("step_count") + len(steps),
                     attempt_steps=F("attempt_steps") + len(steps),
-                    **_ended(
+                    **ending_changes(
                         Case(
                             When(cancelled, then=Value(RunStatus.CANCELLED)),
                             default=Value(RunStatus.COMPLETED),
@@ -178,22 +180,22 @@ def finish(
                         error_type="",
                         error_message="",
                     ),
-                    **_usage_totals(steps),
+                    **usage_totals(steps),
                 )
                 if not matched:
                     return _unmatched(lease, recorded)
-                sequence, cancel_at = _append_steps(lease.run_id, lease.token, list(steps))
+                sequence, cancel_at = append_steps(lease.run_id, lease.token, list(steps))
                 add_spend_through_the_orm(lease.run_id, steps)
     except DatabaseError as error:
         logger.error(
             "final step not persisted: run=%s lease_token=%s: %s", lease.run_id, lease.token, error
         )
-        _drop_broken_connection()
+        drop_broken_connection()
         if isinstance(error, OperationalError | InterfaceError):
             return FinishOutcome.UNKNOWN
         return FinishOutcome.FAILED
     outcome = FinishOutcome.COMPLETED if cancel_at is None else FinishOutcome.CANCELLED
-    _log_change(
+    log_change(
         "settle",
         lease.run_id,
         lease_token=lease.token,
@@ -262,18 +264,18 @@ def requeue_for_retry(
     for _ in range(2):
         if _cancel_instead(lease, details):
             return None
-        rows = _update_returning(
-            _owned(lease)
+        rows = update_returning(
+            owned_run(lease)
             .filter(cancel_requested_at__isnull=True)
-            .exclude(pending_effect=_NON_IDEMPOTENT),
+            .exclude(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE),
             ("dispatch_count",),
-            **_back_in_queue(delay_seconds),
+            **requeue_changes(delay_seconds),
             **details,
         )
         if rows:
-            _log_change("requeue_for_retry", lease.run_id, lease_token=lease.token)
+            log_change("requeue_for_retry", lease.run_id, lease_token=lease.token)
             return rows[0][0]
-        if not _owned(lease).filter(cancel_requested_at__isnull=False).exists():
+        if not owned_run(lease).filter(cancel_requested_at__isnull=False).exists():
             return None  # lost, or fenced on a non-idempotent write
     return None
 
@@ -283,13 +285,13 @@ def _cancel_instead(lease: Lease, details: dict) -> bool:
     non-idempotent write is in doubt, which ``settle`` keeps for the dead
     letters); whether it did."""
     cancelled = bool(
-        _owned(lease)
+        owned_run(lease)
         .filter(cancel_requested_at__isnull=False)
-        .exclude(pending_effect=_NON_IDEMPOTENT)
-        .update(**_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED, **details))
+        .exclude(pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE)
+        .update(**ending_changes(RunStatus.CANCELLED, TerminationReason.CANCELLED, **details))
     )
     if cancelled:
-        _log_change("settle", lease.run_id, lease_token=lease.token, status=RunStatus.CANCELLED)
+        log_change("settle", lease.run_id, lease_token=lease.token, status=RunStatus.CANCELLED)
     return cancelled
 
 
@@ -306,7 +308,7 @@ def fail_dispatch(run_id, dispatch_count: int, error: BaseException, failure_cla
     with reaching_disk():
         failed = AgentRun.objects.filter(
             pk=run_id, status=RunStatus.QUEUED, dispatch_count=dispatch_count
-        ).update(**_ended(RunStatus.FAILED, TerminationReason.DISPATCH_FAILED, **details))
+        ).update(**ending_changes(RunStatus.FAILED, TerminationReason.DISPATCH_FAILED, **details))
         if failed:
             DeadLetter.objects.create(
                 run_id=run_id, reason=DeadLetterReason.DISPATCH_FAILED, **details
@@ -327,24 +329,24 @@ def cancel(run_id) -> CancelOutcome:
     """Cancel a run: at once if queued or waiting for approval (its pending
     approvals are withdrawn with it); by fence if running (G9)."""
     queued = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED)
-    if queued.update(**_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
-        _log_change("cancel", run_id, status=RunStatus.CANCELLED)
+    if queued.update(**ending_changes(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
+        log_change("cancel", run_id, status=RunStatus.CANCELLED)
         return CancelOutcome.CANCELLED
     with transaction.atomic():
         # The run's row first, then its approvals (the order decide_approval
         # locks in): a decision racing this cancel either comes first and
         # releases the run, or finds it cancelled and its request withdrawn.
         waiting = AgentRun.objects.filter(pk=run_id, status=RunStatus.WAITING_FOR_APPROVAL)
-        if waiting.update(**_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
+        if waiting.update(**ending_changes(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
             withdrawn = withdraw_approvals(run_id)
             transaction.on_commit(lambda: APPROVAL_DECISIONS.labels("withdrawn").inc(withdrawn))
-            _log_change("cancel", run_id, status=RunStatus.CANCELLED)
+            log_change("cancel", run_id, status=RunStatus.CANCELLED)
             return CancelOutcome.CANCELLED
     running = AgentRun.objects.filter(
         pk=run_id, status=RunStatus.RUNNING, cancel_requested_at__isnull=True
     )
     if running.update(cancel_requested_at=db_time()):
-        _log_change("cancel_requested", run_id)
+        log_change("cancel_requested", run_id)
         return CancelOutcome.REQUESTED
     status = AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
     if status is None:

@@ -6,8 +6,8 @@ from django.db import connection
 from django.db.models import Case, F, Q, When
 
 from runs.models import AgentRun
-from runs.transitions._common import Lease, _expiry
-from runs.vocabulary import RunStatus
+from runs.models.vocabulary import RunStatus
+from runs.transitions.common import Lease, db_time
 
 #: Elsewhere than PostgreSQL, at most this many renewals in one statement:
 #: each costs 9 parameters, and SQLite may allow as few as 999 (Django's
@@ -44,19 +44,19 @@ def keep_leases(renewals: list[tuple[Lease, float]], *, when_left: float) -> int
 def _keep_leases_term_by_term(renewals: list[tuple[Lease, float]], when_left: float) -> int:
     due, expiries = Q(), []
     for lease, seconds in renewals:
-        # ``_owned``'s guard (its status term is shared, below), and
+        # ``owned_run``'s guard (its status term is shared, below), and
         # less than ``left`` is left, so never shortened.
         guard = Q(
             pk=lease.run_id,
             lease_owner=lease.owner,
             lease_token=lease.token,
-            lease_expires_at__lt=_expiry(min(when_left, seconds)),
+            lease_expires_at__lt=db_time(min(when_left, seconds)),
         )
         due |= guard
         # The whole guard again, not the run and token alone: a token a
         # server crash handed out twice (``StepLedger``) names two attempts,
         # and a row matched by one's guard must not get the other's expiry.
-        expiries.append(When(guard, then=_expiry(seconds)))
+        expiries.append(When(guard, then=db_time(seconds)))
     return AgentRun.objects.filter(due, status=RunStatus.RUNNING).update(
         lease_expires_at=Case(*expiries, default=F("lease_expires_at"))
     )

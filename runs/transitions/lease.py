@@ -1,4 +1,4 @@
-"""Creating runs and holding their lease: claim, renew (and fence), heartbeat."""
+"""Holding a run's lease: claim, renew (and fence), heartbeat, hand back."""
 
 from dataclasses import dataclass, field
 
@@ -6,83 +6,22 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 
+from ground.commits import reaching_disk
 from runs.models import AgentRun, RunStep
-from runs.transitions._common import (
+from runs.models.vocabulary import RunStatus, StepKind
+from runs.transitions.common import (
     Lease,
-    _drop_broken_connection,
-    _expiry,
-    _log_change,
-    _owned,
-    _owned_holding,
-    _steps_lost,
-    _update_returning,
     db_time,
+    drop_broken_connection,
+    log_change,
     logger,
-    reaching_disk,
+    owned_run,
+    owned_run_holding,
+    update_returning,
 )
-from runs.transitions.run_insert import insert_queued_run
 from runs.transitions.step_journal import claim_in_one_statement
-from runs.vocabulary import RunMode, RunStatus, StepKind
 from spend.starting import StartingSpend, starting_spend_of
 from tools.enabled import approval_overrides, disabled_tool_names
-
-
-def create_queued_run(
-    request: dict, prompt: str, *, submitted_by=None, submitted_via: str = "", agent_version=None
-) -> AgentRun:
-    """Store a ``queued`` run; the caller dispatches its job after commit.
-    The request's ``webhook`` is stored in ``webhook_url`` too (G19)."""
-    if connection.vendor == "postgresql":
-        return insert_queued_run(
-            request,
-            prompt,
-            submitted_by=submitted_by,
-            submitted_via=submitted_via,
-            agent_version=agent_version,
-        )
-    return AgentRun.objects.create(
-        request=request,
-        prompt=prompt,
-        status=RunStatus.QUEUED,
-        mode=RunMode.QUEUED,
-        available_at=db_time(),
-        submitted_by=submitted_by,
-        submitted_via=submitted_via,
-        agent_version=agent_version,
-        webhook_url=request.get("webhook", ""),
-    )
-
-
-@reaching_disk()
-def begin_interactive(
-    request: dict,
-    prompt: str,
-    owner: str,
-    lease_seconds: float,
-    *,
-    submitted_by=None,
-    submitted_via: str = "",
-    agent_version=None,
-) -> Lease:
-    """Store an ``interactive`` run already running under a first lease."""
-    run = AgentRun.objects.create(
-        request=request,
-        prompt=prompt,
-        submitted_by=submitted_by,
-        submitted_via=submitted_via,
-        agent_version=agent_version,
-        webhook_url=request.get("webhook", ""),
-        status=RunStatus.RUNNING,
-        mode=RunMode.INTERACTIVE,
-        lease_owner=owner,
-        lease_token=1,
-        lease_expires_at=_expiry(lease_seconds),
-        started_at=db_time(),
-    )
-    return Lease(str(run.pk), owner, 1)
-
-
-# --- the lease -------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -128,7 +67,7 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
         return None
     token, request, requeue_count, step_count, recorded, disabled, overrides, spend = claimed
     sequence = step_count if recorded else None
-    _log_change("claim", run_id, lease_token=token, sequence=sequence)
+    log_change("claim", run_id, lease_token=token, sequence=sequence)
     # Steps beyond the request step this claim numbered: an earlier attempt ran.
     resumed = step_count > 1
     lease = Lease(str(run_id), owner, token)
@@ -146,7 +85,7 @@ def _claim_with_request_step(run_id, owner: str, lease_seconds: float):
     try:
         claimed = claim_in_one_statement(run_id, owner, lease_seconds)
     except DatabaseError as error:
-        if _drop_broken_connection():
+        if drop_broken_connection():
             # The kept connection was dead (the server restarted, say). Jobs
             # skip Django's health check because this claim is it (runs/jobs.py).
             logger.warning("run=%s connection lost at the claim (%s); reconnecting", run_id, error)
@@ -165,7 +104,7 @@ def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
     (token, request, requeue_count, step_count, recorded, disabled tools,
     approval overrides, starting spend) or None if not claimable."""
     with transaction.atomic():
-        rows = _update_returning(
+        rows = update_returning(
             AgentRun.objects.filter(
                 Q(available_at__isnull=True) | Q(available_at__lte=db_time()),
                 pk=run_id,
@@ -175,7 +114,7 @@ def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
             status=RunStatus.RUNNING,
             lease_owner=owner,
             lease_token=F("lease_token") + 1,
-            lease_expires_at=_expiry(lease_seconds),
+            lease_expires_at=db_time(lease_seconds),
             pending_effect="",
             pending_call=None,
             started_at=db_time(),
@@ -247,20 +186,14 @@ def renew_lease(
     write among them (G12).
     """
     return bool(
-        _owned_holding(lease, recorded)
+        owned_run_holding(lease, recorded)
         .filter(cancel_requested_at__isnull=True)
         .update(
-            lease_expires_at=_expiry(lease_seconds),
+            lease_expires_at=db_time(lease_seconds),
             pending_effect=fence,
             pending_call=call if fence else None,
         )
     )
-
-
-def steps_lost(lease: Lease, recorded: int) -> bool:
-    """After a guarded write matched nothing: whether the run is still this
-    lease's but holds fewer than ``recorded`` of the attempt's steps."""
-    return _steps_lost(lease, recorded)
 
 
 def withdraw_fence(lease: Lease, key: str) -> bool:
@@ -268,10 +201,10 @@ def withdraw_fence(lease: Lease, key: str) -> bool:
     is ``key``: the caller knows that call did not start (G6)."""
     # Called after a failure, which may have broken the connection: dropped
     # before the transaction begins, which it could not do inside one.
-    _drop_broken_connection()
+    drop_broken_connection()
     with reaching_disk():
         return bool(
-            _owned(lease)
+            owned_run(lease)
             .filter(pending_call__idempotency_key=key)
             .update(pending_effect="", pending_call=None)
         )
@@ -286,7 +219,7 @@ def mark_audit_failed(lease: Lease, call: dict) -> bool:
     ``idempotent_write`` fence. A fence stamped anew, or cleared, drops the
     mark with the call it belonged to."""
     return bool(
-        _owned(lease)
+        owned_run(lease)
         .filter(pending_call__idempotency_key=call["idempotency_key"])
         .update(pending_call={**call, AUDIT_FAILED: True})
     )
@@ -298,7 +231,7 @@ AUDIT_FAILED = "audit_failed"
 
 def heartbeat(lease: Lease, lease_seconds: float) -> bool:
     """Extend the lease at a step boundary; False if the lease is lost."""
-    return bool(_owned(lease).update(lease_expires_at=_expiry(lease_seconds)))
+    return bool(owned_run(lease).update(lease_expires_at=db_time(lease_seconds)))
 
 
 def hand_back(lease: Lease) -> bool:
@@ -306,16 +239,16 @@ def hand_back(lease: Lease) -> bool:
     G15) lets its lease lapse now, settling nothing: the reaper decides the
     run on its next pass as it decides a dead worker's. False if the run is
     no longer this lease's."""
-    return bool(_owned(lease).update(lease_expires_at=_expiry(0)))
+    return bool(owned_run(lease).update(lease_expires_at=db_time(0)))
 
 
 def standing(lease: Lease) -> tuple[bool, bool]:
     """(whether the run is still this lease's, whether a cancel is pending):
     what a record in doubt that landed was committed under."""
-    row = _owned(lease).values_list("cancel_requested_at").first()
+    row = owned_run(lease).values_list("cancel_requested_at").first()
     return row is not None, row is not None and row[0] is not None
 
 
 def cancel_requested(lease: Lease) -> bool:
     """Whether the run is still this lease's and an operator asked to cancel."""
-    return _owned(lease).filter(cancel_requested_at__isnull=False).exists()
+    return owned_run(lease).filter(cancel_requested_at__isnull=False).exists()

@@ -3,17 +3,17 @@ attempt's records: what a write returned after its time limit (G15)."""
 
 from django.db.models import F
 
+from ground.commits import reaching_disk
 from runs.models import AgentRun
-from runs.transitions._common import (
+from runs.models.vocabulary import RunMode, RunStatus
+from runs.transitions.common import (
     Lease,
-    _append_step,
-    _log_change,
-    _update_returning,
+    append_step,
     db_time,
-    reaching_disk,
+    log_change,
+    update_returning,
 )
 from runs.transitions.unused_approvals import void_unused_decisions
-from runs.vocabulary import RunMode, RunStatus
 
 
 def operator_requeue(run_id, *, seen_status: str, seen_step_count: int, step: dict) -> int | None:
@@ -44,7 +44,7 @@ def _back_in_queue_by_operator(
     action: str, run_id, seen_status: str, seen_step_count: int, step: dict, extra: dict
 ) -> int | None:
     with reaching_disk():
-        rows = _update_returning(
+        rows = update_returning(
             AgentRun.objects.filter(
                 pk=run_id,
                 status=seen_status,
@@ -78,8 +78,8 @@ def _back_in_queue_by_operator(
         # The run ended before it used these decisions: its next attempt
         # asks again rather than spend an approval of a run someone stopped.
         void_unused_decisions([run_id])
-        sequence, _ = _append_step(run_id, None, step)
-    _log_change(action, run_id, sequence=sequence, status=RunStatus.QUEUED)
+        sequence, _ = append_step(run_id, None, step)
+    log_change(action, run_id, sequence=sequence, status=RunStatus.QUEUED)
     return rows[0][0]
 
 
@@ -88,8 +88,8 @@ def append_operator_step(run_id, step: dict) -> bool:
     with reaching_disk():
         if not AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") + 1):
             return False
-        sequence, _ = _append_step(run_id, None, step)
-    _log_change("operator_step", run_id, sequence=sequence, kind=step.get("kind"))
+        sequence, _ = append_step(run_id, None, step)
+    log_change("operator_step", run_id, sequence=sequence, kind=step.get("kind"))
     return True
 
 
@@ -101,6 +101,6 @@ def record_late_write(lease: Lease, step: dict) -> bool:
     with reaching_disk():
         if not AgentRun.objects.filter(pk=lease.run_id).update(step_count=F("step_count") + 1):
             return False
-        sequence, _ = _append_step(lease.run_id, lease.token, step)
-    _log_change("late_result", lease.run_id, sequence=sequence, lease_token=lease.token)
+        sequence, _ = append_step(lease.run_id, lease.token, step)
+    log_change("late_result", lease.run_id, sequence=sequence, lease_token=lease.token)
     return True

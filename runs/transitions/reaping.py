@@ -9,17 +9,17 @@ from dataclasses import dataclass
 from django.db.models import Case, F, Q, TextField, Value, When
 from django.db.models.functions import Now
 
+from ground.commits import reaching_disk
 from runs.models import AgentRun, DeadLetter, RunStep
-from runs.transitions._common import (
-    _append_step,
-    _back_in_queue,
-    _ended,
-    _log_change,
-    _update_returning,
+from runs.models.vocabulary import RunStatus, TerminationReason
+from runs.transitions.common import (
+    append_step,
     db_time,
-    reaching_disk,
+    ending_changes,
+    log_change,
+    requeue_changes,
+    update_returning,
 )
-from runs.vocabulary import RunStatus, TerminationReason
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def _reap(reapings: list[Reaping], as_of, changes: dict, dead_letter: dict | Non
         return []
     by_run = {r.stale.run_id: r for r in reapings}
     with reaching_disk():
-        rows = _update_returning(
+        rows = update_returning(
             _still_stale(reapings, as_of),
             ("id", "step_count", "dispatch_count"),
             step_count=F("step_count") + 1,
@@ -118,7 +118,7 @@ def _reap(reapings: list[Reaping], as_of, changes: dict, dead_letter: dict | Non
     for run_id, sequence in reaped:
         reaping = by_run[run_id]
         decision = reaping.step["result"]["decision"]
-        _log_change(
+        log_change(
             "reap", run_id, lease_token=reaping.stale.token, sequence=sequence, decision=decision
         )
     return [(str(run_id), dispatch_count) for run_id, _, dispatch_count in rows]
@@ -128,7 +128,7 @@ def reap_requeue(reapings: list[Reaping], as_of) -> list[tuple[str, int]]:
     """``running → queued`` for stale runs that are safe to run again; returns
     the ids it requeued, each with its new dispatch number (the others were
     renewed, taken or changed meanwhile)."""
-    return _reap(reapings, as_of, _back_in_queue())
+    return _reap(reapings, as_of, requeue_changes())
 
 
 def reap_dead_letter(reapings: list[Reaping], as_of, *, reason: str) -> list[tuple[str, int]]:
@@ -143,21 +143,21 @@ def reap_dead_letter(reapings: list[Reaping], as_of, *, reason: str) -> list[tup
     return _reap(
         reapings,
         as_of,
-        _ended(RunStatus.FAILED, reason, error_message=errors, **details),
+        ending_changes(RunStatus.FAILED, reason, error_message=errors, **details),
         dead_letter={"reason": reason, **details},
     )
 
 
 def reap_cancelled(reapings: list[Reaping], as_of) -> list[tuple[str, int]]:
     """Stale runs an operator asked to cancel end ``cancelled``."""
-    return _reap(reapings, as_of, _ended(RunStatus.CANCELLED, TerminationReason.CANCELLED))
+    return _reap(reapings, as_of, ending_changes(RunStatus.CANCELLED, TerminationReason.CANCELLED))
 
 
 def reap_abandoned(reapings: list[Reaping], as_of) -> list[tuple[str, int]]:
     """Stale interactive runs end ``failed``/``abandoned``: their caller is
     gone, and no worker finishes what a caller started (and may have
     stopped on purpose)."""
-    return _reap(reapings, as_of, _ended(RunStatus.FAILED, TerminationReason.ABANDONED))
+    return _reap(reapings, as_of, ending_changes(RunStatus.FAILED, TerminationReason.ABANDONED))
 
 
 def note_redispatch(run_id, *, seen_dispatch: int, due_before, step: dict) -> int | None:
@@ -176,13 +176,13 @@ def note_redispatch(run_id, *, seen_dispatch: int, due_before, step: dict) -> in
     # check existed wins over its redispatch (G9).
     with reaching_disk():
         cancelled = seen.filter(cancel_requested_at__isnull=False).update(
-            **_ended(RunStatus.CANCELLED, TerminationReason.CANCELLED)
+            **ending_changes(RunStatus.CANCELLED, TerminationReason.CANCELLED)
         )
     if cancelled:
-        _log_change("cancel", run_id, status=RunStatus.CANCELLED)
+        log_change("cancel", run_id, status=RunStatus.CANCELLED)
         return None
     with reaching_disk():
-        rows = _update_returning(
+        rows = update_returning(
             seen.filter(cancel_requested_at__isnull=True),
             ("lease_token", "dispatch_count"),
             step_count=F("step_count") + 1,
@@ -192,6 +192,6 @@ def note_redispatch(run_id, *, seen_dispatch: int, due_before, step: dict) -> in
         if not rows:
             return None
         token, dispatch_count = rows[0]
-        sequence, _ = _append_step(run_id, token, step)
-    _log_change("redispatch", run_id, lease_token=token, sequence=sequence)
+        sequence, _ = append_step(run_id, token, step)
+    log_change("redispatch", run_id, lease_token=token, sequence=sequence)
     return dispatch_count

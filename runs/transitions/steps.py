@@ -9,18 +9,18 @@ from django.db.models import F, JSONField, Value
 from django.db.models.expressions import Case, When
 
 from runs.models import AgentRun, RunStep
-from runs.transitions._common import (
+from runs.models.vocabulary import StepKind
+from runs.transitions.common import (
     Lease,
-    _append_steps,
-    _drop_broken_connection,
-    _expiry,
-    _log_change,
-    _owned_holding,
-    _steps_lost,
+    append_steps,
+    db_time,
+    drop_broken_connection,
+    log_change,
     logger,
+    owned_run_holding,
+    steps_lost,
 )
 from runs.transitions.step_journal import record_steps_in_one_statement
-from runs.vocabulary import StepKind
 from spend import reservations
 from spend.prices import priced_model
 from spend.recording import TurnsSpend, add_daily_spend, turns_spend, user_spent_since
@@ -119,7 +119,7 @@ def record_steps(
                 steps,
                 clear_fence=clear_fence,
                 next_call=next_call,
-                usage=_usage_values(steps),
+                usage=usage_values(steps),
                 wait_for_flush=must_reach_disk(steps, clear_fence=clear_fence, next_call=next_call)
                 if wait_for_flush is None
                 else wait_for_flush,
@@ -131,11 +131,11 @@ def record_steps(
         else:
             changes = _record_changes(lease_seconds, steps, clear_fence, next_call)
             with transaction.atomic():
-                if not _owned_holding(lease, recorded).update(**changes):
+                if not owned_run_holding(lease, recorded).update(**changes):
                     return _unmatched(lease, recorded)
-                sequence, cancel_at = _append_steps(lease.run_id, lease.token, steps)
+                sequence, cancel_at = append_steps(lease.run_id, lease.token, steps)
                 add_spend_through_the_orm(lease.run_id, steps, tally)
-        _log_change(
+        log_change(
             "record_step",
             lease.run_id,
             lease_token=lease.token,
@@ -153,7 +153,7 @@ def record_steps(
             len(steps),
             error,
         )
-        _drop_broken_connection()
+        drop_broken_connection()
         if isinstance(error, OperationalError | InterfaceError):
             return RecordOutcome.UNKNOWN
         return RecordOutcome.FAILED
@@ -241,7 +241,7 @@ def _may_be_lost(step: dict) -> bool:
 
 
 def _unmatched(lease: Lease, recorded: int | None) -> RecordOutcome:
-    return RecordOutcome.STEPS_LOST if _steps_lost(lease, recorded) else RecordOutcome.LEASE_LOST
+    return RecordOutcome.STEPS_LOST if steps_lost(lease, recorded) else RecordOutcome.LEASE_LOST
 
 
 #: The kinds of step an attempt records itself (the claim's request step
@@ -262,11 +262,11 @@ def _record_changes(
 ) -> dict:
     """The ORM's version of what ``step_journal`` writes on PostgreSQL (built
     only when needed: the expressions cost more than the statement's Python)."""
-    changes = {"lease_expires_at": _expiry(lease_seconds)}
+    changes = {"lease_expires_at": db_time(lease_seconds)}
     if steps:
         changes["step_count"] = F("step_count") + len(steps)
         changes["attempt_steps"] = F("attempt_steps") + len(steps)
-    changes.update(_usage_totals(steps))
+    changes.update(usage_totals(steps))
     if next_call is not None:
         changes.update(_stamp_unless_cancelled(next_call))
     elif clear_fence:
@@ -290,7 +290,7 @@ def _stamp_unless_cancelled(next_call: NextCall) -> dict:
     }
 
 
-def _usage_values(steps: Sequence[dict]) -> dict:
+def usage_values(steps: Sequence[dict]) -> dict:
     """What ``steps`` add to the run's totals: the llm steps' tokens, cost
     and latency (``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
     ``cost``, ``unpriced_turns``, ``latency_ms``), a resume step's saved
@@ -324,10 +324,10 @@ def _usage_values(steps: Sequence[dict]) -> dict:
     return values
 
 
-def _usage_totals(steps: Sequence[dict]) -> dict:
+def usage_totals(steps: Sequence[dict]) -> dict:
     """The run's totals grow with each llm step that reports usage, and with
     what a resume step saved."""
-    values = _usage_values(steps)
+    values = usage_values(steps)
     totals = {}
     if "prompt_tokens" in values:
         for column, key in _TOTALS:
@@ -337,7 +337,7 @@ def _usage_totals(steps: Sequence[dict]) -> dict:
     return totals
 
 
-#: The run's total columns and what each adds (``_usage_values``' keys).
+#: The run's total columns and what each adds (``usage_values``' keys).
 _TOTALS = (
     ("prompt_tokens", "prompt_tokens"),
     ("cached_prompt_tokens", "cached_tokens"),

@@ -15,9 +15,10 @@ row, then its approval rows.
 from django.db.models import Count, Exists, F, OuterRef, Subquery
 from django.db.models.functions import Coalesce, Now
 
+from ground.commits import reaching_disk
 from runs.models import AgentRun, ApprovalRequest, RunStep
-from runs.transitions._common import _ended, _log_change, _update_returning, reaching_disk
-from runs.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
+from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
+from runs.transitions.common import ending_changes, log_change, update_returning
 
 
 def expire_approvals(as_of=None) -> tuple[list[str], int]:
@@ -30,11 +31,11 @@ def expire_approvals(as_of=None) -> tuple[list[str], int]:
         run=OuterRef("pk"), status=ApprovalStatus.PENDING, expires_at__lt=now
     )
     with reaching_disk():
-        rows = _update_returning(
+        rows = update_returning(
             AgentRun.objects.filter(Exists(overdue), status=RunStatus.WAITING_FOR_APPROVAL),
             ("id", "step_count", "lease_token"),
             step_count=F("step_count") + 1,
-            **_ended(
+            **ending_changes(
                 RunStatus.FAILED,
                 TerminationReason.APPROVAL_EXPIRED,
                 error_type="ApprovalExpired",
@@ -60,7 +61,7 @@ def expire_approvals(as_of=None) -> tuple[list[str], int]:
             for run_id, sequence, token in rows
         )
     for run_id in ended:
-        _log_change("expire_approvals", run_id, status=RunStatus.FAILED)
+        log_change("expire_approvals", run_id, status=RunStatus.FAILED)
     return ended, expired
 
 

@@ -33,7 +33,7 @@ class SendNotification(Tool):
         return {"notification_id": notification.pk, "recipient": notification.recipient}
 
     def where_to_check(self, arguments, idempotency_key):
-        # The outbox's list searches a whole idempotency key (tools/admin.py).
+        # The outbox's list searches a whole idempotency key (console/tools.py).
         outbox = reverse("admin:tools_outboxnotification_changelist")
         return WhereToCheck(
             "the outbox: a notification there with this idempotency key was sent "

@@ -1,7 +1,7 @@
 """Metrics per MCP server: calls by outcome, their latency, listings.
 
 In multiprocess mode their files are folded at exit with the runtime's
-(``runs.metrics`` registers that for the process).
+(``runs.models.metrics`` registers that for the process).
 """
 
 from prometheus_client import Counter, Histogram

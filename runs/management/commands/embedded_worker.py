@@ -6,8 +6,8 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.embedded_worker import serve
-from runs.runtime.run_threads import RunThreads
+from runs.workers.embedded import serve
+from runs.workers.run_threads import RunThreads
 
 
 def _positive(kind):

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from runs.retention import MAXIMUM_BATCH, MINIMUM_AGE, prune_runs
+from runs.reaper.retention import MAXIMUM_BATCH, MINIMUM_AGE, prune_runs
 
 _AGE = re.compile(r"([0-9]{1,7})([dh])")
 #: A hundred years: past that, a cutoff is before the calendar's start.

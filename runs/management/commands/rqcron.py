@@ -1,11 +1,11 @@
 """``manage.py rqcron runs.cron``: django-rq's, with a scheduler that outlives
-a Redis outage (``runs.cron_scheduler``) instead of exiting on it."""
+a Redis outage (``runs.workers.cron_scheduler``) instead of exiting on it."""
 
 import logging
 
 from django_rq.management.commands.rqcron import Command as RQCronCommand
 
-from runs.cron_scheduler import OutageProofCronScheduler
+from runs.workers.cron_scheduler import OutageProofCronScheduler
 
 
 class Command(RQCronCommand):

@@ -1,5 +1,5 @@
 """``manage.py rqworker``: django-rq's, but it refuses to start on a database
-that cannot make a commit durable (``nrllm_ops.durability``), naming why: every
+that cannot make a commit durable (``ground.durability``), naming why: every
 run it executed there could run a write twice after a server crash. RQ's own
 log lines follow ``LOG_LEVEL`` as every other logger does."""
 
@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django_rq.management.commands.rqworker import Command as RQWorkerCommand
 
-from nrllm_ops.durability import refusal
+from ground.durability import refusal
 
 
 def refuse_a_non_durable_database(command: str) -> None:

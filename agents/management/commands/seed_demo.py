@@ -1,0 +1,390 @@
+"""Demo data made by executing real scenarios through the runtime.
+
+Every run is executed, nothing is written by hand. With the shipped
+approval policy (``NRLLM_APPROVAL_REQUIRED_FOR=non_idempotent_write``) each
+``send_notification`` waits for an operator: the demo decides those calls
+through ``runs.approvals.actions``, as an operator does in the admin, under
+a user of its own (``DEMO_APPROVER``), and leaves one waiting for whoever
+opens the admin. Without Redis the demo executes its runs itself, inline
+(``executing_in_caller``): each decision executes the run on.
+
+The scripted model of the demo reports tokens as a real one would, and the
+demo prices it (``DEMO_PRICE``), so the runs, the overview and
+``/api/usage/`` show spend; one run stops at its own token limit
+(``budget_exhausted``, G17).
+
+Two runs start from agents (G18), as a team would start them: the
+completed one from ``release-notes``, the one left waiting from
+``on-call``, whose instructions the demo then changes (version 2): the
+waiting run keeps version 1.
+
+The output is a line per run (``make run`` prints how to log in after it):
+what the runtime logs as it executes them, the failures the stories stage
+included, is not printed (``-v 2`` prints it), and the fault the demo
+injects is expected, not an error; any other error is printed as logged.
+"""
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from agents.management.commands._demo_log import told_by_the_summary
+from agents.starting import enqueue, run
+from agents.versions import save_agent
+from runs import transitions
+from runs.approvals import actions as approval_actions
+from runs.models import AgentRun, ApprovalRequest
+from runs.models.faults import step_inserts_refused
+from runs.models.vocabulary import ApprovalStatus, StepKind
+from runs.queue.dispatch import executing_in_caller
+from spend.models import ModelPrice
+from tools.models import Note
+
+#: Who the demo's decisions are recorded under. It may approve writes and
+#: nothing else, and it has no usable password: nobody can log in as it, so
+#: the demo documents no second password (the operator's is ``admin``'s).
+DEMO_APPROVER = "demo-approver"
+
+NOTIFY = {"recipient": "ops@example.org", "message": "Release notes updated."}
+
+#: What the demo's scripted model costs per million tokens (made up: the
+#: order of a mid-size hosted model's).
+DEMO_PRICE = {
+    "input_per_million": "2.50",
+    "cached_input_per_million": "1.25",
+    "output_per_million": "10.00",
+}
+
+
+def _with_usage(request: dict) -> dict:
+    """``request`` with the tokens each answer reports: a prompt that grows
+    with the conversation, its earlier part served from the cache."""
+    turns, prompt = [], 420
+    for turn in request["provider"]["turns"]:
+        if "error" not in turn:
+            cached = prompt - 420 if prompt > 420 else 0
+            turn = {
+                **turn,
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": 85,
+                    "cached_tokens": cached,
+                },
+            }
+            prompt += 160
+        turns.append(turn)
+    return {**request, "provider": {**request["provider"], "turns": turns}}
+
+
+COMPLETED = _with_usage(
+    {
+        "prompt": "Update the release notes and tell the team.",
+        "tools": ["read_note", "upsert_note", "send_notification"],
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {"tool_calls": [{"name": "read_note", "arguments": {"slug": "release-notes"}}]},
+                {
+                    "tool_calls": [
+                        {
+                            "name": "upsert_note",
+                            "arguments": {
+                                "slug": "release-notes",
+                                "body": "v2: leases and fences.",
+                            },
+                        }
+                    ]
+                },
+                {"tool_calls": [{"name": "send_notification", "arguments": NOTIFY}]},
+                {"content": "Release notes updated and the team notified."},
+            ],
+        },
+    }
+)
+
+AUDIT_FAILED = _with_usage(
+    {
+        "prompt": "Notify on-call that the nightly job failed.",
+        "tools": ["send_notification"],
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "send_notification",
+                            "arguments": {
+                                "recipient": "oncall@example.org",
+                                "message": "Nightly failed.",
+                            },
+                        }
+                    ]
+                },
+                {"content": "On-call notified."},
+            ],
+        },
+    }
+)
+
+NOT_RETRYABLE = _with_usage(
+    {
+        "prompt": "Summarise the incident notes.",
+        "tools": ["search_notes"],
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {"tool_calls": [{"name": "search_notes", "arguments": {"query": "incident"}}]},
+                {"error": "auth"},
+            ],
+        },
+    }
+)
+
+RESUMED = _with_usage(
+    {
+        "prompt": "Tell the team the deploy is done, then confirm.",
+        "tools": ["send_notification"],
+        # Whatever NRLLM_APPROVAL_REQUIRED_FOR says, so that its attempts are
+        # counted the same: the first parks for the notification's approval.
+        "require_approval": ["send_notification"],
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {"tool_calls": [{"name": "send_notification", "arguments": NOTIFY}]},
+                # The second attempt (approved) sends it and the provider fails
+                # (on attempts up to the second): the retry, the third, resumes
+                # from the journal and does not send it again.
+                {"error": "server_error", "attempts": 2},
+                {"content": "The team knows."},
+            ],
+        },
+    }
+)
+
+CANCELLED = _with_usage(
+    {
+        "prompt": "Post the weekly digest to the webhook.",
+        "tools": ["post_webhook"],
+        "provider": {"kind": "scripted", "turns": [{"content": "Never started."}]},
+    }
+)
+
+
+def _notifying(prompt: str, notification: dict, answer: str, *, read: dict | None = None) -> dict:
+    """A run that may read a note, sends one notification, then answers.
+    It asks for the notification's approval itself (``require_approval``),
+    so the approval stories are told whatever NRLLM_APPROVAL_REQUIRED_FOR
+    says; under the shipped policy the policy requires it anyway."""
+    turns = [{"tool_calls": [{"name": "read_note", "arguments": read}]}] if read else []
+    turns += [
+        {"tool_calls": [{"name": "send_notification", "arguments": notification}]},
+        # After a denial too: the model is told, and its next turn answers.
+        {"content": answer},
+    ]
+    return _with_usage(
+        {
+            "prompt": prompt,
+            "tools": (["read_note"] if read else []) + ["send_notification"],
+            "require_approval": ["send_notification"],
+            "provider": {"kind": "scripted", "turns": turns},
+        }
+    )
+
+
+WAITING = _notifying(
+    "Tell on-call the database failover starts at 22:00 UTC.",
+    {"recipient": "oncall@example.org", "message": "Database failover starts at 22:00 UTC."},
+    "On-call knows the failover starts at 22:00 UTC.",
+)
+
+APPROVED = _notifying(
+    "Tell the team incident 42 is resolved.",
+    {"recipient": "team@example.org", "message": "Incident 42 (disk full on db-2) is resolved."},
+    "The team knows incident 42 is resolved.",
+    read={"slug": "incident-42"},
+)
+
+DENIED = _notifying(
+    "Announce the v2 release to every customer.",
+    {"recipient": "customers@example.org", "message": "v2 is out: leases and fences."},
+    "I did not announce v2: an operator denied the notification.",
+)
+
+#: Stops before its third model call: two turns spent 1,170 tokens, and the
+#: next, which sends the whole conversation again and may be answered in up
+#: to 256 tokens, could pass 1,600.
+OVER_BUDGET = _with_usage(
+    {
+        "prompt": "Search every incident note and summarise them all.",
+        "tools": ["search_notes"],
+        "max_total_tokens": 1600,
+        "provider": {
+            "kind": "scripted",
+            "max_tokens": 256,
+            "turns": [
+                {"tool_calls": [{"name": "search_notes", "arguments": {"query": "incident"}}]},
+                {"tool_calls": [{"name": "search_notes", "arguments": {"query": "outage"}}]},
+                {"tool_calls": [{"name": "search_notes", "arguments": {"query": "postmortem"}}]},
+                {"content": "Every incident, summarised."},
+            ],
+        },
+    }
+)
+
+#: The demo's agents (G18): each one's definition is a scenario's request
+#: less its prompt, which each run gives as its input.
+AGENTS = {
+    "release-notes": (
+        "Keeps the release notes and tells the team.",
+        "You maintain the release notes. Read them before you change them, and tell "
+        "the team after every change.",
+        COMPLETED,
+    ),
+    "on-call": (
+        "Tells on-call what they need to know.",
+        "You are the on-call assistant. Tell on-call about planned work; never restart "
+        "production yourself.",
+        WAITING,
+    ),
+}
+#: The change the demo makes to ``on-call`` after its run waits: version 2.
+ON_CALL_V2 = (
+    "You are the on-call assistant. Tell on-call about planned work, with its start "
+    "time in UTC; never restart production yourself."
+)
+
+APPROVED_NOTE = "Checked the recipient and the text."
+DENIED_NOTE = "Not yet: marketing announces v2 on Monday."
+#: The note on the approvals of the stories that are not about approval.
+ROUTINE_NOTE = "Demo: approved so the run ends as its story says."
+
+
+def demo_approver():
+    """The ``DEMO_APPROVER`` user, created on first use with
+    ``runs.approve_write`` only and an unusable password."""
+    users = get_user_model().objects
+    approver = users.filter(username=DEMO_APPROVER).first()
+    if approver is None:
+        approver = users.create_user(DEMO_APPROVER)  # no password: unusable
+        approver.user_permissions.add(
+            Permission.objects.get(content_type__app_label="runs", codename="approve_write")
+        )
+    # Fetched again: a user caches its permissions on first use.
+    return users.get(pk=approver.pk)
+
+
+def _pending(agent_run) -> ApprovalRequest | None:
+    return (
+        ApprovalRequest.objects.filter(run=agent_run, status=ApprovalStatus.PENDING)
+        .order_by("position")
+        .first()
+    )
+
+
+def _decide(agent_run, approver, *, approved: bool, note: str) -> None:
+    """Decide the call ``agent_run`` waits for, through the operators'
+    path; refused, the demo cannot tell its story, and says why."""
+    approval = _pending(agent_run)
+    if approval is None:
+        raise CommandError(f"demo run {agent_run.pk} is {agent_run.status}: no call waits")
+    decide = approval_actions.approve if approved else approval_actions.deny
+    result = decide(approval, approver, digest=approval.digest, note=note)
+    if not result.ok:
+        raise CommandError(
+            f"demo run {agent_run.pk}: {approval.tool_name} not decided ({result.code}): "
+            f"{result.detail}"
+        )
+
+
+def _approve_every_write(agent_run, approver) -> None:
+    """Approve each call ``agent_run`` waits for until it waits no more:
+    each approval executes it on (inline, no Redis) until it ends or asks
+    again. Under NRLLM_APPROVAL_REQUIRED_FOR=none nothing waits (but what
+    a request asks for); under ``write`` its idempotent writes wait too."""
+    while _pending(agent_run) is not None:
+        _decide(agent_run, approver, approved=True, note=ROUTINE_NOTE)
+
+
+class Command(BaseCommand):
+    help = (
+        "Seed demo runs by executing real scenarios (once; skipped if runs exist). "
+        "Prints a line per run; -v 2 prints the runtime's log as well."
+    )
+
+    def handle(self, *args, **options):
+        if AgentRun.objects.exists():
+            self.stdout.write("runs exist; demo data not seeded again")
+            return
+        with executing_in_caller(), told_by_the_summary(options["verbosity"]):
+            self._seed()
+
+    def _seed(self):
+        Note.objects.get_or_create(slug="release-notes", defaults={"body": "v1: first release."})
+        Note.objects.get_or_create(slug="incident-42", defaults={"body": "Disk full on db-2."})
+        approver = demo_approver()
+        ModelPrice.objects.get_or_create(provider="scripted", model="scripted", defaults=DEMO_PRICE)
+
+        for name, (description, instructions, scenario) in AGENTS.items():
+            definition = {k: v for k, v in scenario.items() if k != "prompt"}
+            save_agent(
+                name,
+                {**definition, "instructions": instructions},
+                description=description,
+                create=True,
+            )
+
+        completed = run({"agent": "release-notes", "input": COMPLETED["prompt"]})
+        _approve_every_write(completed, approver)
+        # The write executes (once approved) and the database refuses its
+        # step: the run must fail closed, and is dead-lettered as a write in
+        # doubt (queued, as every run is once approved, whatever the policy).
+        # Only the tool's step is refused: the approval's, which names the
+        # tool too, is recorded.
+        with step_inserts_refused("send_notification", kind=StepKind.TOOL):
+            audit_failed = enqueue(AUDIT_FAILED)
+            _approve_every_write(audit_failed, approver)
+        dead_lettered = enqueue(NOT_RETRYABLE)
+        # Its retry waits its backoff (NRLLM_RETRY_BACKOFF_SECONDS): the
+        # embedded worker that `make run` starts next, or an rqworker, runs it.
+        resumed = enqueue(RESUMED)
+        _approve_every_write(resumed, approver)
+        # Cancelled before any worker could claim it: its job finds nothing to do.
+        with transaction.atomic():
+            cancelled = enqueue(CANCELLED)
+            transitions.cancel(cancelled.pk)
+        approved = enqueue(APPROVED)
+        _decide(approved, approver, approved=True, note=APPROVED_NOTE)
+        denied = enqueue(DENIED)
+        _decide(denied, approver, approved=False, note=DENIED_NOTE)
+        # Left for the operator: the admin's approvals inbox shows it until
+        # it expires (NRLLM_APPROVAL_TIMEOUT_SECONDS), when the reaper ends
+        # the run failed, approval_expired.
+        waiting = enqueue({"agent": "on-call", "input": WAITING["prompt"]})
+        on_call = AGENTS["on-call"][2]
+        definition = {k: v for k, v in on_call.items() if k != "prompt"}
+        save_agent("on-call", {**definition, "instructions": ON_CALL_V2}, create=False)
+        over_budget = enqueue(OVER_BUDGET)
+
+        for label, agent_run in [
+            ("completed (reads and writes)", completed),
+            (
+                "write audit failed (an injected fault): dead-lettered, a write in doubt",
+                audit_failed,
+            ),
+            ("dead-lettered, not retryable", dead_lettered),
+            ("retried: resumes after its write, does not repeat it", resumed),
+            ("cancelled", cancelled),
+            ("approved: sent its notification once", approved),
+            ("denied: never sent; the model was told why", denied),
+            ("waits for approval: decide it in the admin's approvals inbox", waiting),
+            ("stopped before a model call that would pass its token limit", over_budget),
+        ]:
+            agent_run.refresh_from_db()
+            self.stdout.write(f"{agent_run.pk}  {agent_run.status:<20} {label}")
+        expires_at = _pending(waiting).expires_at
+        self.stdout.write(
+            f"the demo's decisions were made as the user {DEMO_APPROVER} "
+            "(permission runs.approve_write only; no password: nobody logs in as it); "
+            f"the waiting call expires at {expires_at:%Y-%m-%d %H:%M} UTC"
+        )

@@ -1,0 +1,146 @@
+"""The approvals inbox (G14): an operator page inside the admin, a thin
+adapter over ``runs.approvals.actions``.
+
+Seeing it needs ``runs.view_agentrun``; deciding needs
+``runs.approve_write``, checked here (a crafted POST without it is a 403)
+and again by ``runs.approvals.actions`` (which also applies four-eyes). Every
+decision carries the digest of the call as the page showed it: a page left
+open while the run moved on decides nothing, and says why.
+"""
+
+import logging
+import uuid
+
+from django.contrib import messages
+from django.core.exceptions import BadRequest, PermissionDenied
+from django.db import DatabaseError
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from console import aftermath, approval_rows
+from console.display import position_in_words
+from console.live import live_context
+from console.paginator import BoundedCountPaginator
+from runs.approvals import actions as approval_actions
+from runs.models import ApprovalRequest
+
+logger = logging.getLogger(__name__)
+
+DECIDED_PER_PAGE = 50
+
+#: The decide form's ``decision`` → what it does.
+DECISIONS = {"approve": approval_actions.approve, "deny": approval_actions.deny}
+
+
+class ApprovalsInbox:
+    """Mixed into ``AgentRunAdmin``: the inbox and its decide endpoint."""
+
+    def approval_urls(self) -> list:
+        view = self.admin_site.admin_view
+        return [
+            path("approvals/", view(self.approvals_view), name="runs_approvals"),
+            path(
+                "approvals/<int:approval_id>/decide/",
+                view(self.decide_approval_view),
+                name="runs_decide_approval",
+            ),
+        ]
+
+    def has_approve_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm(approval_actions.APPROVE_PERMISSION)
+
+    def approvals_view(self, request):
+        """Pending calls oldest first, with what led to them and a form to
+        decide each; below, the decided ones. ``?run=<id>``: one run's."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        run_id = _run_filter(request.GET.get("run", ""))
+        groups, pending_total = approval_rows.pending_groups(request.user, run_id)
+        decided = BoundedCountPaginator(approval_rows.decided(run_id), DECIDED_PER_PAGE)
+        return TemplateResponse(
+            request,
+            "admin/runs/approvals.html",
+            {
+                **self._context(request, "Approvals"),
+                "groups": groups,
+                "pending_total": pending_total,
+                "pending_shown": sum(len(group["calls"]) for group in groups),
+                "decided_page": decided.get_page(request.GET.get("decided_page")),
+                "run_filter": run_id,
+                "can_approve": self.has_approve_permission(request),
+                **live_context(pending_total > 0),
+            },
+        )
+
+    def decide_approval_view(self, request, approval_id):
+        """POST-only: approve or deny one call, as its digest says it was
+        shown; then back to the inbox (POST-redirect-GET)."""
+        back = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+            back = reverse("admin:runs_approvals")
+        if request.method != "POST":
+            return redirect(back)
+        if not (self.has_view_permission(request) and self.has_approve_permission(request)):
+            raise PermissionDenied
+        decision = request.POST.get("decision", "")
+        if decision not in DECISIONS:
+            raise BadRequest(f"decision must be one of {sorted(DECISIONS)}, not {decision!r}")
+        approval = ApprovalRequest.objects.filter(pk=approval_id).first()
+        if approval is None:
+            self.message_user(request, "There is no such approval request.", messages.ERROR)
+            return redirect(back)
+        # Not the tool's name first: the admin capitalises a message's first
+        # letter, and "Send_notification" is no tool's name.
+        what = (
+            f"{position_in_words(approval.position).capitalize()} ({approval.tool_name}) "
+            f"of run {approval.run_id}"
+        )
+        note = request.POST.get("note", "").strip()
+        if len(note) > approval_actions.MAX_NOTE_CHARS:
+            self.message_user(
+                request,
+                f"{what}: the note is longer than {approval_actions.MAX_NOTE_CHARS} characters; "
+                "nothing was changed.",
+                messages.ERROR,
+            )
+            return redirect(back)
+        try:
+            result = DECISIONS[decision](
+                approval,
+                request.user,
+                digest=request.POST.get("digest", ""),
+                note=note,
+            )
+        except DatabaseError:
+            # The decision, its step and the release are one transaction.
+            logger.exception("approval=%s %s failed on a database error", approval_id, decision)
+            self.message_user(
+                request,
+                f"{what}: the database could not record the decision; nothing was changed.",
+                messages.ERROR,
+            )
+        else:
+            if result.ok:
+                # What the decision did, and what the run did since (it may
+                # have run on already, or wait for a worker): as read now.
+                message = aftermath.after_decision(approval, result.detail)
+                self.message_user(request, message, messages.SUCCESS)
+            else:
+                self.message_user(
+                    request,
+                    f"{what}: not {'approved' if decision == 'approve' else 'denied'}: "
+                    f"{result.detail}. Nothing was changed.",
+                    messages.ERROR,
+                )
+        return redirect(back)
+
+
+def _run_filter(value: str):
+    if not value:
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise BadRequest(f"run={value!r} is not a run id") from None

@@ -1,0 +1,65 @@
+"""The overview: the admin's index page (``console.site``) for a user
+who may view runs, and the approvals count in every page's header.
+
+The index asks for the numbers (``console.overview``), the charts
+(``overview_charts``), whether the reaper and the workers are alive
+(``liveness``), the spend module and the provider circuits; Django's app
+list stays beside them. A user who may not view runs gets Django's index,
+and neither the numbers nor the header count.
+"""
+
+from django.conf import settings
+from django.urls import reverse
+
+from console import figures as console
+from console.live import live_context
+from console.liveness import liveness
+from console.overview_charts import charts, window_of
+from console.spend_overview import spend_overview
+from runs.models import ApprovalRequest
+from runs.models.vocabulary import ApprovalStatus
+from spend.budgets import database_now
+
+VIEW_RUNS = "runs.view_agentrun"
+
+
+def header(request) -> dict:
+    """The calls waiting for approval, for the header of every page:
+    counted once per request (a view that builds another's context asks
+    ``each_context`` again; the index shows the same number), and only for
+    a user who may view runs — anyone else gets nothing, not even a zero."""
+    if not hasattr(request, "_nrllm_header"):
+        context = {}
+        user = getattr(request, "user", None)
+        # Staff only: the admin's login page asks for the context too.
+        if user is not None and user.is_active and user.is_staff and user.has_perm(VIEW_RUNS):
+            context = {
+                # The partial index approval_pending_idx holds exactly these rows.
+                "pending_approvals": ApprovalRequest.objects.filter(
+                    status=ApprovalStatus.PENDING
+                ).count(),
+                "approvals_url": reverse("admin:runs_approvals"),
+            }
+        request._nrllm_header = context
+    return request._nrllm_header
+
+
+def index_context(request) -> dict:
+    """The overview's modules, or nothing for a user who may not view runs."""
+    if not request.user.has_perm(VIEW_RUNS):
+        return {}
+    now = database_now()
+    numbers = console.overview(now)
+    return {
+        "overview": True,
+        "now": now,
+        **numbers,
+        # Live while a run may still change (calls waiting: their runs wait).
+        **live_context(any(numbers[status] for status in console.LIVE)),
+        "charts": charts(now, window_of(request)),
+        "liveness": liveness(now),
+        "spend": spend_overview(),
+        "can_view_spend": request.user.has_perm("spend.view_dailyspend"),
+        "can_view_dead_letters": request.user.has_perm("runs.view_deadletter"),
+        "queues_url": "/admin/django-rq/" if settings.REDIS_URL else "",
+    }
