@@ -11,14 +11,21 @@ from django.conf import settings
 from django.db import models
 
 from spend.models import MONEY
+from teams.models import DEFAULT_TEAM_ID
 
 
 class Agent(models.Model):
     """The name and the latest version. ``latest`` moves only forward, in
     the transaction that inserts the version (``agents.versions.save``)."""
 
+    TEAM_FIELD = "team"
+
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
+    #: Its runs are this team's (G22); it never changes (a database trigger).
+    team = models.ForeignKey(
+        "teams.Team", on_delete=models.PROTECT, related_name="agents", db_default=DEFAULT_TEAM_ID
+    )
     latest = models.ForeignKey(
         "AgentVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -39,6 +46,8 @@ class AgentVersion(models.Model):
     ``instructions`` become the system message, the rest are offered tools,
     the provider, the approvals asked for and the limits. ``webhook`` hears
     when each run of it ends (G19)."""
+
+    TEAM_FIELD = "agent__team"
 
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="versions")
     number = models.PositiveIntegerField()

@@ -10,6 +10,12 @@ version: the run's stored request is that version, so no later edit of
 the agent reaches the run, its retries or its resume.
 
 A body without ``agent`` is a whole request, as before.
+
+Every run is started in a team (G22): a start by agent in the agent's; a
+whole request in the ``team`` it names (a slug), else the token's team,
+else the one team its submitter may start runs in — otherwise it is
+refused, naming ``team``. The submitter must hold the runner role there.
+An agent another team owns is not found, as one that does not exist.
 """
 
 import contextlib
@@ -22,6 +28,8 @@ from runs.runtime import enqueue as enqueue_request
 from runs.runtime import run as run_request
 from runs.runtime.json_text import shown
 from runs.runtime.run_request import InvalidRunRequest, parse_run_request
+from teams import access
+from teams.models import Team
 from tools.canonical import storable_text
 
 #: The fields a start by agent may give.
@@ -35,20 +43,81 @@ START_FIELDS = (
     "max_cost",
 )
 _LOWER_ONLY = ("max_iterations", "max_total_tokens", "max_cost")
+VIEW_AGENT = "agents.view_agent"
+START_RUNS = "runs.add_agentrun"
+
+
+class StartForbidden(Exception):
+    """The submitter may see the agent or the team but not start runs in
+    it (the runner role); the message says which team."""
 
 
 def enqueue(data, **recorded):
-    """``runs.runtime.enqueue`` of ``data``: a whole request, or a start by agent."""
-    request, version = expand(data)
+    """``runs.runtime.enqueue`` of ``data``: a whole request, or a start by
+    agent, in its team (``team_of_start``)."""
+    data, request, version, team = _started(data, recorded.get("submitted_by"))
     with _named(data, version):
-        return enqueue_request(request, agent_version=version, **recorded)
+        return enqueue_request(request, agent_version=version, team=team, **recorded)
 
 
 def run(data, **recorded):
     """``runs.runtime.run`` (interactive) of ``data``, as ``enqueue`` takes it."""
-    request, version = expand(data)
+    data, request, version, team = _started(data, recorded.get("submitted_by"))
     with _named(data, version):
-        return run_request(request, agent_version=version, **recorded)
+        return run_request(request, agent_version=version, team=team, **recorded)
+
+
+def _started(data, user):
+    """``data`` without its ``team``, the request it starts, the agent
+    version and the team it runs in. ``user`` None: the command line, which
+    sees every agent and team."""
+    named_team = None
+    if isinstance(data, dict) and "team" in data and "agent" not in data:
+        data = dict(data)
+        named_team = data.pop("team")
+    agents = Agent.objects if user is None else access.scoped(Agent.objects, user, VIEW_AGENT)
+    request, version = expand(data, agents=agents)
+    return data, request, version, team_of_start(named_team, version, user)
+
+
+def team_of_start(named_team, version: AgentVersion | None, user) -> Team:
+    """The team a start runs in (see the module's docstring). Raises
+    ``InvalidRunRequest`` naming ``team`` when there is no one team to
+    choose, and ``StartForbidden`` when ``user`` may not start runs there."""
+    if version is not None:
+        team = version.agent.team
+        if user is not None and not access.may(user, START_RUNS, team.pk):
+            raise StartForbidden(
+                f"starting runs of agent {shown(version.agent.name)} takes the runner role "
+                f"in team {shown(team.slug)}"
+            )
+        return team
+    startable = Team.objects.all()
+    if user is not None:
+        startable = access.scoped(startable, user, START_RUNS)
+    if named_team is not None:
+        if not isinstance(named_team, str) or not named_team:
+            raise InvalidRunRequest("team: a team's slug (a string) is required")
+        if storable_text(named_team) != named_team:
+            # No team is named so (a NUL, a lone surrogate), and the database
+            # would refuse the question rather than answer it.
+            raise InvalidRunRequest(
+                "team: no team is named so (a slug holds no NUL and no lone surrogate)"
+            )
+        team = startable.filter(slug=named_team[:50]).first()
+        if team is None:
+            raise InvalidRunRequest(
+                f"team: no team {shown(named_team[:100])} you may start runs in"
+            )
+        return team
+    teams = list(startable[:2])
+    if len(teams) == 1:
+        return teams[0]
+    if not teams:
+        raise StartForbidden("starting runs takes the runner role in a team")
+    raise InvalidRunRequest(
+        "team: you may start runs in more than one team; name the team (its slug)"
+    )
 
 
 @contextlib.contextmanager
@@ -72,11 +141,12 @@ def _named(data, version: AgentVersion | None):
         ) from None
 
 
-def expand(data) -> tuple[dict, AgentVersion | None]:
+def expand(data, *, agents=None) -> tuple[dict, AgentVersion | None]:
     """The whole request ``data`` starts and the agent version it came
     from (None: ``data`` is a whole request, returned as it is). Raises
     ``InvalidRunRequest`` naming the field for a start that cannot be
-    expanded; the request itself is checked when it is enqueued."""
+    expanded; the request itself is checked when it is enqueued.
+    ``agents``: those the start may name (None: every agent)."""
     if not isinstance(data, dict) or "agent" not in data:
         return data, None
     unknown = sorted(set(data) - set(START_FIELDS))
@@ -85,7 +155,7 @@ def expand(data) -> tuple[dict, AgentVersion | None]:
             f"request: unknown field(s) {shown(unknown)} for a start by agent; "
             f"it takes {shown(list(START_FIELDS))}"
         )
-    version = _version_of(data)
+    version = _version_of(data, Agent.objects if agents is None else agents)
     prompt = data.get("input")
     if not isinstance(prompt, str) or not prompt:
         raise InvalidRunRequest("input: the run's input is required (a non-empty string)")
@@ -123,15 +193,18 @@ def _deployment_default(name: str):
     return None
 
 
-def _version_of(data: dict) -> AgentVersion:
+def _version_of(data: dict, agents) -> AgentVersion:
     name = data["agent"]
     if not isinstance(name, str) or not name:
         raise InvalidRunRequest("agent: an agent's name (a string) is required")
     if storable_text(name) != name:
         # No agent is named so (a NUL or a lone surrogate), and the database
-        # would refuse the question rather than answer it.
-        raise InvalidRunRequest(f"agent: no agent named {shown(name[:100])}")
-    agent = Agent.objects.select_related("latest").filter(name=name).first()
+        # would refuse the question rather than answer it; nor is the name
+        # said back (a lone surrogate cannot be written in the answer).
+        raise InvalidRunRequest(
+            "agent: no agent is named so (a name holds no NUL or lone surrogate)"
+        )
+    agent = agents.select_related("latest", "team").filter(name=name).first()
     if agent is None or agent.latest is None:
         raise InvalidRunRequest(f"agent: no agent named {shown(name[:100])}")
     if "version" not in data:

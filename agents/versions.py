@@ -14,8 +14,10 @@ from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 
-from agents.definitions import check_definition
+from agents.definitions import InvalidDefinition, check_definition
 from agents.models import Agent, AgentVersion
+from teams import access
+from teams.models import DEFAULT_TEAM_ID, Team
 
 
 class AgentConflict(Exception):
@@ -26,6 +28,13 @@ class AgentChanged(AgentConflict):
     """The agent has a newer version than the one the change was made on."""
 
 
+class AgentForbidden(Exception):
+    """The user may see the agent's team but not author agents in it."""
+
+
+AUTHOR_PERMISSIONS = {True: "agents.add_agent", False: "agents.change_agent"}
+
+
 def save_agent(
     name: str,
     definition: dict,
@@ -34,6 +43,7 @@ def save_agent(
     user=None,
     create: bool,
     based_on: int | None = None,
+    team=None,
 ) -> tuple[Agent, AgentVersion, bool]:
     """Create the agent ``name`` (``create``) or change it, from
     ``definition`` (checked; ``InvalidDefinition`` stores nothing). Returns
@@ -45,18 +55,30 @@ def save_agent(
     ``based_on``: the number of the version the change was made on (a
     PATCH's fields left out, an admin form's fields as it showed them).
     If another change made a newer version meanwhile, ``AgentChanged`` and
-    nothing is stored: saving this one would silently undo that one."""
+    nothing is stored: saving this one would silently undo that one.
+
+    ``team``: the team a new agent belongs to (None: the default team); a
+    changed agent keeps its own. With a ``user``, they must hold the author
+    role there (``AgentForbidden``), and the definition's tools must be
+    ones that team may use (``InvalidDefinition`` naming ``tools``), G22."""
     checked = check_definition(definition)
     with transaction.atomic():
         if create:
+            team = team or Team.objects.get(pk=DEFAULT_TEAM_ID)
+            _authored_in(team, user, create=True)
+            _tools_of(team, checked)
             try:
                 with transaction.atomic():
-                    agent = Agent.objects.create(name=name, description=description or "")
+                    agent = Agent.objects.create(
+                        name=name, description=description or "", team=team
+                    )
             except IntegrityError:
                 raise AgentConflict(f"name: an agent named {name!r} exists already") from None
         else:
             # The row lock orders two editors: the second numbers after the first.
-            agent = Agent.objects.select_for_update().get(name=name)
+            agent = Agent.objects.select_for_update().select_related("team").get(name=name)
+            _authored_in(agent.team, user, create=False)
+            _tools_of(agent.team, checked)
         latest = agent.latest
         if based_on is not None and latest is not None and latest.number != based_on:
             # Checked under the row lock: of two changes made on version N,
@@ -86,6 +108,20 @@ def save_agent(
             f"{'created' if create else 'changed'} {agent.name}: version {number}",
         )
     return agent, version, True
+
+
+def _authored_in(team, user, *, create: bool) -> None:
+    if user is not None and not access.may(user, AUTHOR_PERMISSIONS[create], team.pk):
+        raise AgentForbidden(
+            f"team: {'creating' if create else 'changing'} agents of team {team.slug!r} "
+            f"takes the author role in it"
+        )
+
+
+def _tools_of(team, checked: dict) -> None:
+    refused = [name for name in checked.get("tools", []) if not team.may_use(name)]
+    if refused:
+        raise InvalidDefinition(f"tools: not available to team {team.slug!r}: {refused}")
 
 
 def _same(stored: dict, checked: dict) -> bool:

@@ -25,11 +25,17 @@ class AgentVersionSerializer(serializers.ModelSerializer):
 
 
 class AgentSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(
+        slug_field="slug",
+        read_only=True,
+        help_text="the team the agent belongs to (its slug; G22): its runs are that team's. "
+        "It never changes",
+    )
     latest = AgentVersionSerializer(read_only=True, help_text="the version runs start from")
 
     class Meta:
         model = Agent
-        fields = ["name", "description", "latest", "created_at", "updated_at"]
+        fields = ["name", "team", "description", "latest", "created_at", "updated_at"]
         read_only_fields = fields
 
 
@@ -38,6 +44,13 @@ class AgentDefinitionSerializer(serializers.Serializer):
     same fields, each optional: those left out keep the latest version's)."""
 
     name = serializers.SlugField(max_length=100, help_text="POST only: the name runs start by")
+    team = serializers.SlugField(
+        max_length=50,
+        required=False,
+        help_text="POST only: the slug of the team the agent belongs to, where you hold the "
+        "author role; required when you may define agents in more than one team. It never "
+        "changes",
+    )
     description = serializers.CharField(required=False, allow_blank=True)
     instructions = serializers.CharField(
         required=False, allow_blank=True, help_text="the system message"

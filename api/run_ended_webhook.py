@@ -24,6 +24,9 @@ class RunEndedAgentSerializer(serializers.Serializer):
 
 class RunEndedRunSerializer(serializers.Serializer):
     id = serializers.UUIDField()
+    team = serializers.CharField(
+        help_text="the slug of the run's team (G22): a receiver checks it is its own"
+    )
     status = serializers.ChoiceField(choices=RunStatus.choices)
     termination_reason = serializers.ChoiceField(
         choices=TerminationReason.choices, allow_blank=True, help_text="empty while it waits"

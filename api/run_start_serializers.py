@@ -60,6 +60,15 @@ class RunRequestSchema(OpenApiSerializerExtension):
             }
         for name, description in _FIELDS.items():
             schema["properties"][name]["description"] = description
+        if direction == "request":
+            # Not part of the request the run keeps: the team it starts in (G22).
+            schema["properties"]["team"] = {
+                "type": "string",
+                "description": "the slug of the team the run starts in, where the submitter "
+                "holds the runner role; left out: the token's team, else the submitter's only "
+                "such team — with more than one, a 400 naming team. A start by agent runs in "
+                "the agent's team and takes no team",
+            }
         schema["description"] = "A run's whole request (docs/api.md: starting runs)."
         return schema
 

@@ -144,7 +144,7 @@ def with_run_relations(runs):
     once per page (the submitter, reconciliations, pending approvals),
     not once per run."""
     pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).only("id", "run_id")
-    return runs.select_related("submitted_by", "agent_version__agent").prefetch_related(
+    return runs.select_related("team", "submitted_by", "agent_version__agent").prefetch_related(
         "reconciliations__operator",
         Prefetch("approvals", queryset=pending.order_by("pk"), to_attr=PENDING_APPROVALS_ATTR),
     )
@@ -166,6 +166,12 @@ class RunAgentSerializer(serializers.Serializer):
 
 
 class RunSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(
+        slug_field="slug",
+        read_only=True,
+        help_text="the team the run was started in (its agent's; G22): its slug. It never "
+        "changes; the run's steps, approvals, dead letters and reruns are that team's",
+    )
     write_in_doubt = serializers.SerializerMethodField()
     agent = serializers.SerializerMethodField(
         help_text="the agent version the run started from (G18); null for a run whose "
@@ -213,6 +219,7 @@ class RunSerializer(serializers.ModelSerializer):
         model = AgentRun
         fields = [
             "id",
+            "team",
             "status",
             "termination_reason",
             "failure_class",

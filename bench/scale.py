@@ -10,11 +10,20 @@ from django.db import connection, transaction
 from django.test import Client
 from knox.models import AuthToken
 
+#: The teams the runs are spread over (G22), ids from FIRST_TEAM on.
+TEAMS = 50
+FIRST_TEAM = 1001
+GENERATE_TEAMS = """
+INSERT INTO teams_team (id, name, slug, require_approval, webhook_secret, created_at)
+SELECT t, 'Team ' || t, 'team-' || t, '[]'::jsonb, '', now()
+FROM generate_series(%(first)s, %(first)s + %(teams)s - 1) AS t
+"""
 GENERATE_RUNS = """
 INSERT INTO runs_agentrun (id, request, prompt, status, termination_reason, failure_class,
   error_type, error_message, output, mode, lease_owner, lease_token, pending_effect,
   requeue_count, step_count, prompt_tokens, completion_tokens, llm_latency_ms,
-  journal_begins_after, tokens_saved_by_replay, dispatch_count, created_at, finished_at)
+  journal_begins_after, tokens_saved_by_replay, dispatch_count, created_at, finished_at,
+  team_id)
 SELECT md5('run' || i)::uuid,
   jsonb_build_object('prompt', 'p' || i, 'tools',
     CASE WHEN i %% 3 = 0 THEN '["send_notification"]'::jsonb ELSE '["read_note"]'::jsonb END,
@@ -26,7 +35,8 @@ SELECT md5('run' || i)::uuid,
   CASE WHEN i %% 5 = 3 THEN 'auth' ELSE '' END, '', '', '',
   CASE WHEN i %% 2 = 0 THEN 'queued' ELSE 'interactive' END, '', 1,
   CASE WHEN i %% 1000 = 0 THEN 'non_idempotent_write' ELSE '' END, i %% 4, %(steps)s, 0, 0, 0,
-  0, 0, i %% 4, now() - (i || ' seconds')::interval, now() - (i || ' seconds')::interval
+  0, 0, i %% 4, now() - (i || ' seconds')::interval, now() - (i || ' seconds')::interval,
+  %(first_team)s + i %% %(teams)s
 FROM generate_series(1, %(runs)s) AS i
 """
 GENERATE_STEPS = """
@@ -126,6 +136,19 @@ def _pruned_oldest_tenth(runs: int) -> dict:
     }
 
 
+def _team_member(team_id: int):
+    """A staff user holding every role in the team ``team_id`` and no
+    global permission."""
+    from teams.models import Membership
+    from teams.roles import Role
+
+    member = get_user_model().objects.create_user("member", "m@example.org", "m", is_staff=True)
+    Membership.objects.bulk_create(
+        Membership(user=member, team_id=team_id, role=role) for role in Role.values
+    )
+    return member
+
+
 def at_scale(runs: int, steps_per_run: int) -> dict:
     from runs import transitions
     from runs.reaper import reap_stale_runs
@@ -136,7 +159,11 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
         # per row, held until commit) are skipped for data generated
         # consistent, and steps go in index order.
         cursor.execute("SET LOCAL session_replication_role = replica")
-        cursor.execute(GENERATE_RUNS, {"runs": runs, "steps": steps_per_run})
+        cursor.execute(GENERATE_TEAMS, {"first": FIRST_TEAM, "teams": TEAMS})
+        cursor.execute(
+            GENERATE_RUNS,
+            {"runs": runs, "steps": steps_per_run, "first_team": FIRST_TEAM, "teams": TEAMS},
+        )
         cursor.execute(GENERATE_STEPS, {"runs": runs, "steps": steps_per_run})
         cursor.execute(GENERATE_SPEND, {"submitters": 100 if runs >= 100_000 else 5})
     with connection.cursor() as cursor:
@@ -175,6 +202,17 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
         lambda: client.get("/admin/runs/agentrun/?q=prompt+123456")
     )
     pages["api runs list"] = _timed(lambda: api.get("/api/runs/"))
+    # A member of one team of the fifty, holding every role in it (G22).
+    member = _team_member(FIRST_TEAM)
+    member_client = Client()
+    member_client.force_login(member)
+    member_api = Client(HTTP_AUTHORIZATION=f"Token {AuthToken.objects.create(user=member)[1]}")
+    pages[f"admin runs list (a member of one team of {TEAMS})"] = _timed(
+        lambda: member_client.get("/admin/runs/agentrun/")
+    )
+    pages[f"api runs list (a member of one team of {TEAMS})"] = _timed(
+        lambda: member_api.get("/api/runs/")
+    )
     pages["api runs list (status)"] = _timed(lambda: api.get("/api/runs/?status=failed"))
     pages["api steps page"] = _timed(lambda: api.get(f"/api/runs/{some_run}/steps/?after=3"))
     pages["api usage by day (30 days)"] = _timed(lambda: api.get("/api/usage/?group_by=day"))
@@ -228,6 +266,10 @@ def at_scale(runs: int, steps_per_run: int) -> dict:
     plans = {
         "admin list default": _plan(
             "SELECT * FROM runs_agentrun ORDER BY created_at DESC LIMIT 51"
+        ),
+        "a team member's list": _plan(
+            "SELECT * FROM runs_agentrun WHERE team_id IN (%s) ORDER BY created_at DESC LIMIT 51",
+            [FIRST_TEAM],
         ),
         "admin list by status": _plan(
             "SELECT * FROM runs_agentrun WHERE status = 'failed' ORDER BY created_at DESC LIMIT 51"

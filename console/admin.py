@@ -1,5 +1,14 @@
 """Every ModelAdmin of the console, registered on the project's admin site
 when Django's autodiscovery imports this module: runs, dead letters and
-reconciliations; agents; spend; tools."""
+reconciliations; agents; spend; tools; teams and their members."""
 
-from console import agents, dead_letters, reconciliations, runs, spend, tools  # noqa: F401 (registers the ModelAdmins)
+from console import (  # noqa: F401 (registers the ModelAdmins)
+    agents,
+    dead_letters,
+    reconciliations,
+    runs,
+    spend,
+    teams,
+    tokens,
+    tools,
+)

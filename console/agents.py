@@ -20,7 +20,7 @@ from django.utils.html import format_html, format_html_join
 
 from agents.definitions import FIELDS, InvalidDefinition, check_definition
 from agents.models import Agent, AgentVersion
-from agents.versions import AgentChanged, AgentConflict, save_agent
+from agents.versions import AgentChanged, AgentConflict, AgentForbidden, save_agent
 from console.agent_provider import (
     OPTION_FIELDS,
     OTHER_OPTIONS,
@@ -38,6 +38,11 @@ from console.agent_provider import (
 from console.display import moment
 from console.site import ReadOnly
 from console.start_run import TURNS_EXAMPLE, parsed_json, priced_models, tool_choices
+from console.team_scope import ScopedRelatedFilter, TeamColumn
+from teams import access
+from teams.models import Team
+
+ADD_AGENT = "agents.add_agent"
 
 
 class AgentForm(forms.ModelForm):
@@ -105,6 +110,15 @@ class AgentForm(forms.ModelForm):
         widget=forms.TextInput(attrs={"size": 80}),
         help_text="told when each run ends (its host must be in NRLLM_HTTP_ALLOWED_HOSTS)",
     )
+    #: The team a new agent belongs to, among those where the user may
+    #: author agents; shown, not changed, afterwards (G22: a row's team
+    #: never changes, and the database refuses it).
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.none(),
+        required=False,
+        to_field_name="slug",
+        help_text="its runs are this team's; it cannot be changed after the agent is created",
+    )
     #: The version the page showed: a save after another change since is
     #: refused, not made on the old version (which would undo that change).
     based_on = forms.IntegerField(required=False, min_value=0, widget=forms.HiddenInput)
@@ -113,8 +127,12 @@ class AgentForm(forms.ModelForm):
         model = Agent
         fields = ["name", "description"]
 
+    #: Set by ``AgentAdmin.get_form``: the user the form is for.
+    user = None
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._show_team()
         names = [choice.name for choice in tool_choices()]
         latest = self.instance.latest if self.instance.pk else None
         if latest is not None:
@@ -139,6 +157,29 @@ class AgentForm(forms.ModelForm):
             self.fields[name].choices = [(tool, tool) for tool in names]
         if "name" in self.fields and self.instance.pk:
             self.fields["name"].disabled = True
+
+    def _show_team(self) -> None:
+        """On the add page, the teams where the user may author agents (the
+        only one chosen); afterwards, the agent's own, read-only."""
+        field = self.fields["team"]
+        if self.instance.pk:
+            field.queryset = Team.objects.filter(pk=self.instance.team_id)
+            field.initial = self.instance.team.slug
+            field.disabled = True
+            return
+        field.queryset = access.scoped(Team.objects.all(), self.user, ADD_AGENT)
+        teams = list(field.queryset[:2])
+        #: The one team the user may author agents in: the team of a new
+        #: agent whose form names none (sent by a script, say).
+        self.only_team = teams[0] if len(teams) == 1 else None
+        if self.only_team is not None:
+            self.initial.setdefault("team", self.only_team.slug)
+
+    def team_of_agent(self) -> Team | None:
+        """The team the agent is (or will be) in."""
+        if self.instance.pk:
+            return self.instance.team
+        return self.cleaned_data.get("team") or self.only_team
 
     def _show_provider(self, provider: dict | None) -> None:
         """The provider's fields as ``provider`` (a version's) sets them; a
@@ -219,6 +260,15 @@ class AgentForm(forms.ModelForm):
         except InvalidDefinition as error:
             message = str(error)
             self.add_error(field_of_refusal(message) or _field_of(message), message)
+            return cleaned
+        team = self.team_of_agent()
+        if team is None:
+            self.add_error("team", "team: choose the team the agent belongs to")
+            return cleaned
+        for name in self.definition()["tools"]:
+            if team is not None and not team.may_use(name):
+                # Its runs would be refused at enqueue: refused here, named.
+                self.add_error("tools", f"tools: team {team.slug!r} may not use {name!r}")
         return cleaned
 
 
@@ -243,12 +293,12 @@ def _shown_fields() -> list[str]:
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(TeamColumn, admin.ModelAdmin):
     form = AgentForm
     list_display = ("name", "description", "latest_shown", "updated_at")
     search_fields = ("name", "description")
     fieldsets = [
-        (None, {"fields": ["name", "description", "based_on"]}),
+        (None, {"fields": ["name", "team", "description", "based_on"]}),
         (
             "Definition (saved as a new version; runs keep the version they started from)",
             {"fields": _shown_fields()},
@@ -272,7 +322,7 @@ class AgentAdmin(admin.ModelAdmin):
         "" on the add page and for an agent with no version to run."""
         if agent is None or agent.latest_id is None:
             return ""
-        if not request.user.has_perm("runs.add_agentrun"):
+        if not access.may(request.user, "runs.add_agentrun", agent.team_id):
             return ""
         return f"{reverse('admin:runs_start')}?{urlencode({'agent': agent.name})}"
 
@@ -283,7 +333,8 @@ class AgentAdmin(admin.ModelAdmin):
         # The form's fields are declared; Django must not derive them from
         # the fieldsets, which name the read-only list of versions too.
         kwargs["fields"] = ["name", "description"]
-        return super().get_form(request, obj, change, **kwargs)
+        form = super().get_form(request, obj, change, **kwargs)
+        return type(form.__name__, (form,), {"user": request.user})
 
     @admin.display(description="versions")
     def versions_shown(self, agent: Agent) -> str:
@@ -322,8 +373,9 @@ class AgentAdmin(admin.ModelAdmin):
                 user=request.user,
                 create=not change,
                 based_on=form.cleaned_data.get("based_on") if change else None,
+                team=None if change else form.team_of_agent(),
             )
-        except (InvalidDefinition, AgentConflict) as error:
+        except (InvalidDefinition, AgentConflict, AgentForbidden) as error:
             # Checked in the form already; a race (a tool disabled, a name
             # taken, another change saved meanwhile) lands here, and nothing
             # was saved.
@@ -361,7 +413,10 @@ class AgentVersionAdmin(ReadOnly, admin.ModelAdmin):
     """Every version as it was saved: read-only, for anyone who may view agents."""
 
     list_display = ("__str__", "created_by", "created_at")
-    list_filter = ("agent",)
+    # The agents the user sees, not every agent of the deployment (G22).
+    list_filter = (("agent", ScopedRelatedFilter),)
+    #: Seen by whoever may view agents, in the agents' teams.
+    team_view_permission = "agents.view_agent"
     fields = ("agent", "number", "definition_shown", "created_by", "created_at")
     readonly_fields = fields
 
@@ -371,6 +426,8 @@ class AgentVersionAdmin(ReadOnly, admin.ModelAdmin):
         return format_html("<pre>{}</pre>", text)
 
     def has_view_permission(self, request, obj=None) -> bool:
+        if obj is not None:
+            return access.may(request.user, "agents.view_agent", access.team_id_of(obj))
         return request.user.has_perm("agents.view_agent") or super().has_view_permission(
             request, obj
         )

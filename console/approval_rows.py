@@ -12,9 +12,13 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from console.display import as_text, effect_badge, position_in_words, shortened
-from runs.approvals.actions import APPROVE_PERMISSION, may_approve
+from runs.approvals.actions import APPROVE_PERMISSION, may_approve, may_decide
 from runs.models import ApprovalRequest, RunStep
 from runs.models.vocabulary import ApprovalStatus, StepKind, SubmittedVia
+from teams import access
+
+#: Seeing an approval request is seeing its run: the inbox's permission.
+VIEW_PERMISSION = "runs.view_agentrun"
 
 #: The pending calls the inbox shows at most (oldest first); more are counted.
 PENDING_SHOWN = 50
@@ -25,24 +29,42 @@ STEPS_BEFORE_CALL = 12
 STEP_CHARS = 120
 
 
+def visible(user):
+    """The approval requests ``user`` may see: those of runs of its teams
+    (``teams.access``); another team's are simply not there."""
+    return access.scoped(ApprovalRequest.objects.all(), user, VIEW_PERMISSION)
+
+
+def decidable(user):
+    """The requests a decision of ``user``'s may name: those it sees, or
+    every one for a global ``runs.approve_write`` (the deployment's
+    approver, who decided before teams without seeing runs, and still
+    may). Another team's is then not found, as an unknown one."""
+    if access.teams_with(user, APPROVE_PERMISSION) is access.EVERY:
+        return ApprovalRequest.objects.all()
+    return visible(user)
+
+
 def pending_groups(user, run_id=None) -> tuple[list[dict], int]:
-    """The pending calls, oldest first, grouped by the run's turn that asked
-    for them (one decision per call, but one story per turn), each with what
-    ``user`` may do; and how many pending calls there are in all.
+    """The pending calls of ``user``'s teams, oldest first, grouped by the
+    run's turn that asked for them (one decision per call, but one story per
+    turn), each with what ``user`` may do and, when they may not, why; and
+    how many pending calls of its teams there are in all.
 
     A run waits on one turn at a time, so a group is a run. Queries: two,
     then one per group shown (its steps; two when they are cut): bounded by
-    ``PENDING_SHOWN``. ``may_approve`` reads the submitter from the joined
-    run, so four-eyes adds none.
+    ``PENDING_SHOWN``. The gate reads the team and the submitter from the
+    joined run, and the user's roles once, so deciding what a row offers
+    adds none per call.
     """
-    pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING)
+    pending = visible(user).filter(status=ApprovalStatus.PENDING)
     if run_id is not None:
         pending = pending.filter(run_id=run_id)
     total = pending.count()
     # Oldest first, as the pending index (approval_pending_idx) has them.
-    shown = pending.select_related("run", "run__submitted_by").order_by("requested_at", "position")[
-        :PENDING_SHOWN
-    ]
+    shown = pending.select_related("run", "run__submitted_by", "run__team").order_by(
+        "requested_at", "position"
+    )[:PENDING_SHOWN]
     now = timezone.now()
     groups: dict[tuple, dict] = {}
     for approval in shown:
@@ -62,7 +84,10 @@ def pending_groups(user, run_id=None) -> tuple[list[dict], int]:
 
 
 def _pending_call(approval: ApprovalRequest, user, now) -> dict:
-    refusal = may_approve(approval, user)
+    # The gate the decision itself passes (runs.approvals.actions), so the
+    # row says what a click would be told.
+    decide_refusal = may_decide(approval, user)
+    approve_refusal = decide_refusal or may_approve(approval, user)
     return {
         "approval": approval,
         "badge": effect_badge(approval.effect),
@@ -72,10 +97,15 @@ def _pending_call(approval: ApprovalRequest, user, now) -> dict:
         # By this server's clock, for the page only: the decision itself
         # is refused past expiry by the database's (decide_approval).
         "overdue": approval.expires_at <= now,
-        "may_decide": user.has_perm(APPROVE_PERMISSION),
-        "may_approve": refusal is None,
-        # Four-eyes: the submitter sees why they may deny but not approve.
-        "approve_refusal": refusal.detail if refusal is not None else "",
+        "may_decide": decide_refusal is None,
+        # Why they may not decide it at all (not an approver in its team).
+        "decide_refusal": decide_refusal.detail if decide_refusal is not None else "",
+        "may_approve": approve_refusal is None,
+        # Why they may deny but not approve: the tool is not the team's,
+        # they are not a runner there, or four-eyes.
+        "approve_refusal": (
+            approve_refusal.detail if decide_refusal is None and approve_refusal else ""
+        ),
     }
 
 
@@ -199,10 +229,11 @@ _SUBMITTED_WITHOUT_USER = {
 }
 
 
-def decided(run_id=None):
-    """The decided, expired and withdrawn requests, latest first (the
-    approval_decided_idx index), their deciders and runs joined."""
-    rows = ApprovalRequest.objects.exclude(status=ApprovalStatus.PENDING)
+def decided(user, run_id=None):
+    """The decided, expired and withdrawn requests of ``user``'s teams,
+    latest first (the approval_decided_idx index), their deciders and runs
+    joined."""
+    rows = visible(user).exclude(status=ApprovalStatus.PENDING)
     if run_id is not None:
         rows = rows.filter(run_id=run_id)
     return rows.select_related("decided_by", "run").order_by("-decided_at", "-pk")

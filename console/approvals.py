@@ -1,9 +1,14 @@
 """The approvals inbox (G14): an operator page inside the admin, a thin
 adapter over ``runs.approvals.actions``.
 
-Seeing it needs ``runs.view_agentrun``; deciding needs
+Seeing it needs ``runs.view_agentrun`` somewhere, and it lists the calls of
+the viewer's teams only (``approval_rows.visible``); deciding needs
 ``runs.approve_write``, checked here (a crafted POST without it is a 403)
-and again by ``runs.approvals.actions`` (which also applies four-eyes). Every
+and again by ``runs.approvals.actions``, which judges the user's right to
+the write in the run's team (G22) and four-eyes. A crafted POST naming
+another team's call is answered as one naming no call; one the gate
+refuses for a visible call is a 403 page naming what failed (four-eyes
+aside: a message, as before teams), and the call still waits. Every
 decision carries the digest of the call as the page showed it: a page left
 open while the run moved on decides nothing, and says why.
 """
@@ -24,11 +29,14 @@ from console.display import position_in_words
 from console.live import live_context
 from console.paginator import BoundedCountPaginator
 from runs.approvals import actions as approval_actions
-from runs.models import ApprovalRequest
 
 logger = logging.getLogger(__name__)
 
 DECIDED_PER_PAGE = 50
+
+#: The gate's refusals a decide POST answers with a 403 page (four-eyes is
+#: a message on the inbox, as it was before teams).
+TEAM_REFUSALS = approval_actions.TEAM_GATE_CODES
 
 #: The decide form's ``decision`` → what it does.
 DECISIONS = {"approve": approval_actions.approve, "deny": approval_actions.deny}
@@ -58,7 +66,9 @@ class ApprovalsInbox:
             raise PermissionDenied
         run_id = _run_filter(request.GET.get("run", ""))
         groups, pending_total = approval_rows.pending_groups(request.user, run_id)
-        decided = BoundedCountPaginator(approval_rows.decided(run_id), DECIDED_PER_PAGE)
+        decided = BoundedCountPaginator(
+            approval_rows.decided(request.user, run_id), DECIDED_PER_PAGE
+        )
         return TemplateResponse(
             request,
             "admin/runs/approvals.html",
@@ -87,7 +97,8 @@ class ApprovalsInbox:
         decision = request.POST.get("decision", "")
         if decision not in DECISIONS:
             raise BadRequest(f"decision must be one of {sorted(DECISIONS)}, not {decision!r}")
-        approval = ApprovalRequest.objects.filter(pk=approval_id).first()
+        # Another team's call is not there: the same answer as no call.
+        approval = approval_rows.decidable(request.user).filter(pk=approval_id).first()
         if approval is None:
             self.message_user(request, "There is no such approval request.", messages.ERROR)
             return redirect(back)
@@ -122,6 +133,13 @@ class ApprovalsInbox:
                 messages.ERROR,
             )
         else:
+            if result.code in TEAM_REFUSALS:
+                # A visible call the gate refuses to this user: say which
+                # condition failed; nothing was changed and the call waits.
+                raise PermissionDenied(
+                    f"You may not {decision} {what[0].lower()}{what[1:]} — {result.detail}. "
+                    "Nothing was changed; the call still waits."
+                )
             if result.ok:
                 # What the decision did, and what the run did since (it may
                 # have run on already, or wait for a worker): as read now.

@@ -17,10 +17,23 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from console.aftermath import run_named
+from console.team_scope import role_needed
+from runs.models import AgentRun
+from runs.models.vocabulary import ActionResult
 from runs.operators import bulk
-from runs.operators.bulk import BULK_ACTIONS, BulkAction, Seen, Tally
+from runs.operators.bulk import BULK_ACTIONS, BulkAction, RunResult, Seen, Tally
+from teams import access
 
 ACTION_CHECKBOX_NAME = admin.helpers.ACTION_CHECKBOX_NAME
+VIEW_RUNS = "runs.view_agentrun"
+#: The permission each bulk action takes, in the team of each run (G22).
+ACTION_PERMISSION = {
+    "requeue": "runs.requeue_agentrun",
+    "restart": "runs.requeue_agentrun",
+    "cancel": "runs.cancel_agentrun",
+}
+#: Each action, as a refusal names it.
+_DOING = {"requeue": "requeueing", "restart": "restarting", "cancel": "cancelling"}
 #: Where a bulk requeue or restart leaves its outcome (in the session) for
 #: the runs list it redirects to: the list says it as it renders, so that
 #: "already failed again" names the runs that had failed by the time the
@@ -69,26 +82,45 @@ class BulkRunActions:
         preview listed — by id, so a run that left the filter meanwhile is
         still counted — each decided again."""
         changelist = reverse("admin:runs_agentrun_changelist")
+        permission = ACTION_PERMISSION[action.name]
         if request.POST.get("confirm") != "yes":
             if refused := empty_filter_refused(request, self):
                 self.message_user(request, refused, messages.ERROR)
                 return None
-            if bulk.too_many(queryset):
+            # Of what the list shows (the teams the user sees), only the
+            # runs of the teams where it may take this action (G22).
+            acting = access.scoped(queryset, request.user, permission)
+            if bulk.too_many(acting):
                 self.message_user(request, too_many_selected(), messages.ERROR)
+                return None
+            runs = bulk.runs_for_preview(acting)
+            left_out = left_out_count(queryset, acting, request.user, permission)
+            if not runs and left_out:
+                self.message_user(
+                    request,
+                    f"Nothing was done: {_DOING[action.name]} takes {role_needed(permission)} "
+                    "in the team of each selected run.",
+                    messages.ERROR,
+                )
                 return None
             return self.bulk_preview(
                 request,
                 action,
-                bulk.runs_for_preview(queryset),
+                runs,
                 action_url=changelist,
                 back=request.GET.urlencode(),
+                left_out=left_out,
             )
         run_ids = list(dict.fromkeys(request.POST.getlist(ACTION_CHECKBOX_NAME)))
         if len(run_ids) > bulk.MAX_RUNS:
             self.message_user(request, too_many_selected(), messages.ERROR)
             return None
-        results = bulk.apply(
-            action, run_ids, request.user, request.POST.get("note", ""), _seen(request, run_ids)
+        results = apply_in_scope(
+            action,
+            run_ids,
+            request.user,
+            request.POST.get("note", ""),
+            _seen(request, run_ids),
         )
         if len(results) == 1:
             # One run: what it did since, as its page's buttons say.
@@ -151,7 +183,9 @@ class BulkRunActions:
             level,
         )
 
-    def bulk_preview(self, request, action: BulkAction, runs, *, action_url, back="", back_url=""):
+    def bulk_preview(
+        self, request, action: BulkAction, runs, *, action_url, back="", back_url="", left_out=0
+    ):
         """The page that asks before ``action``: each run's verdict (the
         warning where its failure would come again) and the counts.
         Confirmed, it posts ``confirm=yes``, the runs and what the preview
@@ -181,8 +215,56 @@ class BulkRunActions:
                 "back_url": back_url or (f"{changelist}?{back}" if back else changelist),
                 "note": request.POST.get("note", ""),
                 "action_checkbox_name": ACTION_CHECKBOX_NAME,
+                # Selected runs of teams where the user may not do this.
+                "left_out": left_out,
+                "left_out_role": role_needed(ACTION_PERMISSION[action.name]),
             },
         )
+
+
+def left_out_count(queryset, acting, user, permission: str) -> int:
+    """How many runs of ``queryset`` are not in ``acting`` (its runs the
+    ``user`` may use ``permission`` on), counted no further than one bulk
+    action takes; no query when it may act in every team it sees."""
+    acts_in, sees = access.teams_with(user, permission), access.teams_with(user, VIEW_RUNS)
+    if acts_in is access.EVERY or (sees is not access.EVERY and sees <= acts_in):
+        return 0
+    outside = queryset.order_by().exclude(pk__in=acting.order_by().values("pk"))
+    return outside[: bulk.MAX_RUNS + 1].count()
+
+
+def apply_in_scope(action: BulkAction, run_ids, user, note: str, seen: dict) -> list:
+    """``bulk.apply`` on the runs of ``run_ids`` that ``user`` may take
+    ``action`` on; each other is refused in its place, as ``not_found``
+    when it is another team's (as a run deleted since), as ``forbidden``
+    naming the role when the user sees it but may not act on it (G22).
+    The ids were checked by the site (``console.site``): each is a run id."""
+    permission = ACTION_PERMISSION[action.name]
+    pk = AgentRun._meta.pk
+    run_ids = [str(pk.to_python(run_id)) for run_id in run_ids]
+    named = AgentRun.objects.filter(pk__in=run_ids)
+    visible = {str(pk) for pk in access.scoped(named, user, VIEW_RUNS).values_list("pk", flat=True)}
+    allowed = {
+        str(pk) for pk in access.scoped(named, user, permission).values_list("pk", flat=True)
+    }
+    done = {
+        one.run_id: one
+        for one in bulk.apply(
+            action, [run_id for run_id in run_ids if run_id in allowed], user, note, seen
+        )
+    }
+    results = []
+    for run_id in run_ids:
+        if run_id in done:
+            results.append(done[run_id])
+        elif run_id in visible:
+            refused = f"{_DOING[action.name]} takes {role_needed(permission)} in its team"
+            results.append(RunResult(run_id, ActionResult(False, "forbidden", refused)))
+        else:
+            results.append(
+                RunResult(run_id, ActionResult(False, "not_found", "no such run (deleted since?)"))
+            )
+    return results
 
 
 def _first_up(text: str) -> str:

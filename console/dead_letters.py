@@ -15,11 +15,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from console.bulk_actions import empty_filter_refused, too_many_selected
+from console.bulk_actions import ACTION_PERMISSION, empty_filter_refused, too_many_selected
 from console.display import cut, moment, short_id, span
 from console.reconcile import reconcile_form
 from console.run_actions import OperatorPermissions
 from console.site import ReadOnly
+from console.team_scope import role_needed
 from console.write_in_doubt import described_write
 from runs.models import AgentRun, DeadLetter
 from runs.models.selectors import is_write_in_doubt, note_writes_in_doubt
@@ -28,6 +29,7 @@ from runs.operators import bulk
 from runs.operators.bulk import BULK_ACTIONS
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety
+from teams import access
 
 #: The error in a row (all of it on the dead letter's page).
 ERROR_CHARS = 240
@@ -90,7 +92,7 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
         return [F("resolved_at").asc(nulls_first=True), "-created_at"]
 
     def has_dismiss_permission(self, request, obj=None):
-        return request.user.has_perm("runs.dismiss_deadletter")
+        return self._may_act(request, "dismiss", obj)
 
     # --- columns and fields -------------------------------------------------------
 
@@ -176,13 +178,13 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
                 # Its run's write in doubt: what to check, and the form.
                 "write": described_write(run),
                 "reconciliation": run.reconciliation,
-                "can_reconcile": self.has_reconcile_permission(request),
+                "can_reconcile": self.has_reconcile_permission(request, run),
                 "reconcile_form": reconcile_form(run),
                 "next": request.path,
                 "verdict": verdict,
                 "lasting_failure": lasting_failure(run) if verdict.allowed else "",
-                "can_requeue": self.has_requeue_permission(request) and verdict.allowed,
-                "can_dismiss": self.has_dismiss_permission(request)
+                "can_requeue": self.has_requeue_permission(request, run) and verdict.allowed,
+                "can_dismiss": self.has_dismiss_permission(request, dead_letter)
                 and dead_letter.resolved_at is None,
                 "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
             }
@@ -194,10 +196,24 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
     def requeue_selected(self, request, queryset):
         """The runs' own confirmation (each run's verdict, the warning where
         its failure would come again), confirmed to the runs' action."""
-        runs = AgentRun.objects.filter(pk__in=queryset.values("run_id"))
+        # The runs of the teams where the user may requeue (G22); the
+        # selection was already only what it sees.
+        runs = access.scoped(
+            AgentRun.objects.filter(pk__in=queryset.values("run_id")),
+            request.user,
+            ACTION_PERMISSION["requeue"],
+        )
         run_admin = self.admin_site.get_model_admin(AgentRun)
         if refused := empty_filter_refused(request, self):
             self.message_user(request, refused, messages.ERROR)
+            return None
+        if not runs.exists():
+            self.message_user(
+                request,
+                "Nothing was done: requeueing takes "
+                f"{role_needed(ACTION_PERMISSION['requeue'])} in the team of each selected run.",
+                messages.ERROR,
+            )
             return None
         if bulk.too_many(runs):
             self.message_user(request, too_many_selected(), messages.ERROR)
@@ -212,6 +228,8 @@ class DeadLetterAdmin(ReadOnly, OperatorPermissions, admin.ModelAdmin):
 
     @admin.action(description="Dismiss selected dead letters", permissions=["dismiss"])
     def dismiss_selected(self, request, queryset):
+        # Only the dead letters of teams where the user may dismiss (G22).
+        queryset = access.scoped(queryset, request.user, self.operator_permissions["dismiss"])
         note = request.POST.get("note", "")
         confirmed = request.POST.get("confirm") == "yes"
         if not confirmed and (refused := empty_filter_refused(request, self)):

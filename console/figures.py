@@ -21,14 +21,17 @@ from runs.models.selectors import (
 )
 from runs.models.vocabulary import RunStatus, StepKind, TerminationReason
 from runs.operators.actions import write_in_question
+from teams import access
 
+VIEW_RUNS = "runs.view_agentrun"
+RECONCILE = "runs.reconcile_agentrun"
 #: A prompt on the write audits page: what the run was asked, in a line or two.
 PROMPT_CHARS = 120
 #: The statuses of runs not yet ended.
 LIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL)
 
 
-def overview(now: datetime) -> dict:
+def overview(now: datetime, user) -> dict:
     """The numbers of the overview's *Now* module, each with the link to
     exactly its rows: the runs waiting for approval (the calls waiting
     are the header's count, ``pending_approvals``), writes in doubt, dead
@@ -36,19 +39,24 @@ def overview(now: datetime) -> dict:
     whose lease expired: the reaper's next pass recovers them), queued
     runs (and the overdue ones: due more than
     ``NRLLM_REDISPATCH_AFTER_SECONDS`` ago and still not claimed, so no
-    worker is taking them). ``now`` is the database's. Five queries, each
-    on an index but the dead letters' (a table of one row per dead run):
-    the writes in doubt are two (``runs.models.selectors``)."""
+    worker is taking them). ``now`` is the database's. Every figure counts
+    only the runs of the teams where ``user`` may view runs (G22). Five
+    queries, each on an index but the dead letters' (a table of one row per
+    dead run): the writes in doubt are two (``runs.models.selectors``)."""
+    runs = access.scoped(AgentRun.objects, user, VIEW_RUNS)
+    # The dead letters of the runs the user sees: the overview links them
+    # only for one who may view dead letters, and counts them for anyone.
+    letters = access.scoped(DeadLetter.objects, user, VIEW_RUNS)
     day_ago = now - timedelta(hours=24)
     overdue_before = now - timedelta(seconds=settings.NRLLM_REDISPATCH_AFTER_SECONDS)
-    live = AgentRun.objects.filter(status__in=LIVE).aggregate(
+    live = runs.filter(status__in=LIVE).aggregate(
         running=Count("pk", filter=Q(status=RunStatus.RUNNING)),
         lease_expired=Count("pk", filter=Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)),
         queued=Count("pk", filter=Q(status=RunStatus.QUEUED)),
         overdue=Count("pk", filter=Q(status=RunStatus.QUEUED, available_at__lt=overdue_before)),
         waiting_for_approval=Count("pk", filter=Q(status=RunStatus.WAITING_FOR_APPROVAL)),
     )
-    dead_letters = DeadLetter.objects.aggregate(
+    dead_letters = letters.aggregate(
         open=Count("pk", filter=Q(resolved_at__isnull=True)),
         last_day=Count("pk", filter=Q(created_at__gte=day_ago)),
     )
@@ -58,7 +66,7 @@ def overview(now: datetime) -> dict:
         **live,
         "open_dead_letters": dead_letters["open"],
         "dead_letters_last_day": dead_letters["last_day"],
-        "writes_in_doubt": writes_in_doubt(AgentRun.objects.all()).count(),
+        "writes_in_doubt": writes_in_doubt(runs).count(),
         "overdue_after": settings.NRLLM_REDISPATCH_AFTER_SECONDS,
         "links": {
             "waiting_for_approval": filtered_url(
@@ -87,14 +95,18 @@ def filtered_url(url: str, **filters) -> str:
     return f"{url}?{urlencode(query)}"
 
 
-def write_audits(now: datetime, limit: int = 200) -> list[dict]:
+def write_audits(now: datetime, user, limit: int = 200) -> list[dict]:
     """The rows of the failed-write-audits page (see ``write_audit_runs``):
     each run with its prompt, age and newest dead letter, the write in
     question in words (``write_in_doubt``) and, while it is in doubt, where
-    to check it and the form to reconcile it. Five queries, however many
-    rows (the writes in doubt among them are two, the idempotent ones'
-    journals one)."""
-    runs = list(write_audit_runs(limit).prefetch_related("dead_letters"))
+    to check it and the form to reconcile it — only the runs of the teams
+    where ``user`` may view runs, and the form where it may reconcile.
+    Five queries, however many rows (the writes in doubt among them are
+    two, the idempotent ones' journals one)."""
+    # Unsliced (``[:None]``), scoped, then cut to ``limit``: cut first, a
+    # member would get what is left of the deployment's newest ``limit``.
+    every = write_audit_runs(None)
+    runs = list(access.scoped(every, user, VIEW_RUNS).prefetch_related("dead_letters")[:limit])
     note_writes_in_doubt(runs)
     rows = []
     for run in runs:
@@ -114,6 +126,7 @@ def write_audits(now: datetime, limit: int = 200) -> list[dict]:
                 "arguments": shortened(call.get("arguments")),
                 "reconciliation": run.reconciliation,
                 "reconcile_form": reconcile_form(run),
+                "can_reconcile": access.may(user, RECONCILE, run.team_id),
             }
         )
     return rows

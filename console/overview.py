@@ -15,10 +15,12 @@ from console import figures as console
 from console.live import live_context
 from console.liveness import liveness
 from console.overview_charts import charts, window_of
+from console.queue_dashboard import may_see_queue
 from console.spend_overview import spend_overview
 from runs.models import ApprovalRequest
 from runs.models.vocabulary import ApprovalStatus
 from spend.budgets import database_now
+from teams import access
 
 VIEW_RUNS = "runs.view_agentrun"
 
@@ -33,11 +35,12 @@ def header(request) -> dict:
         user = getattr(request, "user", None)
         # Staff only: the admin's login page asks for the context too.
         if user is not None and user.is_active and user.is_staff and user.has_perm(VIEW_RUNS):
+            # The calls of the runs the user sees (G22): another team's
+            # waiting calls are not counted, as they are not listed.
+            pending = access.scoped(ApprovalRequest.objects, user, VIEW_RUNS)
             context = {
                 # The partial index approval_pending_idx holds exactly these rows.
-                "pending_approvals": ApprovalRequest.objects.filter(
-                    status=ApprovalStatus.PENDING
-                ).count(),
+                "pending_approvals": pending.filter(status=ApprovalStatus.PENDING).count(),
                 "approvals_url": reverse("admin:runs_approvals"),
             }
         request._nrllm_header = context
@@ -49,17 +52,22 @@ def index_context(request) -> dict:
     if not request.user.has_perm(VIEW_RUNS):
         return {}
     now = database_now()
-    numbers = console.overview(now)
+    user = request.user
+    numbers = console.overview(now, user)
+    # Every team's (platform staff): the deployment's queue and spend.
+    # The spend rows carry no team yet, so a member of some teams gets no
+    # spend module rather than every team's.
+    deployment = access.holds_globally(user, VIEW_RUNS)
     return {
         "overview": True,
         "now": now,
         **numbers,
         # Live while a run may still change (calls waiting: their runs wait).
         **live_context(any(numbers[status] for status in console.LIVE)),
-        "charts": charts(now, window_of(request)),
+        "charts": charts(now, window_of(request), user),
         "liveness": liveness(now),
-        "spend": spend_overview(),
+        "spend": spend_overview() if deployment else None,
         "can_view_spend": request.user.has_perm("spend.view_dailyspend"),
         "can_view_dead_letters": request.user.has_perm("runs.view_deadletter"),
-        "queues_url": "/admin/django-rq/" if settings.REDIS_URL else "",
+        "queues_url": "/admin/django-rq/" if settings.REDIS_URL and may_see_queue(user) else "",
     }

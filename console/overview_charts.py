@@ -26,6 +26,7 @@ from django.urls import reverse
 from console.figures import LIVE, filtered_url
 from runs.models import AgentRun
 from runs.models.vocabulary import FailureClass, RunStatus
+from teams import access
 
 #: ``?window=`` → hours; the first is the default.
 WINDOWS = {"24h": 24, "7d": 168}
@@ -100,13 +101,15 @@ def _hour_of(field: str):
     )
 
 
-def charts(now: datetime, window: str) -> dict:
-    """Both charts and the table for ``window`` ending in ``now``'s hour."""
+def charts(now: datetime, window: str, user) -> dict:
+    """Both charts and the table for ``window`` ending in ``now``'s hour,
+    of the runs of the teams where ``user`` may view runs (G22)."""
     hours = WINDOWS[window]
     last = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     since = last - timedelta(hours=hours - 1)
     rows = list(
-        AgentRun.objects.filter(created_at__gte=since)
+        access.scoped(AgentRun.objects, user, "runs.view_agentrun")
+        .filter(created_at__gte=since)
         .annotate(hour=_hour_of("created_at"))
         .values("hour", "status", "termination_reason", "failure_class")
         # COUNT(*), not of the id: every column the query reads is in the

@@ -1,5 +1,8 @@
 """django-rq's dashboard, mounted read-only for staff and whole for superusers.
 
+Only for staff who may view runs in every team (``may_see_queue``): its
+jobs are every team's, and a team's member is refused it (G22).
+
 Its mutating views stop a job (killing the work horse under a running run),
 delete or requeue jobs and empty a queue or a registry, through none of the
 runs' guarded transitions, permissions or audit (G11). So they are refused
@@ -38,6 +41,8 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, include, reverse
 from django_rq import urls as django_rq_urls
 
+from teams import access
+
 #: The dashboard's URL names whose views only read (on GET and HEAD). The
 #: workers and cron pages prune dead workers' and schedulers' registry
 #: entries as they read, which changes nothing a run depends on.
@@ -63,6 +68,8 @@ READ_ONLY_VIEWS = frozenset(
     }
 )
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+#: Held globally (every team), it opens the dashboard's read-only views.
+QUEUE_PERMISSION = "runs.view_agentrun"
 
 
 #: django-rq's ``metrics`` view swaps its process-wide registry for one
@@ -83,6 +90,11 @@ def superuser_unless_read_only(view, url_name: str):
         user = request.user
         if not (user.is_active and user.is_staff):
             return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+        if not may_see_queue(user):
+            raise PermissionDenied(
+                "the queue dashboard shows every team's jobs: it takes "
+                f"{QUEUE_PERMISSION!r} in every team (platform staff), not a team's role"
+            )
         if not settings.REDIS_URL:
             return no_redis_queue(request)
         if not str(kwargs.get("token") or "").isascii():
@@ -98,6 +110,13 @@ def superuser_unless_read_only(view, url_name: str):
 
     guarded.guards_queue_dashboard = True
     return guarded
+
+
+def may_see_queue(user) -> bool:
+    """Whether ``user`` may look at the dashboard: staff holding
+    ``QUEUE_PERMISSION`` globally. The jobs are the deployment's, every
+    team's together, so a role in some teams is not enough (G22)."""
+    return user.is_active and user.is_staff and access.holds_globally(user, QUEUE_PERMISSION)
 
 
 def no_redis_queue(request):

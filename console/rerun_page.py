@@ -18,14 +18,18 @@ from django.utils.html import format_html
 
 from agents.models import AgentVersion
 from agents.starting import rerun_request
+from console.team_scope import VIEW_RUNS, require, role_needed
 from runs.models import AgentRun
 from runs.models.vocabulary import SubmittedVia
 from runs.operators.rerun import PAST_WRITE_PERMISSION, rerun_from
 from runs.operators.rerun_verdict import rerun_verdict
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
+from teams import access
 
 logger = logging.getLogger(__name__)
+#: A rerun is an operator's, as a requeue is (the run page's buttons).
+RERUN_PERMISSION = "runs.requeue_agentrun"
 
 
 class RerunForm(forms.Form):
@@ -60,8 +64,12 @@ class RerunForm(forms.Form):
 
 def rerun_page(model_admin, request, run_id, sequence: int):
     if not model_admin.has_requeue_permission(request):
-        raise PermissionDenied
-    run = get_object_or_404(AgentRun.objects.select_related("agent_version__agent"), pk=run_id)
+        raise PermissionDenied(f"Rerunning takes {role_needed(RERUN_PERMISSION)}")
+    # Another team's run is not found; one seen but not the user's to
+    # rerun is a 403 naming the role, in its team (G22).
+    visible = access.scoped(AgentRun.objects, request.user, VIEW_RUNS)
+    run = get_object_or_404(visible.select_related("agent_version__agent"), pk=run_id)
+    require(request.user, RERUN_PERMISSION, run, "Rerunning a run")
     initial = {"input": run.prompt}
     if run.agent_version_id:
         initial["version"] = run.agent_version.number
@@ -91,7 +99,7 @@ def rerun_page(model_admin, request, run_id, sequence: int):
             "verdict": verdict,
             "form": form,
             "refused": refused,
-            "may_pass_writes": request.user.has_perm(PAST_WRITE_PERMISSION),
+            "may_pass_writes": access.may(request.user, PAST_WRITE_PERMISSION, run.team_id),
         },
     )
 

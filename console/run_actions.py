@@ -19,24 +19,37 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from console import aftermath
 from console.reconcile import reconcile_form, reconcile_page
+from console.team_scope import VIEW_RUNS, refusal, role_needed
 from runs.models import AgentRun
 from runs.operators import actions as operator_actions
 from runs.operators.bulk import BULK_ACTIONS
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety
+from teams import access
 
 logger = logging.getLogger(__name__)
 
 
 class OperatorPermissions:
-    """Each operator action is a permission of its own, checked on the server."""
+    """Each operator action is a permission of its own, checked on the
+    server, in the team of the object it acts on (G22): asked without an
+    object, whether the user may act so in some team (the page shows the
+    action); asked of a run or a dead letter, whether in its team."""
+
+    #: An action's ``permissions`` name → the Django permission it takes.
+    operator_permissions = {
+        "requeue": "runs.requeue_agentrun",
+        "cancel": "runs.cancel_agentrun",
+        "reconcile": "runs.reconcile_agentrun",
+        "dismiss": "runs.dismiss_deadletter",
+    }
 
     def changelist_view(self, request, extra_context=None):
         # Django answers an action the user may not run with "no action
         # selected"; a crafted POST for one deserves a plain 403.
         action = request.POST.get("action") if request.method == "POST" else None
         if action and action not in self.get_actions(request):
-            raise PermissionDenied
+            raise PermissionDenied(self._refused_action(action))
         # A malformed selected id: the site's 400 (console.site).
         extra_context = {
             **(extra_context or {}),
@@ -44,14 +57,28 @@ class OperatorPermissions:
         }
         return super().changelist_view(request, extra_context)
 
+    def _refused_action(self, action: str) -> str:
+        """Why a list's action is not this user's: the role it takes."""
+        function = getattr(self, action, None)
+        for name in getattr(function, "allowed_permissions", ()):
+            if name in self.operator_permissions:
+                return f"{action} takes {role_needed(self.operator_permissions[name])}"
+        return ""
+
+    def _may_act(self, request, name: str, obj) -> bool:
+        permission = self.operator_permissions[name]
+        if obj is None:
+            return access.may_somewhere(request.user, permission)
+        return access.may(request.user, permission, access.team_id_of(obj))
+
     def has_requeue_permission(self, request, obj=None):
-        return request.user.has_perm("runs.requeue_agentrun")
+        return self._may_act(request, "requeue", obj)
 
     def has_cancel_permission(self, request, obj=None):
-        return request.user.has_perm("runs.cancel_agentrun")
+        return self._may_act(request, "cancel", obj)
 
     def has_reconcile_permission(self, request, obj=None):
-        return request.user.has_perm("runs.reconcile_agentrun")
+        return self._may_act(request, "reconcile", obj)
 
 
 class RunActions:
@@ -83,9 +110,14 @@ class RunActions:
         if request.method != "POST":
             return redirect(reverse("admin:runs_agentrun_change", args=[run_id]))
         permission, perform = RUN_ACTIONS[action]
-        if not getattr(self, permission)(request):
-            raise PermissionDenied
-        run = get_object_or_404(AgentRun, pk=run_id)
+        # Another team's run is not found; one the user sees but may not
+        # act on in its team is a 403 naming the role it takes.
+        run = get_object_or_404(access.scoped(AgentRun.objects, request.user, VIEW_RUNS), pk=run_id)
+        if not getattr(self, permission)(request, run):
+            name = permission.removeprefix("has_").removesuffix("_permission")
+            raise PermissionDenied(
+                refusal(self.operator_permissions[name], run.team_id, f"{_DOING[action]} a run")
+            )
         form = request.POST
         if action == "reconcile":
             # Sent without a choice or a note: asked again, nothing recorded.
@@ -140,6 +172,14 @@ _DONE = {
     "restart": "restarted",
     "cancel": "cancelled",
     "reconcile": "reconciled",
+}
+
+#: What each action is, as a refusal says it.
+_DOING = {
+    "requeue": "Requeueing",
+    "restart": "Restarting",
+    "cancel": "Cancelling",
+    "reconcile": "Reconciling",
 }
 
 #: action name → (permission check, what it does with the POSTed form)

@@ -29,6 +29,7 @@ from console.display import (
 from console.reconcile import reconcile_form
 from console.run_columns import error_text, ran_for, why_so
 from console.run_trace import failed_model_call, trace_rows
+from console.team_scope import VIEW_RUNS
 from console.write_in_doubt import described_write
 from runs.models import AgentRun
 from runs.models.vocabulary import RunStatus, StepKind
@@ -36,6 +37,7 @@ from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.run_webhooks import deliveries_of
 from runs.runtime.rate_limit import waiting_for
+from teams import access
 
 STEPS_PER_PAGE = 50
 #: Fields of free text: a row of the grid each.
@@ -142,6 +144,7 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
     if run.status == RunStatus.WAITING_FOR_APPROVAL:
         groups, _ = approval_rows.pending_groups(request.user, run.pk)
         pending_calls = [call for group in groups for call in group["calls"]]
+    visible = access.scoped(AgentRun.objects, request.user, VIEW_RUNS)
     since = aftermath.since_last_action(run, with_error=False)  # the summary shows it
     approvals = approval_rows.history(run)
     for approval in approvals:
@@ -177,16 +180,17 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
         "dead_letters": run.dead_letters.select_related("resolved_by").order_by("-created_at"),
         "approvals": approvals,
         "webhook_deliveries": deliveries_of(run.pk),  # G19
-        "can_requeue": model_admin.has_requeue_permission(request),
+        "can_requeue": model_admin.has_requeue_permission(request, run),
         # G20: from any model turn of an ended run's journal.
-        "can_rerun": model_admin.has_requeue_permission(request) and run.is_terminal,
-        "reruns": AgentRun.objects.filter(rerun_of=run.pk)
+        "can_rerun": model_admin.has_requeue_permission(request, run) and run.is_terminal,
+        # A rerun keeps its original's team; scoped all the same (G22).
+        "reruns": visible.filter(rerun_of=run.pk)
         .order_by("created_at")
         .only("pk", "status", "rerun_from_sequence"),
-        "rerun_original_exists": bool(run.rerun_of)
-        and AgentRun.objects.filter(pk=run.rerun_of).exists(),
-        "can_cancel": model_admin.has_cancel_permission(request) and not run.is_terminal,
-        "can_start_runs": request.user.has_perm("runs.add_agentrun"),  # "run again"
-        "can_reconcile": model_admin.has_reconcile_permission(request),
+        "rerun_original_exists": bool(run.rerun_of) and visible.filter(pk=run.rerun_of).exists(),
+        "can_cancel": model_admin.has_cancel_permission(request, run) and not run.is_terminal,
+        # "Run again": in the run's team (an agent's start runs there).
+        "can_start_runs": access.may(request.user, "runs.add_agentrun", run.team_id),
+        "can_reconcile": model_admin.has_reconcile_permission(request, run),
         "reconcile_form": reconcile_form(run),
     }

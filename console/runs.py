@@ -23,6 +23,7 @@ from console.filters import (
     WriteInDoubtFilter,
 )
 from console.paginator import BoundedCountPaginator
+from console.queue_dashboard import may_see_queue
 from console.rerun_page import rerun_page
 from console.run_actions import RUN_ACTIONS, OperatorPermissions, RunActions
 from console.run_columns import RunListColumns
@@ -30,6 +31,7 @@ from console.run_page import RunPageFields, run_page_context
 from console.run_spend import RunSpendFields
 from console.site import ReadOnly
 from console.start_run import start_run_page
+from console.team_scope import TeamColumn
 from runs.models import AgentRun
 from runs.models.selectors import note_writes_in_doubt
 
@@ -45,6 +47,7 @@ class AgentRunAdmin(
     RunListColumns,
     RunPageFields,
     RunSpendFields,
+    TeamColumn,
     admin.ModelAdmin,
 ):
     # What fits a laptop's pane (console/run_columns.py); the fence, the
@@ -224,7 +227,9 @@ class AgentRunAdmin(
             **self.admin_site.each_context(request),
             "title": title,
             "opts": self.model._meta,
-            "queues_url": "/admin/django-rq/" if settings.REDIS_URL else "",
+            "queues_url": "/admin/django-rq/"
+            if settings.REDIS_URL and may_see_queue(request.user)
+            else "",
         }
 
     def rerun_from_view(self, request, run_id, sequence):
@@ -247,7 +252,7 @@ class AgentRunAdmin(
             "admin/runs/write_audits.html",
             {
                 **self._context(request, "Failed write audits and writes in doubt"),
-                "rows": console.write_audits(timezone.now()),
+                "rows": console.write_audits(timezone.now(), request.user),
                 "can_reconcile": self.has_reconcile_permission(request),
             },
         )

@@ -15,6 +15,8 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views import defaults
 
+from teams import access
+
 
 def malformed_selection(model_admin, request) -> str | None:
     """The first id selected for an action that cannot be an id of
@@ -53,6 +55,53 @@ class RefusesMalformedSelection:
         )
 
 
+class TeamScoped:
+    """Every model admin on the site shows only what its user may see, and
+    changes or deletes only what it may (G22): its queryset — the list, its
+    counts, searches, the change page, an action's selection — is
+    ``teams.access.scoped`` by the model's view (or change) permission, and an object
+    is changed or deleted only in a team where the user holds that
+    permission. Another team's object is then not found, as a missing one."""
+
+    def _permission(self, action: str) -> str:
+        # A model admin's ``team_view_permission``: the permission whose
+        # teams its list shows, when not the model's own view permission
+        # (an agent's versions: ``agents.view_agent``). Not declared here:
+        # this class comes first, and would hide the model admin's.
+        explicit = getattr(self, "team_view_permission", None)
+        if action == "view" and explicit:
+            return explicit
+        opts = self.model._meta
+        return f"{opts.app_label}.{action}_{opts.model_name}"
+
+    def get_queryset(self, request):
+        # Change implies view, as Django's admin has it: a user who may
+        # change a model's rows (in a team) sees them there.
+        return access.scoped(
+            super().get_queryset(request),
+            request.user,
+            self._permission("view"),
+            self._permission("change"),
+        )
+
+    def _may(self, request, action: str, obj) -> bool:
+        if obj is None:
+            return True
+        team_id = access.team_id_of(obj)
+        return team_id is None or access.may(request.user, self._permission(action), team_id)
+
+    def has_view_permission(self, request, obj=None):
+        return super().has_view_permission(request, obj) and (
+            self._may(request, "view", obj) or self._may(request, "change", obj)
+        )
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and self._may(request, "change", obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and self._may(request, "delete", obj)
+
+
 class ReadOnly:
     """A model admin for history, which is never edited here: no add,
     change or delete, for anyone (runs, dead letters, the outbox)."""
@@ -69,8 +118,9 @@ class ReadOnly:
 
 class AdminSite(admin.AdminSite):
     """``admin.site`` (``nrllm_ops.apps.AdminConfig``). Every model admin
-    registered on it refuses a malformed selection: it is given
-    ``RefusesMalformedSelection``, so one a library registers does too.
+    registered on it refuses a malformed selection and is scoped to its
+    user's teams: it is given ``RefusesMalformedSelection`` and
+    ``TeamScoped``, so one a library registers is too.
 
     The overview is imported where it is used: this module is imported
     while ``console`` registers its model admins, which import it."""
@@ -80,6 +130,28 @@ class AdminSite(admin.AdminSite):
     index_title = "Agent runs, their writes and their spend"
     # The app has no public site: Django's "View site" link led to a 404.
     site_url = None
+
+    def get_urls(self):
+        """Django's, but ``view_on_site`` finds nothing: no model here has a
+        page outside the console (no ``get_absolute_url``), and Django's
+        view looked up any content type's object, django-rq's table-less
+        one too (a 500)."""
+        from django.http import Http404
+        from django.urls import path
+
+        def no_site_page(request, content_type_id, object_id):
+            raise Http404("no object here has a page outside the console")
+
+        return [
+            path(
+                "r/<path:content_type_id>/<path:object_id>/",
+                self.admin_view(no_site_page),
+                name="view_on_site",
+            )
+            if getattr(pattern, "name", None) == "view_on_site"
+            else pattern
+            for pattern in super().get_urls()
+        ]
 
     def each_context(self, request):
         from console.overview import header
@@ -126,7 +198,7 @@ class AdminSite(admin.AdminSite):
         if not issubclass(admin_class, RefusesMalformedSelection):
             admin_class = type(
                 admin_class.__name__,
-                (RefusesMalformedSelection, admin_class),
+                (RefusesMalformedSelection, TeamScoped, admin_class),
                 {
                     "__module__": admin_class.__module__,
                     "__qualname__": admin_class.__qualname__,

@@ -7,6 +7,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Exists, OuterRef, Subquery, Sum
 
 from console.run_spend import lower_bound, token_text
+from console.team_scope import TeamColumn
 from spend.models import DailySpend, ModelPrice, SubmitterBudget
 
 
@@ -63,16 +64,17 @@ class SubmitterBudgetAdmin(admin.ModelAdmin):
     ]
 
 
-#: The columns a day's spend of one submitter and model is keyed by; a key
-#: is spread over up to ``SPEND_SHARDS`` rows (``DailySpend.shard``).
-KEY = ("day", "submitter", "provider", "model")
+#: The columns a day's spend of one submitter and model in one team is
+#: keyed by; a key is spread over up to ``SPEND_SHARDS`` rows
+#: (``DailySpend.shard``).
+KEY = ("day", "submitter", "provider", "model", "team")
 #: The counts a key's rows are summed over, each shown as ``total_<name>``.
 SUMMED = ("turns", "input_tokens", "cached_input_tokens", "output_tokens", "cost", "unpriced_turns")
 
 
 @admin.register(DailySpend)
-class DailySpendAdmin(admin.ModelAdmin):
-    """A row per day, submitter and model, as the docs and the overview
+class DailySpendAdmin(TeamColumn, admin.ModelAdmin):
+    """A row per day, submitter, model and team, as the docs and the overview
     count them: its shards summed. The row listed stands for its key (the
     key's lowest shard), each total a subquery on the key's unique index,
     so the list's filters, date drill-down, count and sorting work on the

@@ -24,17 +24,21 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from agents.models import Agent
-from agents.starting import enqueue
+from agents.starting import StartForbidden, enqueue
 from runs.models import AgentRun
 from runs.models.vocabulary import SubmittedVia
 from runs.providers import PROVIDER_KINDS
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
 from spend.models import ModelPrice
+from teams import access
+from teams.models import Team
 from tools.approval_policy import ApprovalPolicy, requires_approval
 from tools.enabled import approval_overrides, disabled_tool_names
 from tools.registry import effect_for, get_registry
 
+START_RUNS = "runs.add_agentrun"
+VIEW_RUNS = "runs.view_agentrun"
 #: Shown under the scripted turns: a turn that calls a tool, then the
 #: answer; a turn a line.
 TURNS_EXAMPLE = "[\n  {}\n]".format(
@@ -63,6 +67,11 @@ class StartRunForm(forms.Form):
         required=False,
         help_text="an agent's latest version: its instructions, tools and provider "
         "(the fields below them are then not used)",
+    )
+    team = forms.ChoiceField(
+        required=False,
+        help_text="the team the run belongs to, among those you may start runs in (without "
+        "an agent: an agent's run is its team's)",
     )
     prompt = forms.CharField(
         label="Input",
@@ -105,12 +114,20 @@ class StartRunForm(forms.Form):
     max_total_tokens = forms.IntegerField(required=False, min_value=1)
     max_cost = forms.CharField(required=False, max_length=40, help_text='e.g. "2.50"')
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, user, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # The agents and teams ``user`` may start runs in (G22): a runner's.
+        agents = access.scoped(Agent.objects.filter(latest__isnull=False), user, START_RUNS)
         self.fields["agent"].choices = [("", "— none: the request below —")] + [
-            (name, name)
-            for name in Agent.objects.filter(latest__isnull=False).values_list("name", flat=True)
+            (name, name) for name in agents.order_by("name").values_list("name", flat=True)
         ]
+        startable = access.scoped(Team.objects.all(), user, START_RUNS)
+        teams = list(startable.values_list("slug", flat=True))
+        self.fields["team"].choices = [("", "— choose a team —")] * (len(teams) != 1) + [
+            (slug, slug) for slug in teams
+        ]
+        if len(teams) == 1:
+            self.initial.setdefault("team", teams[0])
         choices = tool_choices()
         self.fields["tools"].choices = [(tool.name, tool.label) for tool in choices]
         self.fields["require_approval"].choices = [(tool.name, tool.name) for tool in choices]
@@ -142,6 +159,8 @@ class StartRunForm(forms.Form):
         if data["turns"] is not None:
             provider["turns"] = data["turns"]
         request = {"prompt": data["prompt"], "tools": data["tools"], "provider": provider}
+        if data["team"]:
+            request["team"] = data["team"]
         if data["instructions"]:
             request["instructions"] = data["instructions"]
         if data["require_approval"]:
@@ -181,6 +200,9 @@ def start_run(form: StartRunForm, user):
         return enqueue(form.run_request(), submitted_by=user, submitted_via=SubmittedVia.CONSOLE)
     except InvalidRunRequest as error:
         form.add_error(field_named(str(error)), str(error))
+    except StartForbidden as forbidden:
+        # Names the team and the role it takes (G22).
+        form.add_error("agent" if form.cleaned_data["agent"] else "team", str(forbidden))
     except BudgetRefused as refused:
         form.add_error(None, str(refused))
     return None
@@ -198,6 +220,7 @@ FIELD_OF_REQUEST = {
     "max_cost": "max_cost",
     "agent": "agent",
     "version": "agent",
+    "team": "team",
 }
 
 
@@ -233,6 +256,7 @@ def initial_from(run: AgentRun) -> dict:
         )
         if name in request
     }
+    initial["team"] = run.team.slug
     initial["provider"] = provider.get("kind", "")
     initial["model"] = provider.get("model", "")
     if "turns" in provider:
@@ -245,12 +269,12 @@ def run_to_repeat(model_admin, request) -> tuple[AgentRun | None, str]:
     run_id = request.GET.get("from")
     if not run_id:
         return None, ""
+    # Another team's run is as one that does not exist (G22).
+    visible = access.scoped(AgentRun.objects, request.user, VIEW_RUNS)
     try:
-        run = AgentRun.objects.select_related("agent_version__agent").get(pk=run_id)
+        run = visible.select_related("agent_version__agent", "team").get(pk=run_id)
     except (AgentRun.DoesNotExist, ValidationError):
         return None, "There is no run with that id to run again: the form is empty."
-    if not model_admin.has_view_permission(request, run):
-        return None, "You may not view that run: the form is empty."
     return run, ""
 
 
@@ -266,11 +290,11 @@ def start_run_page(model_admin, request):
         raise PermissionDenied
     repeated, not_repeated = run_to_repeat(model_admin, request)
     initial = initial_from(repeated) if repeated else agent_chosen(request)
-    form = StartRunForm(request.POST or None, initial=initial)
+    form = StartRunForm(request.user, request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         started = start_run(form, request.user)
         if started is not None:
-            if not model_admin.has_view_permission(request, started):
+            if not access.may(request.user, VIEW_RUNS, started.team_id):
                 # May start runs but not look at them (an integration's
                 # account, say): the run's id, and the form again.
                 model_admin.message_user(

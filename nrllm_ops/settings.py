@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "knox",
+    "teams",
     "tools",
     "spend",
     "agents",
@@ -112,6 +113,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # an index's non-key columns, as intended, and Django would warn each start.
 SILENCED_SYSTEM_CHECKS = ["models.W040"]
 AUTH_PASSWORD_VALIDATORS = []
+# A global permission is that role in every team; a team role grants it in
+# its team only (teams.access scopes what each may see and do, G22).
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "teams.backends.TeamRoleBackend",
+]
 LANGUAGE_CODE = "en-us"
 # Dates and moments written one way across the console (console/formats).
 FORMAT_MODULE_PATH = ["console.formats"]
@@ -323,7 +330,7 @@ NRLLM_API_TOKEN_TTL_DAYS = env_int("NRLLM_API_TOKEN_TTL_DAYS", 0, minimum=0)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # First, so an anonymous request is answered 401 with WWW-Authenticate.
-        "knox.auth.TokenAuthentication",
+        "api.authentication.ScopedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -334,6 +341,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
+# Named, so that a table pointing at tokens (teams.TokenScope) can migrate.
+KNOX_TOKEN_MODEL = "knox.AuthToken"
 REST_KNOX = {
     # Tokens are stored hashed; 0 days = no expiry (revoke by deleting).
     "TOKEN_TTL": timedelta(days=NRLLM_API_TOKEN_TTL_DAYS) if NRLLM_API_TOKEN_TTL_DAYS else None,

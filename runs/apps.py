@@ -27,12 +27,13 @@ def _sqlite_triggers_dropped(sender, using, **kwargs) -> None:
     from django.apps import apps
     from django.db import connections
 
-    from runs.migrations import _run_events
+    from runs.migrations import _run_events, _team_fixed
 
     connection = connections[using]
     if connection.vendor == "sqlite":
         with connection.schema_editor() as schema_editor:
             _run_events.drop_triggers(apps, schema_editor)
+            _team_fixed.drop_guard(apps, schema_editor)
 
 
 def _sqlite_triggers_created(sender, using, **kwargs) -> None:
@@ -40,7 +41,7 @@ def _sqlite_triggers_created(sender, using, **kwargs) -> None:
     from django.apps import apps
     from django.db import connections
 
-    from runs.migrations import _run_events
+    from runs.migrations import _run_events, _team_fixed
 
     connection = connections[using]
     if connection.vendor != "sqlite":
@@ -50,3 +51,12 @@ def _sqlite_triggers_created(sender, using, **kwargs) -> None:
     if needed <= tables:
         with connection.schema_editor() as schema_editor:
             _run_events.create_triggers(apps, schema_editor)
+    columns = {
+        column.name
+        for column in connection.introspection.get_table_description(
+            connection.cursor(), apps.get_model("runs", "AgentRun")._meta.db_table
+        )
+    }
+    if "team_id" in columns:
+        with connection.schema_editor() as schema_editor:
+            _team_fixed.create_guard(apps, schema_editor)

@@ -1,12 +1,13 @@
-"""What a run and its submitter may spend, what they have spent, and the
-refusal at enqueue (G17).
+"""What a run, its submitter and its team may spend, what they have spent,
+and the refusal at enqueue (G17, G21).
 
 A run's limits (``max_total_tokens``, ``max_cost``) are in its request, the
 deployment's defaults filled in when it is stored. A submitter's budget is
 their ``SubmitterBudget`` row, or else the deployment's default
 (``NRLLM_USER_BUDGET_PERIOD``, ``NRLLM_USER_MAX_TOKENS``,
-``NRLLM_USER_MAX_COST``); its period is a calendar day or month of the
-database's clock, in UTC.
+``NRLLM_USER_MAX_COST``); a team's is its ``TeamBudget`` row (none
+without one). A period is a calendar day or month of the database's
+clock, in UTC.
 """
 
 import calendar
@@ -18,7 +19,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import F, Q, Sum
 
-from spend.models import BudgetPeriod, DailySpend, SubmitterBudget
+from spend.models import BudgetPeriod, DailySpend, SubmitterBudget, TeamBudget
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,22 @@ def budget_of(user_id) -> Budget | None:
     if row is None:
         return deployment_budget()
     return Budget.of(row.period, row.max_tokens, row.max_cost)
+
+
+def team_budget_of(team_id) -> "Budget | None":
+    """The budget of the team ``team_id``, or None when it has none."""
+    return team_budget_and_name(team_id)[0]
+
+
+def team_budget_and_name(team_id) -> "tuple[Budget | None, str]":
+    """The budget of the team ``team_id`` (None: none) and its slug, which
+    a refusal names, in one query."""
+    if team_id is None:
+        return None, ""
+    row = TeamBudget.objects.filter(team_id=team_id).select_related("team").first()
+    if row is None:
+        return None, ""
+    return Budget.of(row.period, row.max_tokens, row.max_cost), row.team.slug
 
 
 def database_now() -> datetime:
@@ -108,14 +125,23 @@ def spent_since(user_id, start: date) -> Spent:
     return spent_since_and_since(user_id, start, start)[0]
 
 
+def team_spent_since(team_id, start: date) -> Spent:
+    """What the team's runs' recorded turns have spent from ``start`` on."""
+    return _spent(DailySpend.objects.filter(team_id=team_id), start, start)[0]
+
+
 def spent_since_and_since(user_id, start: date, later: date) -> tuple[Spent, Spent]:
     """What the user's recorded turns have spent from ``start`` on, and the
     part of it from ``later`` on, in one query."""
+    return _spent(DailySpend.objects.filter(submitter=user_id), start, later)
+
+
+def _spent(rows, start: date, later: date) -> tuple[Spent, Spent]:
     tokens = F("input_tokens") + F("output_tokens")
     since_later = Q(day__gte=later)
     # The aliases must not be the columns' names: a later Sum("cost") would
     # read the alias, an aggregate, and Django refuses that.
-    totals = DailySpend.objects.filter(submitter=user_id, day__gte=start).aggregate(
+    totals = rows.filter(day__gte=start).aggregate(
         all_tokens=Sum(tokens),
         all_cost=Sum("cost"),
         all_unpriced=Sum("unpriced_turns"),
@@ -187,6 +213,26 @@ def refusal_at_enqueue(user_id, budget: Budget | None) -> Refusal | None:
         return None
     retry_after = max(1, int((end - now).total_seconds() + 0.999))
     return Refusal(f"the {_PERIOD_NAME[budget.period]} budget is spent: {why}", retry_after)
+
+
+def team_refusal_at_enqueue(team_id, budget: Budget | None, team_name: str) -> Refusal | None:
+    """As ``refusal_at_enqueue``, for the team ``team_id``'s ``budget``
+    (``team_budget_of``): shared by every run of the team."""
+    if budget is None:
+        return None
+    now = database_now()
+    start, end = period_bounds(budget.period, now)
+    why = over_budget(budget, team_spent_since(team_id, start))
+    if not why:
+        return None
+    retry_after = max(1, int((end - now).total_seconds() + 0.999))
+    period = _PERIOD_NAME[budget.period]
+    return Refusal(f"the team {team_name}'s {period} budget is spent: {why}", retry_after)
+
+
+def period_name(period: str) -> str:
+    """``daily`` or ``monthly``."""
+    return _PERIOD_NAME[period]
 
 
 _PERIOD_NAME = {BudgetPeriod.DAY: "daily", BudgetPeriod.MONTH: "monthly"}

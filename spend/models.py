@@ -10,6 +10,8 @@ no history. Nothing here imports the runtime; the runtime writes
 from django.conf import settings
 from django.db import models
 
+from teams.models import DEFAULT_TEAM_ID
+
 #: Money: a turn costs a few millionths of a unit at the cheapest, and up
 #: to 2e10 at the dearest price a row holds (2e8 tokens at 1e8 a million).
 MONEY = {"max_digits": 28, "decimal_places": 10}
@@ -87,14 +89,44 @@ class SubmitterBudget(models.Model):
         return f"budget of {self.user}"
 
 
+class TeamBudget(models.Model):
+    """One team's budget (G21): shared by every run of the team, whoever
+    submitted it, and kept beside each submitter's own — a model call is
+    made only when both have room for it. Both limits blank: none."""
+
+    TEAM_FIELD = "team"
+
+    team = models.OneToOneField("teams.Team", on_delete=models.CASCADE, related_name="spend_budget")
+    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_cost = models.DecimalField(**PRICE, null=True, blank=True)
+    note = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team__name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(max_cost__isnull=True) | models.Q(max_cost__gte=0),
+                name="team_budget_cost_not_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"budget of team {self.team}"
+
+
 class DailySpend(models.Model):
     """What the recorded turns of one day (UTC, the database's clock) cost,
     per submitter and model: one upsert in the statement that records each
     turn, so it is exact whatever crashes (a turn recorded once, counted once).
 
-    Budgets sum it over their period; ``GET /api/usage/`` and the overview
-    read it, never the runs table.
+    Budgets sum it over their period (a submitter's over their rows, a
+    team's over its); ``GET /api/usage/`` and the overview read it, never
+    the runs table.
     """
+
+    TEAM_FIELD = "team"
 
     day = models.DateField()
     #: The submitting user's id; 0: none (the command line). Not a foreign
@@ -102,6 +134,16 @@ class DailySpend(models.Model):
     submitter = models.BigIntegerField()
     provider = models.CharField(max_length=32)
     model = models.CharField(max_length=200)
+    #: The team of the runs whose turns these are (a run's team never
+    #: changes). No database constraint: the record's upsert would check it
+    #: on the hot path, and a team is never deleted while it has runs.
+    team = models.ForeignKey(
+        "teams.Team",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_default=DEFAULT_TEAM_ID,
+        related_name="+",
+    )
     #: Which of ``SPEND_SHARDS`` rows of the key a run adds to (by its id):
     #: every record of a turn updates its row, and the key's records would
     #: otherwise queue on one row lock — through a flush, for a turn that
@@ -120,13 +162,14 @@ class DailySpend(models.Model):
         ordering = ["-day"]
         constraints = [
             models.UniqueConstraint(
-                fields=["day", "submitter", "provider", "model", "shard"],
-                name="spend_one_row_per_key",
+                fields=["day", "submitter", "provider", "model", "team", "shard"],
+                name="spend_one_row_per_team_key",
             ),
         ]
         indexes = [
             # A budget's sum over its period.
             models.Index(fields=["submitter", "day"], name="spend_submitter_day_idx"),
+            models.Index(fields=["team", "day"], name="spend_team_day_idx"),
         ]
 
     def __str__(self) -> str:
@@ -134,15 +177,22 @@ class DailySpend(models.Model):
 
 
 class SpendHold(models.Model):
-    """One submitter's budget period as the reservations before model calls
-    keep it (G21): what its recorded turns spent and what calls in flight
-    have reserved, on one row, so a reservation is one guarded UPDATE that
-    matches only while ``spent + reserved + the call's largest cost`` fits
+    """One owner's budget period — a submitter's or a team's — as the
+    reservations before model calls keep it (G21): what its recorded turns
+    spent and what calls in flight have reserved, on one row, so a
+    reservation is one guarded UPDATE that matches only while ``spent +
+    reserved + the call's largest cost`` fits on every row it reserves on
     (``spend.reservations``). Made by an attempt's first reservation of the
     period, from the period's ``DailySpend``; the statement that records a
-    turn adds its spend here as it adds it to ``DailySpend``."""
+    turn adds its spend here as it adds it to ``DailySpend``.
 
+    Statements that lock more than one hold lock them in the order of
+    ``LOCK_ORDER``, so two of them never wait for each other."""
+
+    #: The submitter whose period this is; 0: a team's.
     submitter = models.BigIntegerField()
+    #: The team whose period this is; 0: a submitter's.
+    team = models.BigIntegerField(default=0)
     period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
     #: The period's first day (UTC, the database's clock).
     start = models.DateField()
@@ -154,18 +204,29 @@ class SpendHold(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["submitter", "period", "start"], name="hold_one_per_period"
+                fields=["submitter", "team", "period", "start"], name="hold_one_per_owner_period"
+            ),
+            # One owner: a submitter's or a team's.
+            models.CheckConstraint(
+                condition=(models.Q(submitter=0) & ~models.Q(team=0))
+                | (~models.Q(submitter=0) & models.Q(team=0)),
+                name="hold_one_owner",
             ),
         ]
 
+    #: The order every statement locks holds in: the unique key's.
+    LOCK_ORDER = "submitter, team, period, start"
+
     def __str__(self) -> str:
-        return f"{self.submitter} {self.period} from {self.start}"
+        owner = f"team {self.team}" if self.team else str(self.submitter)
+        return f"{owner} {self.period} from {self.start}"
 
 
 class SpendReservation(models.Model):
     """A model call's largest possible cost, held against its submitter's
-    period (``hold``) from before the call until the statement that records
-    its turn settles it (G21). A failed or abandoned call's is released by
+    period or its team's (``hold``: a call under both has a row on each)
+    from before the call until the statement that records its turn settles
+    it (G21). A failed or abandoned call's is released by
     its attempt; a dead attempt's (its run no longer running under its
     lease) by the reaper."""
 

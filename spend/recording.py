@@ -1,5 +1,5 @@
 """The spend that recording model turns adds: to the run's totals and to
-the submitter's ``DailySpend``, in the statement that records the turns
+the submitter's ``DailySpend`` (in the run's team), in the statement that records the turns
 (G17: a turn recorded once is counted once, and a statement that does not
 commit counts nothing).
 
@@ -129,18 +129,21 @@ _COUNTS = (
 )
 _ADDED = ", ".join(f"{name} = {_TABLE}.{name} + EXCLUDED.{name}" for name in _COUNTS)
 
+#: The unique key a record's upsert adds to.
+_KEY = "day, submitter, provider, model, team_id, shard"
+
 #: A CTE that adds the record's turns to the submitter's day (UTC, the
-#: database's clock) once the run's guarded UPDATE (the CTE ``run``, which
-#: returns the key: its submitter and the model its request names) matched:
-#: no match, nothing added.
+#: database's clock) in the run's team once the run's guarded UPDATE (the
+#: CTE ``run``, which returns the key: its submitter, its team and the model
+#: its request names) matched: no match, nothing added.
 SPEND_CTE = f"""
     spend AS (
-        INSERT INTO {_TABLE} (day, submitter, provider, model, shard, {", ".join(_COUNTS)})
+        INSERT INTO {_TABLE} ({_KEY}, {", ".join(_COUNTS)})
         SELECT (statement_timestamp() AT TIME ZONE 'UTC')::date, spend_submitter,
-            spend_provider, spend_model, %(spend_shard)s,
+            spend_provider, spend_model, spend_team, %(spend_shard)s,
             {", ".join(f"%(spend_{name})s" for name in _COUNTS)}
         FROM run
-        ON CONFLICT (day, submitter, provider, model, shard) DO UPDATE SET {_ADDED}
+        ON CONFLICT ({_KEY}) DO UPDATE SET {_ADDED}
         RETURNING 1
     )
 """
@@ -176,10 +179,13 @@ def shard_of(run_id) -> int:
 # --- Elsewhere, and the ORM's records: one upsert in the record's transaction --
 
 
-def add_daily_spend(run_id, submitter: int, provider: str, model: str, spend: TurnsSpend) -> None:
-    """Add ``spend`` to the submitter's day (UTC, the database's clock), in
-    one upsert: concurrent records of the same day add up, none is lost.
-    Call it inside the transaction whose guarded UPDATE matched."""
+def add_daily_spend(
+    run_id, submitter: int, provider: str, model: str, spend: TurnsSpend, *, team: int
+) -> None:
+    """Add ``spend`` to the submitter's day (UTC, the database's clock) in
+    the run's ``team``, in one upsert: concurrent records of the same day
+    add up, none is lost. Call it inside the transaction whose guarded
+    UPDATE matched."""
     today = (
         "(statement_timestamp() AT TIME ZONE 'UTC')::date"
         if connection.vendor == "postgresql"
@@ -188,13 +194,14 @@ def add_daily_spend(run_id, submitter: int, provider: str, model: str, spend: Tu
     names = ", ".join(_COUNTS)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {_TABLE} (day, submitter, provider, model, shard, {names})"
-            f" VALUES ({today}, %s, %s, %s, %s, {', '.join(['%s'] * len(_COUNTS))})"
-            f" ON CONFLICT (day, submitter, provider, model, shard) DO UPDATE SET {_ADDED}",
+            f"INSERT INTO {_TABLE} ({_KEY}, {names})"
+            f" VALUES ({today}, %s, %s, %s, %s, %s, {', '.join(['%s'] * len(_COUNTS))})"
+            f" ON CONFLICT ({_KEY}) DO UPDATE SET {_ADDED}",
             [
                 submitter,
                 provider,
                 model,
+                team,
                 shard_of(run_id),
                 *(getattr(spend, name) for name in _COUNTS),
             ],

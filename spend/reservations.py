@@ -1,16 +1,25 @@
-"""Reservations before model calls: a submitter's budget is never overshot
-(G21).
+"""Reservations before model calls: neither a submitter's budget nor a
+team's is ever overshot (G21).
 
 Before a model call its attempt reserves the call's largest possible cost
 (``spend.call_size``: the prompt's UTF-8 bytes, an upper bound of its
-tokens for a byte-level tokenizer, plus the completion's ``max_tokens``) against
-its submitter's period in one guarded UPDATE of the period's ``SpendHold``:
-it matches only while ``spent + reserved + this`` stays within the budget,
-and a row lock orders concurrent reservations, so two runs cannot both take
-the last room. The statement that records the turn settles it (``SETTLE_CTES``
-in the record's single statement: the reservation goes, the reported spend
-comes). A failed or abandoned call's attempt releases it (``release``); a
-dead attempt's is released by the reaper (``release_dead``).
+tokens for a byte-level tokenizer, plus the completion's ``max_tokens``)
+against the period of every budget the run is under — its submitter's,
+its team's — in one guarded statement on their ``SpendHold`` rows: it
+locks them (in ``SpendHold.LOCK_ORDER``), and reserves on all of them only
+while ``spent + reserved + this`` stays within each one's budget, so two
+runs cannot both take the last room of either, and a call never holds one
+budget without the other. The statement that records the turn settles it
+(``SETTLE_CTES`` in the record's single statement: the reservations go, the
+reported spend comes, on every hold). A failed or abandoned call's attempt
+releases it (``release``); a dead attempt's is released by the reaper
+(``release_dead``).
+
+Every statement here that changes more than one hold locks them in
+``SpendHold.LOCK_ORDER`` first: a reservation, a settle and a release of
+two runs that share a team but not a submitter (or the other way round)
+would otherwise each lock one hold and wait for the other's — a deadlock
+PostgreSQL breaks by failing one of them.
 
 PostgreSQL only: elsewhere (SQLite, the embedded default) no reservation is
 made and G17's checks alone apply.
@@ -27,6 +36,21 @@ from spend.models import DailySpend, SpendHold, SpendReservation
 _HOLD = SpendHold._meta.db_table
 _RESERVATION = SpendReservation._meta.db_table
 _DAILY = DailySpend._meta.db_table
+_LOCK_ORDER = ", ".join(f"hold.{column}" for column in SpendHold.LOCK_ORDER.split(", "))
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose budget a hold keeps: a submitter's (``team`` 0) or a team's
+    (``submitter`` 0)."""
+
+    submitter: int
+    team: int
+    budget: Budget
+
+    @property
+    def is_team(self) -> bool:
+        return self.team != 0
 
 
 #: The first day of the period the database's clock is in, for a hold's
@@ -37,49 +61,94 @@ _CURRENT_START = (
 )
 
 
-def hold_for(submitter: int, budget: Budget) -> int:
-    """The id of the submitter's ``SpendHold`` for the period the database's
-    clock is in (not the claim's: an attempt's calls after midnight are the
-    new day's), made from the period's ``DailySpend`` if it is the first,
-    and caught up with it if not: turns recorded with no reservation to
-    settle (an attempt claimed while the submitter had no budget) are in
-    the period's ``DailySpend`` alone. Never lowered: a settle adds to both."""
-    start = _CURRENT_START.format(period="%(period)s::text")
+def _hold_row(index: int, owner: Owner) -> str:
+    """The row ``hold_for`` makes for ``owner`` (its parameters suffixed
+    ``index``): the period's spend so far, from ``DailySpend``."""
+    start = _CURRENT_START.format(period=f"%(period_{index})s::text")
+    whose = "team_id" if owner.is_team else "submitter"
+    return (
+        f"SELECT %(submitter_{index})s::bigint, %(team_{index})s::bigint,"
+        f" %(period_{index})s::text, {start},"
+        " COALESCE(SUM(input_tokens + output_tokens), 0), COALESCE(SUM(cost), 0), 0, 0"
+        f" FROM {_DAILY} WHERE {whose} = %(owner_{index})s AND day >= {start}"
+    )
+
+
+def hold_for(owners: list[Owner]) -> list[int]:
+    """The ids of the owners' ``SpendHold`` rows (in the order of
+    ``owners``) for the period the database's clock is in (not the
+    claim's: an attempt's calls after midnight are the new day's), each
+    made from the period's ``DailySpend`` if it is the first, and caught up
+    with it if not: turns recorded with no reservation to settle (an
+    attempt claimed while the budget was not there) are in the period's
+    ``DailySpend`` alone. Never lowered: a settle adds to both. One
+    statement, the rows taken in ``SpendHold.LOCK_ORDER``."""
+    params = {}
+    for index, owner in enumerate(owners):
+        params |= {
+            f"submitter_{index}": owner.submitter,
+            f"team_{index}": owner.team,
+            f"owner_{index}": owner.team or owner.submitter,
+            f"period_{index}": owner.budget.period,
+        }
+    rows = " UNION ALL ".join(_hold_row(index, owner) for index, owner in enumerate(owners))
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {_HOLD} (submitter, period, start, spent_tokens, spent_cost,"
+            f"INSERT INTO {_HOLD} (submitter, team, period, start, spent_tokens, spent_cost,"
             " reserved_tokens, reserved_cost)"
-            f" SELECT %(submitter)s, %(period)s::text, {start},"
-            " COALESCE(SUM(input_tokens + output_tokens), 0), COALESCE(SUM(cost), 0), 0, 0"
-            f" FROM {_DAILY} WHERE submitter = %(submitter)s AND day >= {start}"
-            " ON CONFLICT (submitter, period, start) DO UPDATE SET"
+            f" SELECT * FROM ({rows}) AS owner ORDER BY 1, 2, 3, 4"
+            " ON CONFLICT (submitter, team, period, start) DO UPDATE SET"
             f" spent_tokens = GREATEST({_HOLD}.spent_tokens, EXCLUDED.spent_tokens),"
             f" spent_cost = GREATEST({_HOLD}.spent_cost, EXCLUDED.spent_cost)"
-            " RETURNING id",
-            {"submitter": submitter, "period": budget.period},
+            " RETURNING id, submitter, team",
+            params,
         )
-        return cursor.fetchone()[0]
+        found = {(submitter, team): hold for hold, submitter, team in cursor.fetchall()}
+    return [found[owner.submitter, owner.team] for owner in owners]
 
 
 #: ``_CURRENT_START`` of a hold row: a reservation is made only in the
 #: period the database's clock is in.
-_HOLDS_PERIOD_START = _CURRENT_START.format(period="period")
+_HOLDS_PERIOD_START = _CURRENT_START.format(period="hold.period")
 
-_RESERVE = f"""
-    WITH hold AS (
-        UPDATE {_HOLD} SET reserved_tokens = reserved_tokens + %(tokens)s,
-            reserved_cost = reserved_cost + %(cost)s
-        WHERE id = %(hold)s AND start = {_HOLDS_PERIOD_START}
-          AND (%(max_tokens)s::bigint IS NULL
-               OR spent_tokens + reserved_tokens + %(tokens)s <= %(max_tokens)s::bigint)
-          AND (%(max_cost)s::numeric IS NULL
-               OR spent_cost + reserved_cost + %(cost)s <= %(max_cost)s::numeric)
-        RETURNING id
+
+def _reserve_sql(count: int) -> str:
+    """The reservation on ``count`` holds: ``locked`` takes their rows in
+    ``LOCK_ORDER`` and reads them as they are once locked (a row another
+    reservation changed meanwhile is read again: its latest version); the
+    UPDATE reserves on every one only when each fits (``fits``), and the
+    reservation's rows are inserted by the same statement."""
+    asked = ", ".join(
+        f"(%(hold_{i})s::bigint, %(max_tokens_{i})s::bigint, %(max_cost_{i})s::numeric)"
+        for i in range(count)
+    )
+    return f"""
+    WITH asked (hold_id, max_tokens, max_cost) AS (VALUES {asked}),
+    locked AS (
+        SELECT hold.id, hold.start = {_HOLDS_PERIOD_START}
+            AND (asked.max_tokens IS NULL
+                 OR hold.spent_tokens + hold.reserved_tokens + %(tokens)s <= asked.max_tokens)
+            AND (asked.max_cost IS NULL
+                 OR hold.spent_cost + hold.reserved_cost + %(cost)s <= asked.max_cost) AS fits
+        FROM {_HOLD} AS hold JOIN asked ON asked.hold_id = hold.id
+        ORDER BY {_LOCK_ORDER}
+        FOR NO KEY UPDATE OF hold
+    ),
+    reserved AS (
+        UPDATE {_HOLD} AS hold SET reserved_tokens = hold.reserved_tokens + %(tokens)s,
+            reserved_cost = hold.reserved_cost + %(cost)s
+        FROM locked
+        WHERE hold.id = locked.id
+          AND (SELECT COUNT(*) FILTER (WHERE fits) = {count} FROM locked)
+        RETURNING hold.id
     )
     INSERT INTO {_RESERVATION} (hold_id, run_id, lease_token, tokens, cost, created_at)
-    SELECT id, %(run_id)s, %(token)s, %(tokens)s, %(cost)s, statement_timestamp() FROM hold
+    SELECT id, %(run_id)s, %(token)s, %(tokens)s, %(cost)s, statement_timestamp() FROM reserved
     RETURNING id
 """
+
+
+_RESERVE = {count: _reserve_sql(count) for count in (1, 2)}
 
 
 @dataclass(frozen=True)
@@ -95,51 +164,66 @@ class Held:
     own: Spent
 
 
-def reserve(hold: int, budget: Budget, run_id, token: int, tokens: int, cost: Decimal) -> bool:
+def reserve(holds: list[tuple[int, Budget]], run_id, token: int, tokens: int, cost) -> bool:
     """Reserve ``tokens`` and ``cost`` for the attempt ``run_id``/``token``
-    in one statement; False: it does not fit beside what is spent and
-    reserved (nothing changed)."""
+    on every hold of ``holds`` (its id and the budget it keeps) in one
+    statement; False: it does not fit on one of them beside what is spent
+    and reserved (nothing changed on any)."""
+    params = {"tokens": tokens, "cost": Decimal(cost), "run_id": str(run_id), "token": token}
+    for index, (hold, budget) in enumerate(holds):
+        params |= {
+            f"hold_{index}": hold,
+            f"max_tokens_{index}": budget.max_tokens,
+            f"max_cost_{index}": budget.max_cost,
+        }
     with connection.cursor() as cursor:
-        cursor.execute(
-            _RESERVE,
-            {
-                "hold": hold,
-                "tokens": tokens,
-                "cost": cost,
-                "max_tokens": budget.max_tokens,
-                "max_cost": budget.max_cost,
-                "run_id": str(run_id),
-                "token": token,
-            },
-        )
+        cursor.execute(_RESERVE[len(holds)], params)
         return cursor.fetchone() is not None
 
 
-def held(hold: int, run_id, token: int) -> Held:
-    """The hold as the attempt ``run_id``/``token`` finds it."""
+def held(holds: list[int], run_id, token: int) -> list[Held]:
+    """The holds (ids, in this order) as the attempt ``run_id``/``token``
+    finds them, in one query."""
+    own = (
+        "(SELECT COALESCE(SUM({column}), 0) FROM"
+        f" {_RESERVATION} WHERE run_id = %(run_id)s AND lease_token = %(token)s"
+        " AND hold_id = hold.id)"
+    )
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT spent_tokens, spent_cost, reserved_tokens, reserved_cost,"
-            f" start = {_HOLDS_PERIOD_START},"
-            " (SELECT COALESCE(SUM(tokens), 0) FROM"
-            f" {_RESERVATION} WHERE run_id = %(run_id)s AND lease_token = %(token)s),"
-            " (SELECT COALESCE(SUM(cost), 0) FROM"
-            f" {_RESERVATION} WHERE run_id = %(run_id)s AND lease_token = %(token)s)"
-            f" FROM {_HOLD} WHERE id = %(hold)s",
-            {"hold": hold, "run_id": str(run_id), "token": token},
+            "SELECT id, spent_tokens, spent_cost, reserved_tokens, reserved_cost,"
+            f" start = {_HOLDS_PERIOD_START}, {own.format(column='tokens')},"
+            f" {own.format(column='cost')}"
+            f" FROM {_HOLD} AS hold WHERE id = ANY(%(holds)s)",
+            {"holds": list(holds), "run_id": str(run_id), "token": token},
         )
-        row = cursor.fetchone()
-    return Held(Spent(row[0], row[1]), Spent(row[2], row[3]), row[4], Spent(row[5], row[6]))
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    return [
+        Held(Spent(row[0], row[1]), Spent(row[2], row[3]), row[4], Spent(row[5], row[6]))
+        for row in (rows[hold] for hold in holds)
+    ]
 
 
-#: Frees what ``doomed`` (a CTE of deleted reservations: hold_id, tokens,
-#: cost) held, one UPDATE per hold.
+#: The holds ``doomed`` (a CTE of deleted reservations: hold_id, tokens,
+#: cost) was on, locked in ``LOCK_ORDER`` before any is changed.
+_LOCKED = f"""
+    locked AS (
+        SELECT hold.id FROM {_HOLD} AS hold WHERE hold.id IN (SELECT hold_id FROM doomed)
+        ORDER BY {_LOCK_ORDER}
+        FOR NO KEY UPDATE OF hold
+    )
+"""
+#: What ``doomed`` held, summed per hold.
+_FREED = """
+    (SELECT hold_id, SUM(tokens) AS tokens, SUM(cost) AS cost FROM doomed GROUP BY hold_id)
+        AS freed
+"""
+#: Frees what ``doomed`` held, one UPDATE per hold, once ``locked`` took them.
 _FREE = f"""
     UPDATE {_HOLD} AS hold SET reserved_tokens = hold.reserved_tokens - freed.tokens,
         reserved_cost = hold.reserved_cost - freed.cost
-    FROM (SELECT hold_id, SUM(tokens) AS tokens, SUM(cost) AS cost FROM doomed GROUP BY hold_id)
-        AS freed
-    WHERE hold.id = freed.hold_id
+    FROM {_FREED}
+    WHERE hold.id = freed.hold_id AND (SELECT COUNT(*) FROM locked) > 0
 """
 
 
@@ -149,8 +233,8 @@ def release(run_id, token: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH doomed AS (DELETE FROM {_RESERVATION}"
-            " WHERE run_id = %s AND lease_token = %s RETURNING hold_id, tokens, cost)"
-            f" {_FREE}",
+            " WHERE run_id = %s AND lease_token = %s RETURNING hold_id, tokens, cost),"
+            f" {_LOCKED} {_FREE}",
             [str(run_id), token],
         )
 
@@ -167,7 +251,7 @@ def release_dead(runs_table: str) -> int:
             f" SELECT 1 FROM {runs_table} AS run WHERE run.id = reservation.run_id"
             " AND run.status = 'running' AND run.lease_token = reservation.lease_token)"
             " RETURNING hold_id, tokens, cost),"
-            f" freeing AS ({_FREE} RETURNING 1)"
+            f" {_LOCKED}, freeing AS ({_FREE} RETURNING 1)"
             " SELECT COUNT(*) FROM doomed"
         )
         return cursor.fetchone()[0]
@@ -187,6 +271,7 @@ SETTLE_CTES = f"""
           AND EXISTS (SELECT 1 FROM run)
         RETURNING hold_id, tokens, cost
     ),
+    {_LOCKED},
     settled AS (
         UPDATE {_HOLD} AS hold SET reserved_tokens = hold.reserved_tokens - freed.tokens,
             reserved_cost = hold.reserved_cost - freed.cost,
@@ -194,9 +279,8 @@ SETTLE_CTES = f"""
                 THEN freed.tokens ELSE %(spend_input_tokens)s + %(spend_output_tokens)s END,
             spent_cost = hold.spent_cost + CASE WHEN %(spend_unreported_turns)s > 0
                 THEN freed.cost ELSE %(spend_cost)s END
-        FROM (SELECT hold_id, SUM(tokens) AS tokens, SUM(cost) AS cost FROM doomed
-              GROUP BY hold_id) AS freed
-        WHERE hold.id = freed.hold_id
+        FROM {_FREED}
+        WHERE hold.id = freed.hold_id AND (SELECT COUNT(*) FROM locked) > 0
         RETURNING 1
     )
 """

@@ -1,6 +1,7 @@
 """What an attempt knows of spend when it starts: the run's totals, the
 price of its model, its submitter's budget and what they have spent in its
-period (G17). On PostgreSQL the claim reads all of it in its one statement
+period (G17), and its team's budget (G21: kept by the reservations). On
+PostgreSQL the claim reads all of it in its one statement
 (``CLAIM_COLUMNS``); elsewhere, and for an interactive run, the ORM does
 (``starting_spend_of``).
 """
@@ -17,10 +18,12 @@ from spend.budgets import (
     deployment_budget,
     period_bounds,
     spent_since_and_since,
+    team_budget_of,
 )
-from spend.models import BudgetPeriod, DailySpend, ModelPrice, SubmitterBudget
+from spend.models import BudgetPeriod, DailySpend, ModelPrice, SubmitterBudget, TeamBudget
 from spend.prices import Price, price_of, priced_model
 from spend.recording import Tally
+from teams.models import Team
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,16 @@ class StartingSpend:
     #: database's clock): every record reads only the days since.
     user_before_today: Spent = Spent()
     today: date | None = None
+    #: The run's team, its budget (None: none) and its slug, for refusals.
+    team: int = 0
+    team_budget: Budget | None = None
+    team_name: str = ""
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether a budget beyond the run's own applies: its submitter's,
+        its team's, or both."""
+        return self.budget is not None or self.team_budget is not None
 
     def tally(self) -> Tally:
         tally = Tally(self.submitter, self.provider, self.model)
@@ -54,8 +67,9 @@ _KIND = "run.request #>> '{provider,kind}'"
 _MODEL = "COALESCE(run.request #>> '{provider,model}', run.request #>> '{provider,kind}')"
 
 #: The claim's extra columns (its UPDATE returns the run as ``run``, with
-#: ``request`` and ``submitted_by_id``): the price, the budget row, and the
-#: submitter's spend today and this month.
+#: ``request``, ``submitted_by_id`` and ``team_id``): the price, the budget
+#: row, the submitter's spend today and this month, the day, and the team's
+#: budget row with its slug.
 CLAIM_COLUMNS = f"""
     (SELECT ARRAY[input_per_million, cached_input_per_million, output_per_million]
      FROM {ModelPrice._meta.db_table} WHERE provider = {_KIND} AND model = {_MODEL}),
@@ -68,15 +82,20 @@ CLAIM_COLUMNS = f"""
         COALESCE(SUM(cost), 0)]
      FROM {DailySpend._meta.db_table}
      WHERE submitter = run.submitted_by_id AND day >= {_MONTH}),
-    {_TODAY}
+    {_TODAY},
+    (SELECT ARRAY[budget.period, budget.max_tokens::text, budget.max_cost::text, team.slug]
+     FROM {TeamBudget._meta.db_table} AS budget
+     JOIN {Team._meta.db_table} AS team ON team.id = budget.team_id
+     WHERE budget.team_id = run.team_id)
 """
 
 
 def starting_spend_from_claim(
-    request: dict, submitted_by, run_totals, price, budget, spent, today
+    request: dict, submitted_by, run_totals, price, budget, spent, today, team, team_budget
 ) -> StartingSpend:
     """``StartingSpend`` from what the claim returned: ``run_totals`` (prompt
-    and completion tokens, cost, unpriced turns) and ``CLAIM_COLUMNS``."""
+    and completion tokens, cost, unpriced turns), the run's ``team`` and
+    ``CLAIM_COLUMNS``."""
     provider, model = priced_model(request.get("provider") or {})
     if budget is None:
         chosen = deployment_budget() if submitted_by is not None else None
@@ -100,6 +119,9 @@ def starting_spend_from_claim(
         user=user,
         user_before_today=before_today,
         today=today,
+        team=team,
+        team_budget=None if team_budget is None else Budget.of(*team_budget[:3]),
+        team_name="" if team_budget is None else team_budget[3],
     )
 
 
@@ -107,12 +129,14 @@ def starting_spend_of(run) -> StartingSpend:
     """``StartingSpend`` of ``run`` (an ``AgentRun``) through the ORM."""
     provider, model = priced_model((run.request or {}).get("provider") or {})
     budget = budget_of(run.submitted_by_id)
+    team_budget = team_budget_of(run.team_id)
     user = before_today = Spent()
     today = None
-    if budget is not None:
+    if budget is not None or team_budget is not None:
         now = database_now()
-        start, _ = period_bounds(budget.period, now)
         today = now.astimezone(UTC).date()
+    if budget is not None:
+        start, _ = period_bounds(budget.period, now)
         user, since_today = spent_since_and_since(run.submitted_by_id, start, today)
         before_today = Spent(user.tokens - since_today.tokens, user.cost - since_today.cost)
     return StartingSpend(
@@ -125,4 +149,7 @@ def starting_spend_of(run) -> StartingSpend:
         user=user,
         user_before_today=before_today,
         today=today,
+        team=run.team_id,
+        team_budget=team_budget,
+        team_name=run.team.slug if team_budget is not None else "",
     )

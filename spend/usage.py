@@ -15,12 +15,14 @@ GROUPS = ("day", "model", "user")
 _COUNTS = ("turns", "input_tokens", "cached_input_tokens", "output_tokens", "unpriced_turns")
 
 
-def usage(group_by: str, since: date, until: date | None = None) -> list[dict]:
+def usage(group_by: str, since: date, until: date | None = None, *, rows=None) -> list[dict]:
     """One entry per ``group_by`` value from ``since`` to ``until`` (days,
     inclusive): turns, tokens, the priced turns' cost and how many turns
     had no price (``cost`` is then a lower bound: ``cost_known`` false).
-    Days newest first; models and users by cost, then tokens, largest first."""
-    rows = DailySpend.objects.filter(day__gte=since)
+    Days newest first; models and users by cost, then tokens, largest first.
+    ``rows``: the ``DailySpend`` rows to count (a team's: ``DailySpend`` is
+    kept per team, ``TEAM_FIELD``); None: every row."""
+    rows = (DailySpend.objects.all() if rows is None else rows).filter(day__gte=since)
     if until is not None:
         rows = rows.filter(day__lte=until)
     keys = {"day": ["day"], "model": ["provider", "model"], "user": ["submitter"]}[group_by]

@@ -47,7 +47,12 @@ def pytest_terminal_summary(terminalreporter):
 
 #: The rows ``post_migrate`` makes: content types, permissions, and a
 #: settings row per registered tool (``tools.apps``).
-POST_MIGRATE_TABLES = ("django_content_type", "auth_permission", "tools_toolsetting")
+POST_MIGRATE_TABLES = (
+    "django_content_type",
+    "auth_permission",
+    "tools_toolsetting",
+    "teams_team",
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -240,11 +245,13 @@ OPERATOR_PERMISSIONS = [
     "tools.change_toolsetting",
     "tools.relax_approval",
     "runs.approve_write",
+    # An approver releases only writes they could make (G22).
+    "runs.add_agentrun",
     "agents.view_agent",
     "agents.add_agent",
     "agents.change_agent",
 ]
-APPROVER_PERMISSIONS = ["runs.view_agentrun", "runs.approve_write"]
+APPROVER_PERMISSIONS = ["runs.view_agentrun", "runs.approve_write", "runs.add_agentrun"]
 VIEWER_PERMISSIONS = [
     "runs.view_agentrun",
     "runs.view_deadletter",
@@ -287,7 +294,8 @@ def screenshots(tmp_path):
 
 @pytest.fixture
 def approver(db):
-    """Ada, staff, who may look at runs and approve or deny their calls."""
+    """Ada, staff, who may look at runs, start them (an approver releases
+    only writes they could make, G22) and approve or deny their calls."""
     return _user("ada", staff=True, permissions=APPROVER_PERMISSIONS)
 
 
@@ -309,6 +317,37 @@ def viewer(db):
 def outsider(db):
     """Oscar, a user who is not staff."""
     return _user("oscar", staff=False, permissions=[])
+
+
+@pytest.fixture
+def two_teams(db):
+    """Alpha and Bravo, two teams beside the default one (G22)."""
+    from teams.models import Team
+
+    return (
+        Team.objects.create(name="Alpha", slug="alpha"),
+        Team.objects.create(name="Bravo", slug="bravo"),
+    )
+
+
+@pytest.fixture
+def member(db):
+    """``member(username, team, *roles)`` → a staff user holding ``roles``
+    (every role if none is named) in ``team`` and no global permission."""
+    from django.contrib.auth import get_user_model
+
+    from teams.models import Membership
+    from teams.roles import Role
+
+    def make(username, team, *roles):
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            user = get_user_model().objects.create_user(username, password="pw", is_staff=True)
+        for role in roles or Role.values:
+            Membership.objects.get_or_create(user=user, team=team, role=role)
+        return user
+
+    return make
 
 
 def _client_for(user):

@@ -255,8 +255,10 @@ def test_an_agents_page_starts_a_run_of_it_for_whoever_may_start_runs(
     operator_client.post("/admin/agents/agent/add/", form())
     agent = Agent.objects.get()
     url = f"/admin/agents/agent/{agent.pk}/change/"
+    start_runs = Permission.objects.get(codename="add_agentrun")
+    operator.user_permissions.remove(start_runs)
     assert "start-run-of-agent" not in operator_client.get(url).content.decode()
-    operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+    operator.user_permissions.add(start_runs)
 
     page = operator_client.get(url).content.decode()
 

@@ -46,9 +46,11 @@ def test_a_runs_request_is_typed_by_the_runtimes_own_request_schema(api):
     assert (typed["required"], typed["additionalProperties"]) == (stored["required"], False)
     kinds = [one["properties"]["kind"]["const"] for one in typed["properties"]["provider"]["oneOf"]]
     assert sorted(kinds) == sorted(PROVIDER_KINDS)
-    # The whole request a POST may give: the same fields, the limits among them.
+    # The whole request a POST may give: the same fields, the limits among
+    # them, and the team it starts in (G22), which the run keeps as its own.
     body = components["RunRequestRequest"]
-    assert set(body["properties"]) == set(stored["properties"]) and body["required"] == [
+    assert set(body["properties"]) == set(stored["properties"]) | {"team"}
+    assert body["required"] == [
         "prompt",
         "provider",
     ]

@@ -146,7 +146,8 @@ def test_a_huge_approval_id_in_the_inbox_is_not_a_500(approver):
 
 def test_a_permission_held_through_a_group_may_decide(db):
     group = Group.objects.create(name="approvers")
-    for codename in ["view_agentrun", "approve_write"]:
+    # An approver releases only writes they could make: start runs too (G22).
+    for codename in ["view_agentrun", "approve_write", "add_agentrun"]:
         group.permissions.add(Permission.objects.get(codename=codename))
     gina = _user("gina", staff=True, permissions=[])
     gina.groups.add(group)

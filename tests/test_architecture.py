@@ -56,6 +56,8 @@ LAYERS = (
     {"run models": ("runs.models",)},
     {"spend": ("spend",)},
     {"tools": ("tools",)},
+    # Who belongs to which team, and the one layer that scopes every query (G22).
+    {"teams": ("teams",)},
     {"ground": ("ground",)},
 )
 

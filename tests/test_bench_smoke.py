@@ -75,11 +75,11 @@ def test_the_bench_produces_every_figure(tmp_path):
     assert limited["completed"] == limited["runs"] and limited["answered_per_second"] > 0
     assert "rate held under a provider's limit" in (tmp_path / "results.md").read_text()
     scale = results["at_scale"]
-    assert len(scale["milliseconds"]) == 25 and scale["reaped"] == 1000
+    assert len(scale["milliseconds"]) == 27 and scale["reaped"] == 1000
     pruned = [name for name in scale["milliseconds"] if name.startswith("prune, the whole pass")]
     assert len(pruned) == 1 and not pruned[0].startswith("prune, the whole pass (0 runs"), pruned
     # At 2,000 rows a sequential scan is the right plan for a text search;
     # the full bench checks that one at 1,000,000.
     planned = {name: used for name, used in scale["index_used"].items() if "search" not in name}
-    assert len(planned) == 5 and all(planned.values()), scale["plans"]
+    assert len(planned) == 6 and all(planned.values()), scale["plans"]
     assert "| read step" in (tmp_path / "results.md").read_text()

@@ -104,11 +104,13 @@ def test_a_bulk_requeue_previews_each_verdict_then_applies_each_under_its_own(
     assert 'id="lasting-failure-warning"' in page  # they failed with auth
     # Bounded: the runs and their reconciliations one query each for all of
     # them; then what a verdict must read, each run's journal (the refused
-    # ones refused before reading it); the page's chrome.
+    # ones refused before reading it); the page's chrome, with the user's
+    # team roles read once (G22).
     sql = [query["sql"] for query in preview_queries]
     assert sum('FROM "runs_writereconciliation"' in one for one in sql) == 1
     assert sum('FROM "runs_runstep" step' in one for one in sql) == 2, sql
-    assert len(sql) <= 16, sql
+    assert sum('FROM "teams_membership"' in one for one in sql) <= 1, sql
+    assert len(sql) <= 17, sql
     assert all(operator_steps(run) == 0 for run in (safe, changing, doubt, done))
 
     # Meanwhile another operator requeued one of them; it failed again, and

@@ -338,7 +338,7 @@ def test_the_admin_prompt_search_uses_its_indexes(operator_client):
     from bench.scale import GENERATE_RUNS
 
     with connection.cursor() as cursor:  # enough ended runs to make an index worth it
-        cursor.execute(GENERATE_RUNS, {"runs": 20_000, "steps": 0})
+        cursor.execute(GENERATE_RUNS, {"runs": 20_000, "steps": 0, "first_team": 1, "teams": 1})
         cursor.execute("ANALYZE runs_agentrun")
     with CaptureQueriesContext(connection) as queries:
         response = operator_client.get(RUNS, {"q": "deploy"})

@@ -13,13 +13,14 @@ from agents.management.commands import seed_demo
 from runs.models import AgentRun, ApprovalRequest, DeadLetter
 from runs.queue.dispatch import executing_in_embedded_worker
 from runs.workers.embedded import execute_due_runs
+from teams.models import Membership
 from tools.models import OutboxNotification
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.mark.parametrize("required_for", ["non_idempotent_write", "write", "none"])
-def test_seed_demo_executes_the_nine_scenarios_once(settings, required_for):
+def test_seed_demo_executes_the_ten_scenarios_once_in_two_teams(settings, required_for):
     # `make run` ships non_idempotent_write; the stories end the same under
     # every policy (the approval stories ask for their approval themselves).
     settings.NRLLM_APPROVAL_REQUIRED_FOR = required_for
@@ -32,13 +33,14 @@ def test_seed_demo_executes_the_nine_scenarios_once(settings, required_for):
     with executing_in_embedded_worker():
         assert execute_due_runs(limit=10) == 1
     runs = {run.prompt: run for run in AgentRun.objects.all()}
-    assert len(runs) == 9
+    assert len(runs) == 10
     by_outcome = sorted(
         (run.status, run.termination_reason, run.error_type, run.requeue_count)
         for run in runs.values()
     )
     assert by_outcome == [
         ("cancelled", "cancelled", "", 0),
+        ("completed", "completed", "", 0),
         ("completed", "completed", "", 0),
         ("completed", "completed", "", 0),
         ("completed", "completed", "", 0),
@@ -60,19 +62,32 @@ def test_seed_demo_executes_the_nine_scenarios_once(settings, required_for):
     # approved run; none from the denied or the waiting one.
     assert OutboxNotification.objects.count() == 4
     # The fault injected for the demo is gone.
-    for completed in AgentRun.objects.filter(status="completed"):
+    for completed in AgentRun.objects.filter(status="completed", team__slug="ops"):
         assert completed.steps.filter(kind="tool", tool_name="send_notification").count() == 1
     resumed = AgentRun.objects.get(requeue_count=1)
     assert resumed.steps.filter(kind="resume").count() == 2  # after its approval, its retry
     assert OutboxNotification.objects.filter(run_id=resumed.pk).count() == 1
 
-    # Two agents; two runs started from them, each keeping the version it
-    # started from (on-call was changed after its run parked: version 2).
+    # Three agents; three runs started from them, each keeping the version
+    # it started from (on-call was changed after its run parked: version 2).
     started = AgentRun.objects.filter(agent_version__isnull=False)
     assert sorted((r.agent_version.agent.name, r.agent_version.number) for r in started) == [
         ("on-call", 1),
         ("release-notes", 1),
+        ("triage", 1),
     ]
+    # Two teams (G22): Support's one run, Operations' every other; three
+    # members, one of them in both.
+    assert sorted(AgentRun.objects.values_list("team__slug", flat=True)) == ["ops"] * 9 + [
+        "support"
+    ]
+    assert seeded(seed_demo.TRIAGE).submitted_by.username == "sam"
+    assert set(Membership.objects.values_list("user__username", "team__slug").distinct()) >= {
+        ("olga", "ops"),
+        ("sam", "support"),
+        ("pat", "ops"),
+        ("pat", "support"),
+    }
     assert seeded(seed_demo.WAITING).agent_version.agent.latest.number == 2
     assert (
         seeded(seed_demo.COMPLETED).request["instructions"]
@@ -81,7 +96,7 @@ def test_seed_demo_executes_the_nine_scenarios_once(settings, required_for):
 
     out = io.StringIO()
     call_command("seed_demo", stdout=out)
-    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 9
+    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 10
     # The demo's model is priced: its runs' spend is known, and each run's is
     # the sum of its recorded turns.
     over_budget = seeded(seed_demo.OVER_BUDGET)
@@ -165,7 +180,13 @@ def test_the_demo_approver_may_approve_writes_and_cannot_log_in(client):
     demo_approver = get_user_model().objects.get(username=seed_demo.DEMO_APPROVER)
     assert not demo_approver.has_usable_password()
     assert not (demo_approver.is_staff or demo_approver.is_superuser)
-    assert demo_approver.get_all_permissions() == {"runs.approve_write"}
+    # Approver and runner in Operations (an approver releases only writes
+    # they could make, G22), and nothing anywhere else.
+    assert not demo_approver.user_permissions.exists()
+    assert set(demo_approver.team_memberships.values_list("team__slug", "role")) == {
+        ("ops", "approver"),
+        ("ops", "runner"),
+    }
     assert not client.login(username=seed_demo.DEMO_APPROVER, password="")
 
 

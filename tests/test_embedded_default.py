@@ -66,7 +66,7 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
             printed += done.stdout.splitlines() + done.stderr.splitlines()
         assert not [line for line in printed if "ERROR" in line or "Traceback" in line], printed
         # The last lines printed, the block: what an operator needs to log in.
-        block = [line for line in printed if line.strip()][-5:]
+        block = [line for line in printed if line.strip()][-6:]
         assert block[0] == block[-1] and set(block[0]) == {"-"}, printed
         assert block[1:3] == ["The admin:  http://127.0.0.1:8077/admin/", "user:       admin"]
         return printed
@@ -74,14 +74,19 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
     first = set_up()
     assert len(first) < 20, first  # a line per demo run above it, nothing of the runtime's log
     password = kept.read_text().strip()
-    assert first[-2] == f"password:   {password}  (generated now; kept in {kept})"
-    ((encoded,),) = sqlite_rows(env, "SELECT password FROM auth_user WHERE username = 'admin'")
-    # Hashed as the app's settings hash (the tests' own hasher is a faster one).
-    assert PBKDF2PasswordHasher().verify(password, encoded)
+    assert first[-3] == f"password:   {password}  (generated now; kept in {kept})"
+    # The demo's team members (G22) log in with the same password.
+    assert first[-2] == "teams:      olga, sam, pat (same password)"
+    for username in ("admin", "olga", "pat"):
+        ((encoded,),) = sqlite_rows(
+            env, f"SELECT password FROM auth_user WHERE username = '{username}'"
+        )
+        # Hashed as the app's settings hash (the tests' own hasher is a faster one).
+        assert PBKDF2PasswordHasher().verify(password, encoded), username
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
     again = set_up()
     assert "runs exist; demo data not seeded again" in again
-    assert again[-2] == f"password:   in {kept} (generated when the account was made)"
+    assert again[-3] == f"password:   in {kept} (generated when the account was made)"
     assert manage("check", env=env).returncode == 0
 
     def outcomes():
@@ -125,6 +130,7 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
         ("completed", "completed"),
         ("completed", "completed"),
         ("completed", "completed"),
+        ("completed", "completed"),  # Support's own (G22)
         ("failed", "budget_exhausted"),
         ("failed", "not_retryable"),
         ("failed", "not_retryable"),
@@ -155,12 +161,12 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
         assert approved.stdout.splitlines()[-1] == "approved"
         # Approved, it is queued, then run by the embedded worker: waited for to its end.
         wait_until(
-            lambda: outcomes().count(("completed", "completed")) == 5,
+            lambda: outcomes().count(("completed", "completed")) == 6,
             timeout=STALLED,
             progress=progress(env, worker),
             what="the approved run",
         )
-    assert outcomes().count(("completed", "completed")) == 5
+    assert outcomes().count(("completed", "completed")) == 6
     assert decisions()[seed_demo.WAITING["prompt"]] == "approved by admin"
     assert sent(seed_demo.WAITING) == 1
 

@@ -255,6 +255,8 @@ def test_a_rerun_of_a_rerun_counts_the_writes_its_original_made_after_the_step(
     original = AgentRun.objects.get(pk=started.json()["id"])
     _, notify_turn, _ = turns_of(original)
     operator.user_permissions.add(Permission.objects.get(codename="rerun_past_write"))
+    # Fetched again, as a request does: a user caches its permissions.
+    operator = type(operator).objects.get(pk=operator.pk)
     made = api.post(url(original, notify_turn), {"confirm_past_write": True}, format="json")
     rerun = fresh(AgentRun.objects.get(pk=made.json()["id"]))
     assert rerun.status == RunStatus.WAITING_FOR_APPROVAL

@@ -240,6 +240,7 @@ def test_on_sqlite_the_triggers_record_every_end_and_outlive_a_migrate(tmp_path)
         assert manage("migrate", "--noinput", env=env).returncode == 0
         with contextlib.closing(sqlite3.connect(database)) as db:
             db.execute("DROP TRIGGER nrllm_run_event")  # as a rebuild of the runs table does
+            db.execute("DROP TRIGGER nrllm_team_never_changes_runs_agentrun")  # so, too
             db.commit()
         migrated = manage("migrate", "--noinput", env=env)
         assert migrated.returncode == 0, migrated.stderr[-2000:]
@@ -254,6 +255,13 @@ def test_on_sqlite_the_triggers_record_every_end_and_outlive_a_migrate(tmp_path)
                 "SELECT event_type, dead_lettered, attempts, delivered_at IS NOT NULL, "
                 "length(id) FROM runs_runevent ORDER BY occurred_at"
             ).fetchall()
+            # A run's team never changes (G22): the guard came back too.
+            db.execute(
+                "INSERT INTO teams_team (name, slug, require_approval, webhook_secret, created_at)"
+                " VALUES ('Other', 'other', '[]', '', '2026-12-05')"
+            )
+            with pytest.raises(sqlite3.DatabaseError, match="team of an agent or a run never"):
+                db.execute("UPDATE runs_agentrun SET team_id = (SELECT max(id) FROM teams_team)")
     finally:
         receiver.stop()
     assert rows == [("run.completed", 0, 1, 1, 32), ("run.failed", 1, 1, 1, 32)]

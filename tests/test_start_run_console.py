@@ -36,9 +36,11 @@ def a_form(**fields) -> dict:
 def test_an_operator_starts_a_run_from_the_console_and_bad_input_stores_nothing(
     operator, operator_client
 ):
+    start_runs = Permission.objects.get(codename="add_agentrun")
+    operator.user_permissions.remove(start_runs)
     assert operator_client.get(START).status_code == 403
     assert "start-run" not in operator_client.get("/admin/runs/agentrun/").content.decode()
-    operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
+    operator.user_permissions.add(start_runs)
 
     page = operator_client.get(START).content.decode()
     assert 'id="start-run-form"' in page

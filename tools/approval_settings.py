@@ -16,6 +16,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models.functions import Now
 
 from ground.commits import reaching_disk
+from teams import access
 from tools.approval_policy import (
     RELAX_PERMISSION,
     ApprovalPolicy,
@@ -69,14 +70,16 @@ def policy_refusal(effect: ToolEffect, operator, policy, *, current: str) -> Pol
         return PolicyChange(
             False, "invalid", f"approval must be one of {ApprovalPolicy.values}, not {policy!r}"
         )
-    if not operator.has_perm(CHANGE_PERMISSION):
+    # Through teams.access: an API token's narrowing holds here too (a
+    # token narrowed to a team changes nothing of the deployment's).
+    if not access.may_somewhere(operator, CHANGE_PERMISSION):
         return PolicyChange(
             False, "permission_denied", f"you need the permission {CHANGE_PERMISSION!r}"
         )
     if (
         policy != current
         and is_relaxation(effect, policy)
-        and not operator.has_perm(RELAX_PERMISSION)
+        and not access.may_somewhere(operator, RELAX_PERMISSION)
     ):
         return PolicyChange(
             False,

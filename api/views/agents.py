@@ -5,13 +5,13 @@ version), read their versions (G18). Runs start by name at
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from agents.definitions import FIELDS, InvalidDefinition
 from agents.models import Agent
-from agents.versions import AgentChanged, AgentConflict, save_agent
-from api import permissions
+from agents.versions import AgentChanged, AgentConflict, AgentForbidden, save_agent
+from api import permissions, scoping
 from api.agent_serializers import (
     AgentDefinitionSerializer,
     AgentSavedSerializer,
@@ -20,19 +20,45 @@ from api.agent_serializers import (
 )
 from api.errors import Conflict
 from api.views.base import BaseAPIView, errors
+from teams import access
+from teams.models import Team
 from tools.canonical import storable_text
 
-VIEW = permissions.requires("agents.view_agent")
-ADD = permissions.requires("agents.add_agent")
-CHANGE = permissions.requires("agents.change_agent")
+ADD_PERMISSION = "agents.add_agent"
+CHANGE_PERMISSION = "agents.change_agent"
+VIEW = permissions.requires(scoping.VIEW_AGENTS)
+ADD = permissions.requires(ADD_PERMISSION)
+CHANGE = permissions.requires(CHANGE_PERMISSION)
 
 
-def get_agent(name: str) -> Agent:
-    agent = Agent.objects.select_related("latest__agent", "latest__created_by")
-    agent = agent.filter(name=name).first()
-    if agent is None:
-        raise NotFound(f"no agent named {name[:100]!r}")
-    return agent
+def get_agent(name: str, user, permission: str = scoping.VIEW_AGENTS) -> Agent:
+    """The agent ``name`` if ``user`` may see it, else a 404 as for none
+    (``api.scoping``); 403 naming the role without ``permission`` in its team."""
+    return scoping.get_agent(name, user, permission)
+
+
+def _team_to_author_in(body: dict, user) -> Team:
+    """The team a new agent belongs to: the one ``team`` names, among those
+    where ``user`` (as its token lets it) may define agents; left out, the
+    only such team. 400 naming ``team`` otherwise (another team's slug is
+    as unknown as one that does not exist)."""
+    authorable = access.scoped(Team.objects.all(), user, ADD_PERMISSION)
+    if "team" in body:
+        slug = body["team"]
+        if not isinstance(slug, str) or not slug:
+            raise ValidationError({"team": ["a team's slug (a string) is required"]})
+        team = authorable.filter(slug=storable_text(slug)[:50]).first()
+        if team is None:
+            raise ValidationError({"team": [f"no team {slug[:100]!r} you may define agents in"]})
+        return team
+    teams = list(authorable[:2])
+    if len(teams) == 1:
+        return teams[0]
+    if not teams:
+        raise PermissionDenied(scoping.refusal(user, ADD_PERMISSION, None))
+    raise ValidationError(
+        {"team": ["you may define agents in more than one team; name the team (its slug)"]}
+    )
 
 
 def _body(request) -> dict:
@@ -47,7 +73,7 @@ PATCH_TRIES = 3
 
 
 def _saved(
-    name: str, definition: dict, request, *, description, create: bool, based_on=None
+    name: str, definition: dict, request, *, description, create: bool, based_on=None, team=None
 ) -> Response:
     try:
         agent, _, new = save_agent(
@@ -57,15 +83,19 @@ def _saved(
             user=request.user,
             create=create,
             based_on=based_on,
+            team=team,
         )
     except AgentChanged:
         raise
+    except AgentForbidden as error:
+        # Checked before too; the roles may have changed since (G22).
+        raise PermissionDenied(str(error).partition(": ")[2] or str(error)) from None
     except InvalidDefinition as error:
         field, _, rest = str(error).partition(": ")
         raise ValidationError({field.split("/")[0]: [rest or str(error)]}) from None
     except AgentConflict as error:
         raise Conflict("agent_exists", str(error)) from None
-    agent = get_agent(agent.name)
+    agent = get_agent(agent.name, request.user)
     return Response(
         {"agent": AgentSerializer(agent).data, "new_version": new},
         status=status.HTTP_201_CREATED if create else status.HTTP_200_OK,
@@ -90,7 +120,9 @@ class AgentListCreate(BaseAPIView):
 
     @extend_schema(responses={200: AgentSerializer(many=True), **errors()})
     def get(self, request):
-        agents = Agent.objects.select_related("latest__agent", "latest__created_by")
+        # The agents of the teams the user (as its token lets it) may see (G22).
+        agents = scoping.visible_agents(request.user)
+        agents = agents.select_related("team", "latest__agent", "latest__created_by")
         return Response(AgentSerializer(agents, many=True).data)
 
     @extend_schema(
@@ -107,10 +139,13 @@ class AgentListCreate(BaseAPIView):
         except DjangoValidationError as error:
             raise ValidationError({"name": error.messages}) from None
         definition = {key: value for key, value in body.items() if key in FIELDS}
-        unknown = sorted(set(body) - set(FIELDS) - {"name", "description"})
+        unknown = sorted(set(body) - set(FIELDS) - {"name", "description", "team"})
         if unknown:
             raise ValidationError({"definition": [f"unknown field(s) {unknown}"]})
-        return _saved(name, definition, request, description=_description(body), create=True)
+        team = _team_to_author_in(body, request.user)
+        return _saved(
+            name, definition, request, description=_description(body), create=True, team=team
+        )
 
 
 class AgentDetail(BaseAPIView):
@@ -124,15 +159,17 @@ class AgentDetail(BaseAPIView):
 
     @extend_schema(responses={200: AgentSerializer, **errors(404)})
     def get(self, request, name):
-        return Response(AgentSerializer(get_agent(name)).data)
+        return Response(AgentSerializer(get_agent(name, request.user)).data)
 
     @extend_schema(
         request=AgentDefinitionSerializer,
         responses={200: AgentSavedSerializer, **errors(400, 404, 409, 413)},
     )
     def patch(self, request, name):
-        agent = get_agent(name)
+        agent = get_agent(name, request.user, CHANGE_PERMISSION)
         body = _body(request)
+        if "team" in body:
+            raise ValidationError({"team": ["an agent's team never changes"]})
         unknown = sorted(set(body) - set(FIELDS) - {"description"})
         if unknown:
             raise ValidationError(
@@ -155,7 +192,7 @@ class AgentDetail(BaseAPIView):
                     based_on=latest.number if latest else None,
                 )
             except AgentChanged as error:
-                changed, agent = error, get_agent(name)
+                changed, agent = error, get_agent(name, request.user, CHANGE_PERMISSION)
         raise Conflict("agent_changed", str(changed).partition(": ")[2])
 
 
@@ -166,7 +203,7 @@ class AgentVersionList(BaseAPIView):
 
     @extend_schema(responses={200: AgentVersionSerializer(many=True), **errors(404)})
     def get(self, request, name):
-        agent = get_agent(name)
+        agent = get_agent(name, request.user)
         versions = agent.versions.select_related("agent", "created_by").order_by("-number")
         return Response(AgentVersionSerializer(versions, many=True).data)
 
@@ -178,7 +215,7 @@ class AgentVersionDetail(BaseAPIView):
 
     @extend_schema(responses={200: AgentVersionSerializer, **errors(404)})
     def get(self, request, name, number):
-        version = get_agent(name).versions.select_related("agent", "created_by")
+        version = get_agent(name, request.user).versions.select_related("agent", "created_by")
         version = version.filter(number=number).first()
         if version is None:
             raise NotFound(f"agent {name!r} has no version {number}")

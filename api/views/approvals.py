@@ -2,14 +2,24 @@
 decisions (G14).
 
 A thin adapter over ``runs.approvals.actions``, which the admin's inbox uses
-too: it checks the permission and four-eyes again, binds the decision to
-the digest, and records it with the run's release in one transaction.
+too: it checks who may decide again (the approver's right to the write,
+G22, and four-eyes), binds the decision to the digest, and records it with
+the run's release in one transaction.
+
+Lists and lookups are scoped to the teams the user (as its token lets it)
+may see runs in (``teams.access``): another team's request is not listed,
+and is a 404 by id, as an unknown one is — never a 403 telling it exists.
 """
 
 import re
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+)
 from rest_framework import generics
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.response import Response
@@ -24,10 +34,15 @@ from api.approval_serializers import (
 from api.errors import Conflict
 from api.filters import ApprovalFilter
 from api.pagination import TimeCursorPagination
+from api.serializers import ErrorSerializer
 from api.views.base import BaseAPIView, LimitedBodyMixin, errors
 from runs.approvals import actions as approval_actions
 from runs.models import AgentRun
 from runs.models.vocabulary import ApprovalStatus
+from teams import access
+
+#: Seeing a request is seeing its run (``permissions.VIEW_RUNS``).
+VIEW_PERMISSION = "runs.view_agentrun"
 
 ASCII_DIGITS = re.compile(r"[0-9]{1,20}")
 
@@ -36,16 +51,30 @@ ID_PARAMETER = OpenApiParameter(
 )
 
 
-def get_approval(pk):
-    """The request ``pk`` names, as listed, or a 404 that says why
-    (malformed or unknown id)."""
+def visible_approvals(user):
+    """The requests ``user`` may see: those of runs of its teams."""
+    return access.scoped(approvals_shown(), user, VIEW_PERMISSION)
+
+
+def decidable_approvals(user):
+    """The requests a decision may name: those ``user`` may see, and those
+    of the teams where it may decide (a global ``runs.approve_write``
+    without ``runs.view_agentrun`` decided before teams, and still does)."""
+    if access.teams_with(user, approval_actions.APPROVE_PERMISSION) is access.EVERY:
+        return approvals_shown()
+    return visible_approvals(user)
+
+
+def get_approval(pk, shown):
+    """The request ``pk`` names among ``shown``, or a 404 that says why
+    (malformed id, unknown, or another team's: the same answer)."""
     pk = str(pk)
     # Digits only: int() would also take " 7", "+7", "7_0" and "７".
     if not ASCII_DIGITS.fullmatch(pk):
         raise NotFound(f"{pk!r} is not an approval request id (an integer)")
     approval_id = int(pk)
     # Django answers an id past bigint's range with no row, not an error.
-    found = approvals_shown().filter(pk=approval_id).first()
+    found = shown.filter(pk=approval_id).first()
     if found is None:
         raise NotFound(f"no approval request {approval_id}")
     return found
@@ -112,7 +141,7 @@ class ApprovalList(LimitedBodyMixin, generics.ListAPIView):
     filterset_class = ApprovalFilter
 
     def get_queryset(self):
-        return approvals_shown()
+        return visible_approvals(self.request.user)
 
     @extend_schema(responses={200: ApprovalSerializer(many=True), **errors(400, 404)})
     def get(self, request, *args, **kwargs):
@@ -120,17 +149,17 @@ class ApprovalList(LimitedBodyMixin, generics.ListAPIView):
 
 
 class ApprovalDetail(BaseAPIView):
-    """One approval request, pending or decided."""
+    """One approval request, pending or decided; another team's is a 404."""
 
     permission_classes = [permissions.VIEW_RUNS]
 
     @extend_schema(parameters=[ID_PARAMETER], responses={200: ApprovalSerializer, **errors(404)})
     def get(self, request, pk):
-        return Response(ApprovalSerializer(get_approval(pk)).data)
+        return Response(ApprovalSerializer(get_approval(pk, visible_approvals(request.user))).data)
 
 
 #: Refusals that are the user's, not the call's state: 403, not 409.
-FORBIDDEN = {"permission_denied", "second_person_required"}
+FORBIDDEN = approval_actions.REFUSED_TO_USER
 
 DECISION_EXAMPLES = [
     OpenApiExample(
@@ -149,6 +178,37 @@ DECISION_EXAMPLES = [
         },
     ),
     OpenApiExample(
+        "refused: not an approver in the run's team",
+        response_only=True,
+        status_codes=["403"],
+        value={
+            "code": "not_approver",
+            "detail": "you are not an approver in team 'alpha': deciding its calls needs "
+            "the approver role there (runs.approve_write)",
+        },
+    ),
+    OpenApiExample(
+        "refused: the team may not use the tool",
+        response_only=True,
+        status_codes=["403"],
+        value={
+            "code": "tool_not_in_team",
+            "detail": "team 'alpha' may not use the tool 'send_notification' now: its calls "
+            "cannot be approved until a team admin gives the team that tool again; you may "
+            "deny it",
+        },
+    ),
+    OpenApiExample(
+        "refused: not a runner in the run's team",
+        response_only=True,
+        status_codes=["403"],
+        value={
+            "code": "not_runner",
+            "detail": "you are not a runner in team 'alpha': you may approve only a write you "
+            "could make yourself (runner and approver in the run's team); you may deny it",
+        },
+    ),
+    OpenApiExample(
         "refused: four-eyes",
         response_only=True,
         status_codes=["403"],
@@ -161,10 +221,24 @@ DECISION_EXAMPLES = [
 ]
 
 
+#: The 403 of a decision, with the codes it may carry.
+REFUSED_403 = OpenApiResponse(
+    ErrorSerializer,
+    description="the user may not decide this call; it still waits. code: permission_denied "
+    "(runs.approve_write in no team), not_approver (not an approver in the run's team), "
+    "tool_not_in_team (approve only: the team may not use the tool now), not_runner "
+    "(approve only: not a runner in the run's team), second_person_required (approve only: "
+    "the run's submitter under four-eyes)",
+)
+
+
 class _Decision(BaseAPIView):
-    """POST → 200 when decided; 403 without the permission or under
-    four-eyes; 409 (``stale_digest``, ``already_decided``, ``expired``,
-    ``not_waiting``) when the call's state refuses it, changing nothing."""
+    """POST → 200 when decided; 404 for another team's request (as for an
+    unknown one); 403 with a ``code`` when the user may not decide it
+    (``ApprovalApprove`` and ``ApprovalDeny`` name which); 409
+    (``stale_digest``, ``already_decided``, ``expired``, ``not_waiting``)
+    when the call's state refuses it. A refusal changes nothing: the call
+    still waits."""
 
     permission_classes = [permissions.APPROVE]
     http_method_names = ["post", "options"]
@@ -173,11 +247,15 @@ class _Decision(BaseAPIView):
     @extend_schema(
         parameters=[ID_PARAMETER],
         request=DecisionSerializer,
-        responses={200: DecisionResultSerializer, **errors(400, 404, 409, 413)},
+        responses={
+            200: DecisionResultSerializer,
+            **errors(400, 404, 409, 413),
+            403: REFUSED_403,
+        },
         examples=DECISION_EXAMPLES,
     )
     def post(self, request, pk):
-        approval = get_approval(pk)
+        approval = get_approval(pk, decidable_approvals(request.user))
         body = DecisionSerializer(data=request.data if isinstance(request.data, dict) else None)
         body.is_valid(raise_exception=True)
         result = type(self).decide(
@@ -198,16 +276,23 @@ class _Decision(BaseAPIView):
                 "code": result.code,
                 "detail": result.detail,
                 "run_status": run_status.first(),
-                "approval": ApprovalSerializer(get_approval(approval.pk)).data,
+                "approval": ApprovalSerializer(
+                    get_approval(approval.pk, decidable_approvals(request.user))
+                ).data,
             }
         )
 
 
 class ApprovalApprove(_Decision):
     """Approve the call: it executes once, as approved, when its run resumes
-    (once no other call of its turn waits). Refused, changing nothing: 403
-    without runs.approve_write, or (code second_person_required) for the
-    run's submitter under NRLLM_APPROVAL_SECOND_PERSON; 409 with code
+    (once no other call of its turn waits). Only a user who could make the
+    write may release it (G22). Refused, changing nothing — the call still
+    waits: 404 for another team's request; 403 with code permission_denied
+    (runs.approve_write in no team), not_approver (not an approver in the
+    run's team), tool_not_in_team (the team may not use the tool now),
+    not_runner (not a runner in the run's team: they could not start a run
+    with the tool themselves) or second_person_required (the run's submitter
+    under NRLLM_APPROVAL_SECOND_PERSON), checked in that order; 409 with code
     stale_digest, already_decided, expired or not_waiting."""
 
     decide = staticmethod(approval_actions.approve)
@@ -215,8 +300,11 @@ class ApprovalApprove(_Decision):
 
 class ApprovalDeny(_Decision):
     """Deny the call: it never executes; the model is told, with the note,
-    and the run goes on. The run's submitter may deny under four-eyes.
-    Refused, changing nothing: 403 without runs.approve_write; 409 with
-    code stale_digest, already_decided, expired or not_waiting."""
+    and the run goes on. It needs the approver role in the run's team only
+    (a denial executes nothing); the run's submitter may deny under
+    four-eyes. Refused, changing nothing: 404 for another team's request;
+    403 with code permission_denied (runs.approve_write in no team) or
+    not_approver (not an approver in the run's team); 409 with code
+    stale_digest, already_decided, expired or not_waiting."""
 
     decide = staticmethod(approval_actions.deny)

@@ -5,7 +5,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
 
-from api import permissions
+from api import permissions, scoping
 from api.errors import Conflict
 from api.pagination import TimeCursorPagination
 from api.serializers import (
@@ -21,6 +21,10 @@ from runs.models import DeadLetter
 from runs.models.selectors import note_writes_in_doubt, write_audit_runs
 from runs.operators import actions as operator_actions
 from runs.operators.actions import write_in_question
+from teams import access
+
+#: Of the write audits, the newest this many (the console's page lists as many).
+WRITE_AUDITS = 200
 
 
 class DeadLetterFilter(django_filters.FilterSet):
@@ -46,6 +50,10 @@ class DeadLetterList(LimitedBodyMixin, generics.ListAPIView):
     permission_classes = [permissions.VIEW_DEAD_LETTERS]
     pagination_class = NewestDeadLettersFirst
     filterset_class = DeadLetterFilter
+
+    def get_queryset(self):
+        # The dead letters of the runs of the teams the user may see them in (G22).
+        return access.scoped(super().get_queryset(), self.request.user, "runs.view_deadletter")
 
     @extend_schema(responses={200: DeadLetterSerializer(many=True), **errors(400, 404)})
     def get(self, request, *args, **kwargs):
@@ -84,7 +92,10 @@ class WriteAuditList(BaseAPIView):
     def get(self, request):
         """Runs whose write audit failed, dead-lettered ``write_interrupted``,
         with a non-idempotent fence standing or a write in doubt (newest 200)."""
-        runs = list(with_run_relations(write_audit_runs()))
+        # Scoped before the newest are taken: another team's audits never
+        # take the places of this user's (G22).
+        visible = scoping.visible_runs(write_audit_runs(limit=None), request.user)
+        runs = list(with_run_relations(visible)[:WRITE_AUDITS])
         note_writes_in_doubt(runs)  # one query for the page, not one per run
         return Response([_audit_item(run) for run in runs])
 
@@ -100,7 +111,7 @@ class WriteAuditReconcile(BaseAPIView):
     )
     def post(self, request, pk):
         """Record whether the write in doubt landed (``applied``/``not_applied``)."""
-        run = get_run(pk)
+        run = get_run(pk, request.user, "runs.reconcile_agentrun")
         body = ReconcileSerializer(data=request.data if isinstance(request.data, dict) else None)
         body.is_valid(raise_exception=True)
         result = operator_actions.reconcile(

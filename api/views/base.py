@@ -2,10 +2,13 @@
 
 from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.views import APIView
 
 from api.errors import PayloadTooLarge
 from api.serializers import ErrorSerializer
+from teams import access
 
 
 def errors(*statuses: int) -> dict:
@@ -13,8 +16,8 @@ def errors(*statuses: int) -> dict:
     descriptions = {
         400: "bad input: the body names the problem",
         401: "not authenticated",
-        403: "missing permission",
-        404: "no such object",
+        403: "missing permission: the role it takes in the object's team, or a read-only token",
+        404: "no such object (another team's is not found either)",
         409: "refused by the run's state: code and detail say why",
         413: "body larger than NRLLM_API_MAX_BODY_BYTES",
         422: "Idempotency-Key reused with another body",
@@ -31,7 +34,9 @@ def errors(*statuses: int) -> dict:
 # classes as its operations' description, and this one describes no
 # operation (it was shown for eight of them).
 class LimitedBodyMixin:
-    # Refuse an oversized body before parsing it (413), storing nothing.
+    # Refuse an oversized body before parsing it (413), storing nothing;
+    # and any request but a read from a read-only token (403), before the
+    # view's own permission, so the answer says why (G22).
 
     def initial(self, request, *args, **kwargs):
         length = request.META.get("CONTENT_LENGTH") or "0"
@@ -41,6 +46,12 @@ class LimitedBodyMixin:
                 f"{settings.NRLLM_API_MAX_BODY_BYTES} (NRLLM_API_MAX_BODY_BYTES)"
             )
         super().initial(request, *args, **kwargs)
+
+    def check_permissions(self, request):
+        scope = access.token_scope_of(request.user)
+        if scope is not None and scope.read_only and request.method not in SAFE_METHODS:
+            raise PermissionDenied("this API token is read-only: it may only read (GET)")
+        super().check_permissions(request)
 
 
 class BaseAPIView(LimitedBodyMixin, APIView):

@@ -45,7 +45,7 @@ class RunRerunFrom(BaseAPIView):
         responses={200: RerunVerdictSerializer, **errors(400, 404)},
     )
     def get(self, request, pk, sequence):
-        run = get_run(pk)
+        run = get_run(pk, request.user)
         previewed = {
             n: request.query_params[n] for n in ("input", "version") if n in request.query_params
         }
@@ -60,7 +60,7 @@ class RunRerunFrom(BaseAPIView):
         responses={201: RunSerializer, **errors(400, 404, 409, 413)},
     )
     def post(self, request, pk, sequence):
-        run = get_run(pk)
+        run = get_run(pk, request.user, "runs.requeue_agentrun")
         body = RerunBodySerializer(data=request.data if isinstance(request.data, dict) else None)
         body.is_valid(raise_exception=True)
         data = body.validated_data

@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import uuid
 
 from django.db import IntegrityError, transaction
 from drf_spectacular.utils import (
@@ -13,11 +12,11 @@ from drf_spectacular.utils import (
     extend_schema,
 )
 from rest_framework import generics, status
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
-from agents.starting import enqueue
-from api import permissions
+from agents.starting import StartForbidden, enqueue
+from api import permissions, scoping
 from api.errors import BudgetSpent, Conflict, Unprocessable
 from api.filters import RunFilter
 from api.models import RunCreationKey
@@ -39,6 +38,7 @@ from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.runtime.enqueue_spend import BudgetRefused
 from runs.runtime.run_request import InvalidRunRequest
+from teams import access
 
 STEPS_PAGE = 100
 
@@ -50,16 +50,11 @@ class NewestFirst(TimeCursorPagination):
     page_size_query_param = "page_size"
 
 
-def get_run(pk) -> AgentRun:
-    """The run ``pk`` names, or a 404 that says why (malformed or unknown id)."""
-    try:
-        run_id = uuid.UUID(str(pk))
-    except ValueError:
-        raise NotFound(f"{pk!r} is not a run id (a UUID)") from None
-    run = with_run_relations(AgentRun.objects.filter(pk=run_id)).first()
-    if run is None:
-        raise NotFound(f"no run {run_id}")
-    return run
+def get_run(pk, user, permission: str = scoping.VIEW_RUNS) -> AgentRun:
+    """The run ``pk`` names, with what ``RunSerializer`` shows, if ``user``
+    may see it (``api.scoping.get_run``: a 404 otherwise, as for one
+    unknown; a 403 naming the role without ``permission`` in its team)."""
+    return scoping.get_run(pk, user, permission, queryset=with_run_relations(AgentRun.objects))
 
 
 def _as_it_is_now(run: AgentRun) -> dict:
@@ -85,6 +80,10 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
     pagination_class = NewestFirst
     filterset_class = RunFilter
 
+    def get_queryset(self):
+        # The runs of the teams the user (as its token lets it) may see (G22).
+        return scoping.visible_runs(super().get_queryset(), self.request.user)
+
     def get_permissions(self):
         needed = permissions.ADD_RUNS if self.request.method == "POST" else permissions.VIEW_RUNS
         return [needed()]
@@ -106,9 +105,11 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
                 value={"agent": "release-notes", "input": "Note that v2 shipped; tell the team."},
             ),
             OpenApiExample(
-                "a scripted run that reads and notifies",
+                "a scripted run that reads and notifies, in the demo's team ops",
                 request_only=True,
                 value={
+                    # Whole, it names its team: the demo's users may start runs in two.
+                    "team": "ops",
                     "prompt": "Tell the team the release notes changed.",
                     "tools": ["read_note", "send_notification"],
                     "provider": {
@@ -184,7 +185,7 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         earlier = RunCreationKey.objects.select_related("run").filter(user=request.user, key=key)
         earlier = earlier.first()
         if earlier is not None:
-            return self._repeated(earlier, digest)
+            return self._repeated(earlier, digest, request.user)
         try:
             with transaction.atomic():
                 run = self._enqueue(request)
@@ -194,14 +195,20 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
                 )
         except IntegrityError:
             earlier = RunCreationKey.objects.select_related("run").get(user=request.user, key=key)
-            return self._repeated(earlier, digest)
+            return self._repeated(earlier, digest, request.user)
         return Response(_as_it_is_now(run), status=201)
 
     @staticmethod
-    def _repeated(earlier: RunCreationKey, digest: str) -> Response:
+    def _repeated(earlier: RunCreationKey, digest: str, user) -> Response:
         if earlier.body_sha256 != digest:
             raise Unprocessable(
                 "idempotency_key_reused", "this Idempotency-Key was used with a different body"
+            )
+        if not access.may(user, scoping.VIEW_RUNS, earlier.run.team_id):
+            # The user's own run, but in a team this token (or the user, since
+            # they left it) may no longer see: its key starts nothing new.
+            raise PermissionDenied(
+                "this Idempotency-Key started a run in a team you may no longer see"
             )
         return Response(_as_it_is_now(earlier.run), status=200)
 
@@ -210,8 +217,12 @@ class RunListCreate(LimitedBodyMixin, generics.ListAPIView):
         try:
             return enqueue(request.data, submitted_by=request.user, submitted_via=SubmittedVia.API)
         except InvalidRunRequest as error:
-            # The message already names the field (e.g. "tools: unknown tool(s) ...").
+            # The message already names the field (e.g. "tools: unknown tool(s) ...",
+            # "team: ..." for a whole request with no one team to run in).
             raise ValidationError(str(error)) from None
+        except StartForbidden as forbidden:
+            # A visible agent or team without the runner role there (G22).
+            raise PermissionDenied(str(forbidden)) from None
         except BudgetRefused as refused:
             raise BudgetSpent(wait=refused.retry_after_seconds, detail=str(refused)) from None
 
@@ -223,7 +234,7 @@ class RunDetail(BaseAPIView):
 
     @extend_schema(responses={200: RunSerializer, **errors(404)})
     def get(self, request, pk):
-        return Response(RunSerializer(get_run(pk)).data)
+        return Response(RunSerializer(get_run(pk, request.user)).data)
 
 
 class RunSteps(BaseAPIView):
@@ -239,7 +250,7 @@ class RunSteps(BaseAPIView):
         responses={200: StepPageSerializer, **errors(400, 404)},
     )
     def get(self, request, pk):
-        run = get_run(pk)
+        run = get_run(pk, request.user)
         after = _int_param(request, "after", 0, minimum=0)
         limit = _int_param(request, "limit", STEPS_PAGE, minimum=1, maximum=STEPS_PAGE)
         steps = list(run.steps.filter(sequence__gt=after).order_by("sequence")[:limit])
@@ -268,6 +279,8 @@ class _RunAction(BaseAPIView):
     """POST → 202 when done, 409 naming why when refused."""
 
     perform_action = None
+    #: The permission the action takes in the run's team.
+    action_permission = ""
     #: GET → what the action would do, or why it would be refused (the verdict).
     verdict = None
 
@@ -280,7 +293,7 @@ class _RunAction(BaseAPIView):
     def get(self, request, pk):
         if type(self).verdict is None:
             return self.http_method_not_allowed(request)
-        verdict = type(self).verdict(get_run(pk))
+        verdict = type(self).verdict(get_run(pk, request.user))
         return Response(VerdictSerializer(verdict).data)
 
     @extend_schema(
@@ -300,7 +313,7 @@ class _RunAction(BaseAPIView):
         ],
     )
     def post(self, request, pk):
-        run = get_run(pk)
+        run = get_run(pk, request.user, self.action_permission)
         body = NoteSerializer(data=request.data if isinstance(request.data, dict) else None)
         body.is_valid(raise_exception=True)
         result = type(self).perform_action(run, request.user, body.validated_data.get("note", ""))
@@ -315,6 +328,7 @@ class RunCancel(_RunAction):
     """Cancel: a queued run ends now, a running one at its next step boundary."""
 
     permission_classes = [permissions.CANCEL]
+    action_permission = "runs.cancel_agentrun"
     http_method_names = ["post", "options"]
     perform_action = staticmethod(operator_actions.cancel)
 
@@ -323,6 +337,7 @@ class RunRequeue(_RunAction):
     """Requeue: the run resumes from its journal (GET: what that would do)."""
 
     permission_classes = [permissions.REQUEUE]
+    action_permission = "runs.requeue_agentrun"
     perform_action = staticmethod(operator_actions.requeue)
     verdict = staticmethod(requeue_safety)
 
@@ -331,5 +346,6 @@ class RunRestart(_RunAction):
     """Restart from the beginning, replaying nothing (GET: whether it may)."""
 
     permission_classes = [permissions.REQUEUE]
+    action_permission = "runs.requeue_agentrun"
     perform_action = staticmethod(operator_actions.restart)
     verdict = staticmethod(restart_safety)

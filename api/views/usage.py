@@ -1,5 +1,8 @@
 """``/api/usage/``: what recorded model turns spent, by day, model or
-submitter (G17)."""
+submitter (G17), in the teams whose runs the user (as its token lets it)
+may see: spend rows are kept per team (``DailySpend.team``, the team of
+the runs whose turns they count), so another team's spend is absent from
+every sum (G22)."""
 
 import re
 from datetime import date, timedelta
@@ -13,8 +16,11 @@ from rest_framework.response import Response
 from api import permissions
 from api.views.base import BaseAPIView, errors
 from spend.budgets import database_now
+from spend.models import DailySpend
 from spend.usage import GROUPS, usage
+from teams import access
 
+VIEW_RUNS = "runs.view_agentrun"
 #: Without ``since``: the last 30 days (the database's clock, UTC).
 DEFAULT_DAYS = 30
 
@@ -42,7 +48,8 @@ class UsageSerializer(serializers.Serializer):
 
 
 class UsageList(BaseAPIView):
-    """What recorded model turns spent, by day, model or submitter (G17)."""
+    """What recorded model turns spent, by day, model or submitter (G17), in the teams
+    whose runs you may see."""
 
     permission_classes = [permissions.VIEW_RUNS]
 
@@ -68,7 +75,8 @@ class UsageList(BaseAPIView):
         since = _day(request, "since") or _default_since(until)
         if until is not None and until < since:
             raise ValidationError({"until": f"{until} is before since ({since})"})
-        return Response(UsageSerializer(usage(group_by, since, until), many=True).data)
+        rows = access.scoped(DailySpend.objects.all(), request.user, VIEW_RUNS)
+        return Response(UsageSerializer(usage(group_by, since, until, rows=rows), many=True).data)
 
 
 def _default_since(until: date | None) -> date:

@@ -19,5 +19,5 @@ class RunWebhookDeliveries(BaseAPIView):
 
     @extend_schema(responses={200: WebhookDeliverySerializer(many=True), **errors(404)})
     def get(self, request, pk):
-        run = get_run(pk)
+        run = get_run(pk, request.user)
         return Response(WebhookDeliverySerializer(deliveries_of(run.pk), many=True).data)

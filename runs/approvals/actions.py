@@ -1,11 +1,26 @@
 """Approving and denying a call that waits (G14), for the admin and the API.
 
-The permission ``runs.approve_write`` is checked here too, whatever the
-caller checked: a crafted request without it changes nothing. With
-``NRLLM_APPROVAL_SECOND_PERSON`` the user who submitted the run may deny its
-calls but not approve them. The decision, its step on the run, the admin
-log entry and (for the last call of the turn) the run's release commit
-together or not at all; the run's job is dispatched after that commit.
+Who may decide is checked here, whatever the caller checked: a crafted
+request changes nothing. A refusal leaves the call waiting for someone who
+may decide it.
+
+- **Deny** needs the approver role in the run's team (``runs.approve_write``
+  there): a denial executes nothing.
+- **Approve** releases a write, so it needs the right to make that write
+  (G22, ``may_release_write``): approver in the run's team, the tool one the
+  team may use now, and runner in that team — the approver could have
+  started a run with that tool themselves. Then four-eyes: with
+  ``NRLLM_APPROVAL_SECOND_PERSON`` the user who submitted the run may deny
+  its calls but not approve them.
+
+A global permission is its role in every team (G22): a user holding
+``runs.approve_write`` globally approves in a team only if they may also
+start runs there (``runs.add_agentrun``, globally or as a runner), and
+the team's tools bind them as anyone.
+
+The decision, its step on the run, the admin log entry and (for the last
+call of the turn) the run's release commit together or not at all; the
+run's job is dispatched after that commit.
 """
 
 from django.conf import settings
@@ -18,11 +33,30 @@ from runs.models.metrics import APPROVAL_DECISION_SECONDS, APPROVAL_DECISIONS
 from runs.models.vocabulary import ActionResult, ApprovalStatus, RunStatus
 from runs.queue.dispatch import dispatch_or_fail
 from runs.transitions import DecisionOutcome
+from teams import access
+from teams.models import Team
 
 APPROVE_PERMISSION = "runs.approve_write"
+#: Starting a run: who may release a write must hold it in the write's team.
+RUN_PERMISSION = "runs.add_agentrun"
 #: A decision's note, at most: the API and the inbox refuse a longer one (a
 #: denial's note is the model's tool result, and is in the step and the log).
 MAX_NOTE_CHARS = 10_000
+
+#: The refusals that are the user's, not the call's state (the API's 403s):
+#: no approver role anywhere, or not in the run's team; the tool not the
+#: team's; not a runner there; four-eyes.
+REFUSED_TO_USER = frozenset(
+    {
+        "permission_denied",
+        "not_approver",
+        "tool_not_in_team",
+        "not_runner",
+        "second_person_required",
+    }
+)
+#: The refusals of the team-bound gate (G22), as opposed to four-eyes.
+TEAM_GATE_CODES = frozenset({"permission_denied", "not_approver", "tool_not_in_team", "not_runner"})
 
 
 def approve(approval: ApprovalRequest, operator, *, digest: str, note: str = "") -> ActionResult:
@@ -35,22 +69,87 @@ def deny(approval: ApprovalRequest, operator, *, digest: str, note: str = "") ->
     return _decide(approval, operator, approved=False, digest=digest, note=note)
 
 
-def _may_decide(operator) -> ActionResult | None:
-    """Why ``operator`` may decide no call at all (or None)."""
-    if not operator.has_perm(APPROVE_PERMISSION):
+def may_decide_in(user, team: Team) -> ActionResult | None:
+    """Why ``user`` may decide no call of ``team`` (or None): they need the
+    approver role there. Enough to deny."""
+    if not access.may_somewhere(user, APPROVE_PERMISSION):
         return ActionResult(
-            False, "permission_denied", f"you need the permission {APPROVE_PERMISSION!r}"
+            False,
+            "permission_denied",
+            "you are an approver in no team: deciding needs the permission "
+            f"{APPROVE_PERMISSION!r} (the approver role) in the call's team",
+        )
+    if not access.may(user, APPROVE_PERMISSION, team.pk):
+        return ActionResult(
+            False,
+            "not_approver",
+            f"you are not an approver in team {team.slug!r}: deciding its calls needs "
+            f"the approver role there ({APPROVE_PERMISSION})",
         )
     return None
 
 
-def may_approve(approval: ApprovalRequest, operator) -> ActionResult | None:
-    """Why ``operator`` may not approve ``approval`` (or None): the
-    permission, and four-eyes."""
-    refused = _may_decide(operator)
+def may_release_write(user, team: Team, tool_name: str) -> ActionResult | None:
+    """Why ``user`` may not release a write of ``tool_name`` in ``team`` (or
+    None), checked in this order, the first failure named:
+
+    - ``not_approver``: they hold no approver role in the team;
+    - ``tool_not_in_team``: the team may not use the tool now (its tool set
+      as it stands, not as it was when the run started);
+    - ``not_runner``: they could not start a run with it themselves (no
+      runner role in the team).
+
+    Whatever lets a person's decision send a write on — an approval, and an
+    answer to the agent's question later — passes this one gate. An
+    approval is judged again inside its transaction, under locks on the
+    team's row and the approver's memberships in it
+    (``teams.access.held_still``): a change of the team's tools or a
+    removal of the approver either commits before the decision, which then
+    sees it, or waits for it. A global permission taken away meanwhile is
+    not locked: platform staff's grants are read as the request began."""
+    refused = may_decide_in(user, team)
     if refused is not None:
         return refused
-    if settings.NRLLM_APPROVAL_SECOND_PERSON and _is_submitter(approval, operator):
+    if not team.may_use(tool_name):
+        return ActionResult(
+            False,
+            "tool_not_in_team",
+            f"team {team.slug!r} may not use the tool {tool_name!r} now: its calls cannot "
+            "be approved until a team admin gives the team that tool again; you may deny it",
+        )
+    if not access.may(user, RUN_PERMISSION, team.pk):
+        return ActionResult(
+            False,
+            "not_runner",
+            f"you are not a runner in team {team.slug!r}: you may approve only a write you "
+            "could make yourself (runner and approver in the run's team); you may deny it",
+        )
+    return None
+
+
+def may_decide(approval: ApprovalRequest, operator) -> ActionResult | None:
+    """Why ``operator`` may not decide ``approval`` at all, not even deny it
+    (or None)."""
+    facts = _RunFacts.of(approval)
+    if facts is None:
+        return _GONE
+    return may_decide_in(operator, facts.team)
+
+
+def may_approve(approval: ApprovalRequest, operator) -> ActionResult | None:
+    """Why ``operator`` may not approve ``approval`` (or None): the gate of
+    the write it releases (``may_release_write``), then four-eyes."""
+    facts = _RunFacts.of(approval)
+    if facts is None:
+        return _GONE
+    return _approval_refused(approval, operator, facts)
+
+
+def _approval_refused(approval, operator, facts: "_RunFacts") -> ActionResult | None:
+    refused = may_release_write(operator, facts.team, approval.tool_name)
+    if refused is not None:
+        return refused
+    if settings.NRLLM_APPROVAL_SECOND_PERSON and facts.is_submitter(operator):
         return ActionResult(
             False,
             "second_person_required",
@@ -60,27 +159,65 @@ def may_approve(approval: ApprovalRequest, operator) -> ActionResult | None:
     return None
 
 
-def _is_submitter(approval: ApprovalRequest, operator) -> bool:
-    if ApprovalRequest.run.is_cached(approval):
-        # Joined by the caller (the inbox lists its calls so): who submitted
-        # a run is set once, when it is created, so the row read is as good.
-        submitted_by = approval.run.submitted_by_id
-        return submitted_by is not None and submitted_by == operator.pk
-    submitted_by = (
-        AgentRun.objects.filter(pk=approval.run_id).values_list("submitted_by", flat=True).first()
-    )
-    return submitted_by is not None and submitted_by == operator.pk
+_GONE = ActionResult(False, "not_found", "no such approval request")
+
+
+class _RunFacts:
+    """What the gate reads of an approval's run: its team (set at insert,
+    never changed: a database trigger refuses it) and its submitter (set
+    once, at insert). So a row the caller joined is as good as one read now."""
+
+    def __init__(self, team: Team, submitted_by_id):
+        self.team = team
+        self.submitted_by_id = submitted_by_id
+
+    @classmethod
+    def of(cls, approval: ApprovalRequest) -> "_RunFacts | None":
+        if ApprovalRequest.run.is_cached(approval):
+            # Joined by the caller (the inbox lists its calls so).
+            run = approval.run
+            team = run.team if AgentRun.team.is_cached(run) else Team.objects.get(pk=run.team_id)
+            return cls(team, run.submitted_by_id)
+        row = (
+            AgentRun.objects.filter(pk=approval.run_id)
+            .values_list("team_id", "submitted_by_id")
+            .first()
+        )
+        if row is None:
+            return None
+        team_id, submitted_by_id = row
+        return cls(Team.objects.get(pk=team_id), submitted_by_id)
+
+    def is_submitter(self, operator) -> bool:
+        return self.submitted_by_id is not None and self.submitted_by_id == operator.pk
 
 
 def _decide(
     approval: ApprovalRequest, operator, *, approved: bool, digest: str, note: str
 ) -> ActionResult:
-    refused = may_approve(approval, operator) if approved else _may_decide(operator)
+    facts = _RunFacts.of(approval)
+    if facts is None:
+        return _GONE
+    # Judged first without locks (most refusals end here); a denial
+    # executes nothing, so the approver role in the run's team is enough.
+    if approved:
+        refused = _approval_refused(approval, operator, facts)
+    else:
+        refused = may_decide_in(operator, facts.team)
     if refused is not None:
         return refused
-    by_submitter = _is_submitter(approval, operator)
+    by_submitter = facts.is_submitter(operator)
     word = "approved" if approved else "denied"
     with transaction.atomic():
+        if approved:
+            # Judged again under the locks of what it read: a team admin
+            # taking the tool away, or the approver's removal, committed
+            # since the check above is seen here, and one not yet committed
+            # waits for this decision.
+            facts = _RunFacts(access.held_still(operator, facts.team.pk), facts.submitted_by_id)
+            refused = _approval_refused(approval, operator, facts)
+            if refused is not None:
+                return refused
         decided = transitions.decide_approval(
             approval.pk,
             digest=digest,

@@ -23,12 +23,15 @@ from runs.models.vocabulary import (
     TerminationReason,
 )
 from spend.models import MONEY
+from teams.models import DEFAULT_TEAM_ID
 from tools.effects import ToolEffect
 
 EFFECT_CHOICES = [(effect.value, effect.value) for effect in ToolEffect]
 
 
 class AgentRun(models.Model):
+    TEAM_FIELD = "team"
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     request = models.JSONField()
     prompt = models.TextField()
@@ -49,6 +52,14 @@ class AgentRun(models.Model):
     # A database default too: rows inserted in SQL (the bench's) need none.
     submitted_via = models.CharField(
         max_length=16, choices=SubmittedVia.choices, blank=True, db_default=""
+    )
+
+    #: The team the run was started in (its agent's, G22); it never changes
+    #: (a database trigger). Its steps, approvals, dead letters and
+    #: reconciliations are its team's through it. A row inserted without
+    #: one (in SQL) is the default team's.
+    team = models.ForeignKey(
+        "teams.Team", on_delete=models.PROTECT, related_name="+", db_default=DEFAULT_TEAM_ID
     )
 
     lease_owner = models.CharField(max_length=200, blank=True)
@@ -158,6 +169,8 @@ class AgentRun(models.Model):
             # through run_status_created_idx; running runs are few (one per
             # busy worker), however many runs the table holds.
             models.Index(fields=["status", "available_at"], name="run_status_available_idx"),
+            # A team member's runs list (G22): its page is an index scan.
+            models.Index(fields=["team", "-created_at"], name="run_team_created_idx"),
             # A run page lists the run's reruns (G20).
             models.Index(
                 fields=["rerun_of"],
@@ -203,6 +216,8 @@ class AgentRun(models.Model):
 class RunStep(models.Model):
     """One thing that happened in a run. Inserted once, never updated (G11)."""
 
+    TEAM_FIELD = "run__team"
+
     # No index of its own: step_sequence_unique's (run, sequence) index serves
     # every lookup by run, and each step is one index entry fewer to write.
     run = models.ForeignKey(
@@ -240,6 +255,8 @@ class RunStep(models.Model):
 class DeadLetter(models.Model):
     """A queued run that failed and will not be retried automatically, until
     an operator resolves it."""
+
+    TEAM_FIELD = "run__team"
 
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="dead_letters")
     reason = models.CharField(max_length=32, choices=DeadLetterReason.choices)
@@ -280,6 +297,8 @@ class WriteReconciliation(models.Model):
     later write left in doubt, or the same call left in doubt again by a
     later attempt, is in doubt again.
     """
+
+    TEAM_FIELD = "run__team"
 
     #: A reconciliation outlives its run: retention (``prune_runs``) deletes
     #: a run past its age with everything else it holds, but an auditor may
@@ -325,6 +344,8 @@ class ApprovalRequest(models.Model):
     Written once by the park (``pending``), then once by the decision, the
     expiry or the cancel; a second decision of the same call matches nothing.
     """
+
+    TEAM_FIELD = "run__team"
 
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="approvals")
     #: The attempt that asked and parked the run.

@@ -32,6 +32,8 @@ class RunEvent(models.Model):
     until ``delivered_at`` (a 2xx answer) or ``gave_up_at`` (after
     ``NRLLM_RUN_WEBHOOK_MAX_ATTEMPTS`` attempts) is set."""
 
+    TEAM_FIELD = "run__team"
+
     #: The event id the receiver drops repeats by (``X-Nrllm-Event-Id``).
     id = models.UUIDField(primary_key=True, editable=False)
     #: Retention deletes the run's events with it.

@@ -28,6 +28,9 @@ from runs.operators.rerun_verdict import RerunVerdict, rerun_verdict
 from runs.queue.dispatch import dispatch_or_fail
 from runs.runtime.enqueue_spend import check_spend_at_enqueue
 from runs.runtime.journal import Journal
+from runs.runtime.run_request import InvalidRunRequest
+from runs.runtime.team_rules import under_team_rules
+from teams import access
 from tools.contract import idempotency_key_for
 
 #: Who may confirm a rerun past a non-idempotent write.
@@ -69,7 +72,7 @@ def rerun_from(
     )
     if not verdict.allowed:
         return RerunResult(False, verdict.code, verdict.reason, verdict)
-    if verdict.past_write and not operator.has_perm(PAST_WRITE_PERMISSION):
+    if verdict.past_write and not access.may(operator, PAST_WRITE_PERMISSION, run.team_id):
         return RerunResult(
             False,
             "permission",
@@ -77,8 +80,14 @@ def rerun_from(
             f"{PAST_WRITE_PERMISSION!r}",
             verdict,
         )
-    # The operator is the new run's submitter: their budget pays for it.
-    check_spend_at_enqueue(verdict.request, operator)
+    try:
+        # The team's tools and approvals as they stand now (G22).
+        new_request = under_team_rules(verdict.request, run.team)
+    except InvalidRunRequest as refused:
+        return RerunResult(False, "team_rules", str(refused), verdict)
+    # The operator is the new run's submitter: their budget pays for it,
+    # and the original's team's (G21).
+    check_spend_at_enqueue(new_request, operator, team_id=run.team_id)
     version = run.agent_version if agent_version is ... else agent_version
     new_id = uuid.uuid4()
     by = {"operator": operator.get_username(), "note": note, "verdict": verdict.reason}
@@ -88,8 +97,8 @@ def rerun_from(
             new_id,
             seen_step_count=run.step_count,
             from_sequence=sequence,
-            request=verdict.request.as_json(),
-            prompt=verdict.request.prompt,
+            request=new_request.as_json(),
+            prompt=new_request.prompt,
             steps=[
                 _step(
                     {
@@ -108,6 +117,8 @@ def rerun_from(
             submitted_by=operator,
             submitted_via=submitted_via,
             agent_version=version,
+            # A rerun is its original's team's, whoever starts it (G22).
+            team_id=run.team_id,
         )
         if new_run is None:
             return RerunResult(

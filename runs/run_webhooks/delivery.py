@@ -3,7 +3,8 @@ POST through the SSRF guard, and what the answer makes of the event.
 
 The body is what the event recorded when the run's status changed (its
 status, reason, output, tokens, cost), so every attempt of one event sends
-the same run data; ``sent_at`` and ``attempt`` say which attempt it is.
+the same run data; ``sent_at`` and ``attempt`` say which attempt it is. It
+is signed with the run's team's secret, or else the deployment's.
 The POST goes as the approval webhook's does (``runs.approvals.webhook``:
 the guard's checked, pinned connection, ``NRLLM_RUN_WEBHOOK_TIMEOUT_SECONDS``
 for the whole exchange, no redirect followed, a bounded answer), except
@@ -99,6 +100,9 @@ def body_of(event: RunEvent) -> bytes:
         "attempt": event.attempts,
         "run": {
             "id": str(event.run_id),
+            # Inside the signed body: an event of one team's run cannot be
+            # passed off at another team's receiver as its own (G19, G22).
+            "team": run.team.slug,
             "status": event.status,
             "termination_reason": event.termination_reason,
             "failure_class": event.failure_class,
@@ -129,9 +133,17 @@ def headers_of(event: RunEvent, body: bytes) -> dict[str, str]:
         EVENT_HEADER: event.event_type,
         EVENT_ID_HEADER: str(event.pk),
     }
-    if settings.NRLLM_RUN_WEBHOOK_SECRET:
-        headers[SIGNATURE_HEADER] = signature(body, settings.NRLLM_RUN_WEBHOOK_SECRET)
+    secret = secret_of(event)
+    if secret:
+        headers[SIGNATURE_HEADER] = signature(body, secret)
     return headers
+
+
+def secret_of(event: RunEvent) -> str:
+    """What ``event`` is signed with: its run's team's secret, so a receiver
+    of one team's events cannot be sent another team's as its own (G19);
+    else the deployment's ``NRLLM_RUN_WEBHOOK_SECRET`` ("" : unsigned)."""
+    return event.run.team.webhook_secret or settings.NRLLM_RUN_WEBHOOK_SECRET
 
 
 def _failed(event: RunEvent, status: int | None, error: str, as_of) -> str:

@@ -65,7 +65,11 @@ def claim(event_id, seen_attempts: int, *, as_of: datetime | None = None) -> Run
     if not claimed:
         return None  # another deliverer won, or it is no longer due
     # None if retention deleted the run (and its events) since the claim.
-    return RunEvent.objects.select_related("run__agent_version__agent").filter(pk=event_id).first()
+    return (
+        RunEvent.objects.select_related("run__agent_version__agent", "run__team")
+        .filter(pk=event_id)
+        .first()
+    )
 
 
 def delivered(event: RunEvent, status: int, *, as_of: datetime | None = None) -> bool:

@@ -14,8 +14,10 @@ the call can cost (``spend.call_size``: its prompt's bytes and its
 ``max_tokens``, at the model's price), stays within the limit. A run's
 calls are its lease holder's alone, one at a time, so for the run's own
 limits that is the reservation: no statement is needed to keep them. A
-submitter's budget is shared by their runs in flight: on PostgreSQL each
-call also reserves its size against it (``runs.runtime.reserving``, G21).
+submitter's budget is shared by their runs in flight, and a team's by
+its runs: on PostgreSQL each call also reserves its size against both
+(``runs.runtime.reserving``, G21), which alone keeps the team's; elsewhere
+the team's spend is read before each call.
 """
 
 from decimal import Decimal
@@ -23,7 +25,18 @@ from decimal import Decimal
 from runs.models.metrics import BUDGET_REFUSALS
 from runs.runtime.errors import BudgetExhausted
 from runs.runtime.next_call import first_call_size, going_live
-from spend.budgets import Budget, Spent, budget_of, no_room, over_budget
+from spend.budgets import (
+    Budget,
+    Spent,
+    budget_of,
+    database_now,
+    no_room,
+    over_budget,
+    period_bounds,
+    period_name,
+    team_budget_of,
+    team_spent_since,
+)
 from spend.call_size import CallSize
 from spend.prices import Usage, price_of, priced_model
 from spend.recording import turns_spend
@@ -42,6 +55,8 @@ class BudgetWatch:
         self.model = f"{starting.provider}/{starting.model}"
         self.run_limit = Budget.of("run", max_total_tokens, max_cost)
         self.submitter_budget = starting.budget
+        self.team_budget = starting.team_budget
+        self.team, self.team_name = starting.team, starting.team_name
         #: What the database said last (the claim, then every record).
         self.tally = starting.tally()
         #: This attempt's turns whose provider reported no usage.
@@ -54,7 +69,7 @@ class BudgetWatch:
     def limits_cost(self) -> bool:
         return any(
             limit is not None and limit.max_cost is not None
-            for limit in (self.run_limit, self.submitter_budget)
+            for limit in (self.run_limit, self.submitter_budget, self.team_budget)
         )
 
     def priced(self, result: dict) -> dict:
@@ -71,7 +86,14 @@ class BudgetWatch:
 
     @property
     def limits_anything(self) -> bool:
-        return self.run_limit is not None or self.submitter_budget is not None
+        return any(
+            limit is not None for limit in (self.run_limit, self.submitter_budget, self.team_budget)
+        )
+
+    @property
+    def _shared(self) -> str:
+        """Which shared budget a refusal that is no run's own names."""
+        return "submitter" if self.submitter_budget is not None else "team"
 
     def size(self, messages, tool_specs, max_tokens: int | None) -> CallSize | None:
         """The most the next call can cost, if a limit needs to know."""
@@ -98,13 +120,13 @@ class BudgetWatch:
             self._refuse(
                 f"the model {self.model} answered without reporting its usage: what the "
                 "run spent is unknown, so its limits cannot be kept",
-                "run" if self.run_limit else "submitter",
+                "run" if self.run_limit else self._shared,
             )
         if self.limits_cost and self.price is None:
             self._refuse(
                 f"the model {self.model} has no price, so a cost limit cannot be kept "
                 "(an operator sets prices in the admin: Spend > Model prices)",
-                "run" if self.run_limit and self.run_limit.max_cost is not None else "submitter",
+                "run" if self.run_limit and self.run_limit.max_cost is not None else self._shared,
             )
         if self.run_limit is not None:
             spent = self.tally.run
@@ -130,8 +152,17 @@ class BudgetWatch:
             else:
                 why = no_room(self.submitter_budget, spent, size.tokens, size.cost)
             if why:
-                period = "daily" if self.submitter_budget.period == "day" else "monthly"
+                period = period_name(self.submitter_budget.period)
                 self._refuse(f"the submitter's {period} budget: {why}", "submitter")
+        if self.team_budget is not None and not self.tally.reserving:
+            # No reservation here (SQLite): the team's runs of other
+            # submitters spend it too, so it is read now.
+            start, _ = period_bounds(self.team_budget.period, database_now())
+            spent = team_spent_since(self.team, start).plus(pending)
+            why = no_room(self.team_budget, spent, size.tokens, size.cost)
+            if why:
+                period = period_name(self.team_budget.period)
+                self._refuse(f"the team {self.team_name}'s {period} budget: {why}", "team")
 
     @staticmethod
     def _refuse(message: str, where: str) -> None:
@@ -162,7 +193,8 @@ def why_a_resume_stops(request, run, *, turns, disabled, unreported_turns) -> tu
     them."""
     limit = Budget.of("run", request.max_total_tokens, request.max_cost)
     budget = budget_of(run.submitted_by_id)
-    if limit is None and budget is None:
+    team_budget = team_budget_of(run.team_id)
+    if limit is None and budget is None and team_budget is None:
         return "", ""
     unknown = unreported_turns() if callable(unreported_turns) else unreported_turns
     if unknown:
@@ -172,7 +204,9 @@ def why_a_resume_stops(request, run, *, turns, disabled, unreported_turns) -> tu
         )
     provider, model = priced_model(request.provider)
     price = price_of(provider, model)
-    limits_cost = any(each is not None and each.max_cost is not None for each in (limit, budget))
+    limits_cost = any(
+        each is not None and each.max_cost is not None for each in (limit, budget, team_budget)
+    )
     if limits_cost and price is None:
         return "price_missing", (
             f"the model {provider}/{model} has no price, so a cost limit cannot be kept; "

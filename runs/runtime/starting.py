@@ -22,8 +22,10 @@ from runs.queue.dispatch import dispatch_or_fail
 from runs.runtime.attempt import execute_attempt, worker_identity
 from runs.runtime.enqueue_spend import check_spend_at_enqueue
 from runs.runtime.run_request import parse_run_request
+from runs.runtime.team_rules import under_team_rules
 from runs.transitions import Lease
 from spend.starting import starting_spend_of
+from teams.models import DEFAULT_TEAM_ID
 from tools.enabled import approval_overrides
 
 logger = logging.getLogger(__name__)
@@ -35,17 +37,20 @@ def enqueue(
     submitted_by=None,
     submitted_via: str = SubmittedVia.COMMAND_LINE,
     agent_version=None,
+    team=None,
 ) -> AgentRun:
     """Validate and store a ``queued`` run; its job is dispatched after commit.
     ``submitted_by`` (a user, or None from the command line),
     ``submitted_via`` and ``agent_version`` are recorded with it (four-eyes
-    approval reads the first two).
+    approval reads the first two). ``team``: the team it is started in,
+    whose rules it follows (None: the default team, without rules).
 
     Raises ``InvalidRunRequest`` and stores nothing when the request is bad,
-    and ``BudgetRefused`` when its submitter's budget is spent (G17).
+    and ``BudgetRefused`` when its submitter's budget or its team's is
+    spent (G17, G21).
     """
-    run_request = parse_run_request(request_data)
-    check_spend_at_enqueue(run_request, submitted_by)
+    run_request = under_team_rules(parse_run_request(request_data), team)
+    check_spend_at_enqueue(run_request, submitted_by, team_id=_team_id(team))
     # One INSERT, atomic on its own. Inside a caller's transaction the job
     # waits for the caller's commit; outside one, Django runs it at once.
     run = transitions.create_queued_run(
@@ -54,6 +59,7 @@ def enqueue(
         submitted_by=submitted_by,
         submitted_via=submitted_via,
         agent_version=agent_version,
+        team_id=None if team is None else team.pk,
     )
     transaction.on_commit(lambda: dispatch_or_fail(run.pk, dispatch_count=run.dispatch_count))
     return run
@@ -65,12 +71,13 @@ def run(
     submitted_by=None,
     submitted_via: str = SubmittedVia.COMMAND_LINE,
     agent_version=None,
+    team=None,
 ) -> AgentRun:
     """Execute an ``interactive`` run inline, under a lease, and return it:
     ended, or ``waiting_for_approval`` (a worker finishes it once its calls
     are decided, G14)."""
-    run_request = parse_run_request(request_data)
-    check_spend_at_enqueue(run_request, submitted_by)
+    run_request = under_team_rules(parse_run_request(request_data), team)
+    check_spend_at_enqueue(run_request, submitted_by, team_id=_team_id(team))
     lease = transitions.begin_interactive(
         run_request.as_json(),
         run_request.prompt,
@@ -79,6 +86,7 @@ def run(
         submitted_by=submitted_by,
         submitted_via=submitted_via,
         agent_version=agent_version,
+        team_id=None if team is None else team.pk,
     )
     try:
         # parse_run_request has just refused any disabled tool.
@@ -142,3 +150,9 @@ def _settle_interrupted(lease: Lease) -> None:
             return
         except DatabaseError:
             logger.exception("run=%s interrupted run could not be settled", lease.run_id)
+
+
+def _team_id(team) -> int:
+    """The id of the team a run is started in: ``team``'s, or the default
+    team's (None), where the run is stored."""
+    return DEFAULT_TEAM_ID if team is None else team.pk

@@ -41,10 +41,17 @@ NOW = DatabaseTime()
 
 
 def create_queued_run(
-    request: dict, prompt: str, *, submitted_by=None, submitted_via: str = "", agent_version=None
+    request: dict,
+    prompt: str,
+    *,
+    submitted_by=None,
+    submitted_via: str = "",
+    agent_version=None,
+    team_id: int | None = None,
 ) -> AgentRun:
     """Store a ``queued`` run, due now; the caller dispatches its job after
-    commit. The request's ``webhook`` is stored in ``webhook_url`` too (G19)."""
+    commit. The request's ``webhook`` is stored in ``webhook_url`` too (G19).
+    ``team_id``: the team it is started in (None: the default team)."""
     return insert_run(
         request,
         prompt,
@@ -53,6 +60,7 @@ def create_queued_run(
         submitted_by=submitted_by,
         submitted_via=submitted_via,
         agent_version=agent_version,
+        team_id=team_id,
         available_at=NOW,
     )
 
@@ -66,6 +74,7 @@ def begin_interactive(
     submitted_by=None,
     submitted_via: str = "",
     agent_version=None,
+    team_id: int | None = None,
 ) -> Lease:
     """Store an ``interactive`` run already running under a first lease. In a
     caller's transaction it is a savepoint of its own: a refused row leaves
@@ -79,6 +88,7 @@ def begin_interactive(
             submitted_by=submitted_by,
             submitted_via=submitted_via,
             agent_version=agent_version,
+            team_id=team_id,
             lease_owner=owner,
             lease_token=1,
             lease_expires_at=DatabaseTime(lease_seconds),
@@ -100,6 +110,7 @@ def create_rerun(
     submitted_by,
     submitted_via: str,
     agent_version=None,
+    team_id: int | None = None,
 ) -> AgentRun | None:
     """Store a ``queued`` run ``new_id`` that reruns ``of_run_id`` from its step
     ``from_sequence``: ``steps`` are its first steps (the operator step
@@ -127,6 +138,7 @@ def create_rerun(
             submitted_by=submitted_by,
             submitted_via=submitted_via,
             agent_version=agent_version,
+            team_id=team_id,
             id=new_id,
             available_at=NOW,
             rerun_of=of_run_id,
@@ -152,12 +164,16 @@ def insert_run(
     submitted_by=None,
     submitted_via: str = "",
     agent_version=None,
+    team_id: int | None = None,
     **columns,
 ) -> AgentRun:
     """Store a new run in one INSERT and return it as the ORM would have,
     with the values the row got. ``columns``: further fields by name, each a
     value or a ``DatabaseTime``; every other takes its field's default. The
-    request's ``webhook`` is stored in ``webhook_url`` (G19)."""
+    request's ``webhook`` is stored in ``webhook_url`` (G19); a run given no
+    ``team_id`` is the default team's (the column's database default)."""
+    if team_id is not None:
+        columns["team_id"] = team_id
     row = {
         "id": uuid.uuid4(),
         "request": request,
@@ -210,8 +226,8 @@ def _insert_prepared(row: dict) -> AgentRun:
     }
     for name in given:
         field, value = meta.get_field(name), row[name]
-        if field.is_relation:
-            value = value.pk if value is not None else None
+        if field.is_relation and value is not None and name != field.attname:
+            value = value.pk
         params[field.column] = field.get_db_prep_save(value, connection)
     for name, value in row.items():
         if isinstance(value, DatabaseTime) and value.after_seconds:

@@ -77,7 +77,8 @@ _RETURNING = (
 _RETURNING_SPEND_KEY = (
     ", COALESCE(submitted_by_id, 0) AS spend_submitter,"
     " request #>> '{provider,kind}' AS spend_provider,"
-    " COALESCE(request #>> '{provider,model}', request #>> '{provider,kind}') AS spend_model"
+    " COALESCE(request #>> '{provider,model}', request #>> '{provider,kind}') AS spend_model,"
+    " team_id AS spend_team"
 )
 _SAVED = ["tokens_saved_by_replay = tokens_saved_by_replay + %(tokens_saved)s"]
 
@@ -201,7 +202,7 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
         WHERE id = %(run_id)s AND status = 'queued'
             AND (available_at IS NULL OR available_at <= statement_timestamp())
         RETURNING id, step_count, lease_token, request, requeue_count, submitted_by_id,
-            prompt_tokens, completion_tokens, cost, unpriced_turns
+            prompt_tokens, completion_tokens, cost, unpriced_turns, team_id
     """
     row = _run_then_steps(
         sql,
@@ -214,11 +215,14 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
     if row is None:
         return None
     _, step_count, token, request, requeue_count, submitted_by = row[:6]
-    totals, (disabled, overrides, price, budget, spent, today) = row[6:10], row[10:]
+    totals, team = row[6:10], row[10]
+    disabled, overrides, price, budget, spent, today, team_budget = row[11:]
     if isinstance(request, str):  # Django loads jsonb as text; the model decodes it
         request = json.loads(request)
     overrides = dict(entry.rsplit(" ", 1) for entry in overrides)
-    spend = starting_spend_from_claim(request, submitted_by, totals, price, budget, spent, today)
+    spend = starting_spend_from_claim(
+        request, submitted_by, totals, price, budget, spent, today, team, team_budget
+    )
     return token, request, requeue_count, step_count, frozenset(disabled), overrides, spend
 
 

@@ -209,6 +209,7 @@ def add_spend_through_the_orm(
         AgentRun.objects.filter(pk=run_id)
         .values(
             "submitted_by_id",
+            "team_id",
             "request",
             "prompt_tokens",
             "completion_tokens",
@@ -219,7 +220,9 @@ def add_spend_through_the_orm(
     )
     if spend:
         provider, model = priced_model((run["request"] or {}).get("provider") or {})
-        add_daily_spend(run_id, run["submitted_by_id"] or 0, provider, model, spend)
+        add_daily_spend(
+            run_id, run["submitted_by_id"] or 0, provider, model, spend, team=run["team_id"]
+        )
         if lease_token is not None:
             reservations.settle(run_id, lease_token, spend)
     if tally is not None:

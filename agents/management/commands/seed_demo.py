@@ -18,6 +18,15 @@ completed one from ``release-notes``, the one left waiting from
 ``on-call``, whose instructions the demo then changes (version 2): the
 waiting run keeps version 1.
 
+Two teams share the deployment (G22): Operations (the default team,
+renamed), whose runs these are, and Support, with an agent of its own
+that may read notes and nothing else. Three members show the separation:
+``olga`` holds every role in Operations, ``sam`` every role in Support,
+and ``pat`` is a viewer in Operations and a runner and approver in
+Support. They have no password of their own until ``ensure_admin``
+creates the admin: it gives the members of ``DEMO_MEMBERS_GROUP`` the
+admin's password (``make run`` prints it once).
+
 The output is a line per run (``make run`` prints how to log in after it):
 what the runtime logs as it executes them, the failures the stories stage
 included, is not printed (``-v 2`` prints it), and the fault the demo
@@ -25,7 +34,7 @@ injects is expected, not an error; any other error is printed as logged.
 """
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
@@ -39,8 +48,20 @@ from runs.models.faults import step_inserts_refused
 from runs.models.vocabulary import ApprovalStatus, StepKind
 from runs.queue.dispatch import executing_in_caller
 from spend.models import ModelPrice
+from teams.models import DEFAULT_TEAM_ID, Membership, Team
+from teams.roles import Role
 from tools.models import Note
 
+#: The demo's team members (see the module's docstring); ``ensure_admin``
+#: gives this group's members without a password the admin's.
+DEMO_MEMBERS_GROUP = "demo team members"
+#: (username, team slug, roles): every role when none is named.
+DEMO_MEMBERS = (
+    ("olga", "ops", ()),
+    ("sam", "support", ()),
+    ("pat", "ops", (Role.VIEWER,)),
+    ("pat", "support", (Role.RUNNER, Role.APPROVER)),
+)
 #: Who the demo's decisions are recorded under. It may approve writes and
 #: nothing else, and it has no usable password: nobody can log in as it, so
 #: the demo documents no second password (the operator's is ``admin``'s).
@@ -232,6 +253,21 @@ OVER_BUDGET = _with_usage(
     }
 )
 
+#: Support's agent: it reads the incident notes and answers, nothing more.
+TRIAGE = _with_usage(
+    {
+        "prompt": "What do we know about incident 42?",
+        "tools": ["read_note", "search_notes"],
+        "provider": {
+            "kind": "scripted",
+            "turns": [
+                {"tool_calls": [{"name": "read_note", "arguments": {"slug": "incident-42"}}]},
+                {"content": "Incident 42: disk full on db-2; resolved."},
+            ],
+        },
+    }
+)
+
 #: The demo's agents (G18): each one's definition is a scenario's request
 #: less its prompt, which each run gives as its input.
 AGENTS = {
@@ -247,6 +283,11 @@ AGENTS = {
         "production yourself.",
         WAITING,
     ),
+    "triage": (
+        "Support's: answers what the incident notes say.",
+        "You answer questions about incidents from the incident notes only.",
+        TRIAGE,
+    ),
 }
 #: The change the demo makes to ``on-call`` after its run waits: version 2.
 ON_CALL_V2 = (
@@ -260,18 +301,41 @@ DENIED_NOTE = "Not yet: marketing announces v2 on Monday."
 ROUTINE_NOTE = "Demo: approved so the run ends as its story says."
 
 
-def demo_approver():
-    """The ``DEMO_APPROVER`` user, created on first use with
-    ``runs.approve_write`` only and an unusable password."""
+def demo_approver(team):
+    """The ``DEMO_APPROVER`` user, created on first use as an approver and
+    a runner of ``team`` (an approver releases only writes they could make,
+    G22), with nothing else and an unusable password."""
     users = get_user_model().objects
     approver = users.filter(username=DEMO_APPROVER).first()
     if approver is None:
         approver = users.create_user(DEMO_APPROVER)  # no password: unusable
-        approver.user_permissions.add(
-            Permission.objects.get(content_type__app_label="runs", codename="approve_write")
-        )
-    # Fetched again: a user caches its permissions on first use.
+    for role in (Role.APPROVER, Role.RUNNER):
+        Membership.objects.get_or_create(user=approver, team=team, role=role)
+    # Fetched again: a user caches its roles on first use.
     return users.get(pk=approver.pk)
+
+
+def demo_teams() -> tuple[Team, Team]:
+    """Operations (the default team, renamed) and Support, with their
+    members (``DEMO_MEMBERS``)."""
+    ops = Team.objects.get(pk=DEFAULT_TEAM_ID)
+    ops.name, ops.slug = "Operations", "ops"
+    ops.save(update_fields=["name", "slug"])
+    support, _ = Team.objects.get_or_create(
+        slug="support",
+        defaults={"name": "Support", "tools": ["read_note", "search_notes"]},
+    )
+    group, _ = Group.objects.get_or_create(name=DEMO_MEMBERS_GROUP)
+    users = get_user_model().objects
+    for username, slug, roles in DEMO_MEMBERS:
+        member = users.filter(username=username).first()
+        if member is None:
+            member = users.create_user(username, is_staff=True)  # password: ensure_admin's
+            member.groups.add(group)
+        team = ops if slug == "ops" else support
+        for role in roles or Role.values:
+            Membership.objects.get_or_create(user=member, team=team, role=role)
+    return ops, support
 
 
 def _pending(agent_run) -> ApprovalRequest | None:
@@ -322,7 +386,8 @@ class Command(BaseCommand):
     def _seed(self):
         Note.objects.get_or_create(slug="release-notes", defaults={"body": "v1: first release."})
         Note.objects.get_or_create(slug="incident-42", defaults={"body": "Disk full on db-2."})
-        approver = demo_approver()
+        ops, support = demo_teams()
+        approver = demo_approver(ops)
         ModelPrice.objects.get_or_create(provider="scripted", model="scripted", defaults=DEMO_PRICE)
 
         for name, (description, instructions, scenario) in AGENTS.items():
@@ -332,7 +397,10 @@ class Command(BaseCommand):
                 {**definition, "instructions": instructions},
                 description=description,
                 create=True,
+                team=support if name == "triage" else ops,
             )
+        sam = get_user_model().objects.get(username="sam")
+        triaged = run({"agent": "triage", "input": TRIAGE["prompt"]}, submitted_by=sam)
 
         completed = run({"agent": "release-notes", "input": COMPLETED["prompt"]})
         _approve_every_write(completed, approver)
@@ -342,20 +410,20 @@ class Command(BaseCommand):
         # Only the tool's step is refused: the approval's, which names the
         # tool too, is recorded.
         with step_inserts_refused("send_notification", kind=StepKind.TOOL):
-            audit_failed = enqueue(AUDIT_FAILED)
+            audit_failed = enqueue({**AUDIT_FAILED, "team": "ops"})
             _approve_every_write(audit_failed, approver)
-        dead_lettered = enqueue(NOT_RETRYABLE)
+        dead_lettered = enqueue({**NOT_RETRYABLE, "team": "ops"})
         # Its retry waits its backoff (NRLLM_RETRY_BACKOFF_SECONDS): the
         # embedded worker that `make run` starts next, or an rqworker, runs it.
-        resumed = enqueue(RESUMED)
+        resumed = enqueue({**RESUMED, "team": "ops"})
         _approve_every_write(resumed, approver)
         # Cancelled before any worker could claim it: its job finds nothing to do.
         with transaction.atomic():
-            cancelled = enqueue(CANCELLED)
+            cancelled = enqueue({**CANCELLED, "team": "ops"})
             transitions.cancel(cancelled.pk)
-        approved = enqueue(APPROVED)
+        approved = enqueue({**APPROVED, "team": "ops"})
         _decide(approved, approver, approved=True, note=APPROVED_NOTE)
-        denied = enqueue(DENIED)
+        denied = enqueue({**DENIED, "team": "ops"})
         _decide(denied, approver, approved=False, note=DENIED_NOTE)
         # Left for the operator: the admin's approvals inbox shows it until
         # it expires (NRLLM_APPROVAL_TIMEOUT_SECONDS), when the reaper ends
@@ -364,7 +432,7 @@ class Command(BaseCommand):
         on_call = AGENTS["on-call"][2]
         definition = {k: v for k, v in on_call.items() if k != "prompt"}
         save_agent("on-call", {**definition, "instructions": ON_CALL_V2}, create=False)
-        over_budget = enqueue(OVER_BUDGET)
+        over_budget = enqueue({**OVER_BUDGET, "team": "ops"})
 
         for label, agent_run in [
             ("completed (reads and writes)", completed),
@@ -379,12 +447,13 @@ class Command(BaseCommand):
             ("denied: never sent; the model was told why", denied),
             ("waits for approval: decide it in the admin's approvals inbox", waiting),
             ("stopped before a model call that would pass its token limit", over_budget),
+            ("Support's own: completed (reads only; see it as sam or pat)", triaged),
         ]:
             agent_run.refresh_from_db()
             self.stdout.write(f"{agent_run.pk}  {agent_run.status:<20} {label}")
         expires_at = _pending(waiting).expires_at
         self.stdout.write(
             f"the demo's decisions were made as the user {DEMO_APPROVER} "
-            "(permission runs.approve_write only; no password: nobody logs in as it); "
+            "(approver and runner in Operations only; no password: nobody logs in as it); "
             f"the waiting call expires at {expires_at:%Y-%m-%d %H:%M} UTC"
         )

@@ -15,6 +15,9 @@ from django.core.management.base import BaseCommand
 
 #: Sets the password of an 'admin' created here (read in ``handle``).
 PASSWORD_VARIABLE = "NRLLM_ADMIN_PASSWORD"
+#: The demo's team members (``seed_demo``): made without a password, they
+#: get the admin's when it is created here, so ``make run`` tells one.
+DEMO_MEMBERS_GROUP = "demo team members"
 
 
 class Command(BaseCommand):
@@ -40,6 +43,7 @@ class Command(BaseCommand):
         if admin is None:
             password = given or secrets.token_urlsafe(12)
             users.create_superuser("admin", "admin@localhost", password)
+            _demo_members_given(password)
             if given:
                 told = f"the one {PASSWORD_VARIABLE} gives"
             else:
@@ -50,19 +54,39 @@ class Command(BaseCommand):
                 told += ")"
         else:
             told = _whereabouts(admin, given, kept)
-        self._tell(url, told)
+        self._tell(url, told, _demo_members())
 
-    def _tell(self, url: str, password: str | list[str]) -> None:
+    def _tell(self, url: str, password: str | list[str], members: list[str]) -> None:
         """The block that ends the output: what an operator needs to log in
-        (a password's words on lines of their own, to keep it narrow)."""
+        (a password's words on lines of their own, to keep it narrow), and
+        the demo's team members, who log in with the same password."""
         said = [password] if isinstance(password, str) else password
         lines = ([f"The admin:  {url}"] if url else []) + [
             "user:       admin",
             f"password:   {said[0]}",
             *(f"            {line}" for line in said[1:]),
         ]
+        if members:
+            lines.append(f"teams:      {', '.join(members)} (same password)")
         rule = "-" * max(len(line) for line in lines)
         self.stdout.write("\n".join(["", rule, *lines, rule]))
+
+
+def _demo_members() -> list[str]:
+    return list(
+        get_user_model()
+        .objects.filter(groups__name=DEMO_MEMBERS_GROUP)
+        .order_by("pk")
+        .values_list("username", flat=True)
+    )
+
+
+def _demo_members_given(password: str) -> None:
+    """The demo's members who have no password yet get ``password``."""
+    for member in get_user_model().objects.filter(groups__name=DEMO_MEMBERS_GROUP):
+        if not member.has_usable_password():
+            member.set_password(password)
+            member.save(update_fields=["password"])
 
 
 def _keep(path: Path, password: str) -> None:
