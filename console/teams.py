@@ -163,7 +163,6 @@ class MembershipInline(InTheTeam, admin.TabularInline):
     readonly_fields = ["created_at"]
     extra = 1
 
-
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("user")
 
@@ -176,7 +175,6 @@ class TeamBudgetInline(InTheTeam, admin.StackedInline):
     fields = ["period", "max_tokens", "max_cost", "note"]
     max_num = 1
     extra = 0
-
 
 
 @admin.register(Team)
