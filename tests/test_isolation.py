@@ -240,7 +240,7 @@ def bravo_log_entries(world) -> int:
 
 #: What a POST may carry, whatever the route: Bravo's ids in every field a
 #: form or an endpoint of the site reads them from, and a decision for each.
-def post_bodies(world, model_admin) -> list[dict]:
+def post_bodies(world, model_admin, changelist: bool) -> list[dict]:
     bravo = world["bravo"]
     ids = [str(bravo["run"].pk), str(bravo["approval"].pk)]
     common = {
@@ -255,9 +255,12 @@ def post_bodies(world, model_admin) -> list[dict]:
         "prompt": "start in Bravo",
         "team": world["bravo_team"].slug,
     }
-    actions = list(getattr(model_admin, "actions", None) or []) if model_admin else []
-    names = actions or ["requeue", "restart", "cancel", "reconcile", "dismiss"]
-    return [{**common, "action": name} for name in names] + [
+    # A list's actions, each on the selection and on "all matching"; any
+    # other route reads the fields it knows from one body.
+    actions = list(getattr(model_admin, "actions", None) or []) if changelist else []
+    if not actions:
+        return [{**common, "action": "requeue"}]
+    return [{**common, "action": name} for name in actions] + [
         {**common, "action": name, "select_across": "1", "index": "0"} for name in actions
     ]
 
@@ -320,7 +323,10 @@ def test_a_member_of_alpha_reaches_nothing_of_bravo_through_any_route(bravo_worl
         path = concrete(route, bravo, API_PK.get(name), object_id)
         ghost = ghost_objects(model)
         ghost_path = concrete(route, ghost, API_PK.get(name), str(ghost["object"].pk))
-        for method, bodies in (("get", [None]), ("post", post_bodies(world, model_admin))):
+        for method, bodies in (
+            ("get", [None]),
+            ("post", post_bodies(world, model_admin, (name or "").endswith("_changelist"))),
+        ):
             for body in bodies:
                 visited += 1
                 response = ask(method, path, body)
@@ -348,7 +354,7 @@ def test_a_member_of_alpha_reaches_nothing_of_bravo_through_any_route(bravo_worl
                         wrong.append((method, path, said, said_of_missing))
 
     assert not unplaced, f"routes this test cannot place (scope them, or list them): {unplaced}"
-    assert visited > 300
+    assert visited > 250
     assert not leaks, f"Bravo's canaries reached a member of Alpha: {leaks}"
     assert not wrong, f"Bravo's objects answered otherwise than missing ones: {wrong}"
     assert bravo_as_it_stands(world) == before
