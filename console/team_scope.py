@@ -110,7 +110,11 @@ class TeamColumn:
         return filters
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("team")
+        # Prefetched, not joined: a join with the teams table changes the
+        # plans the list's filters and search were made for (at 1M runs the
+        # prompt search went from 56 ms to 1.5 s, its trigram index scanned
+        # once a team); a page's teams are one small query.
+        return super().get_queryset(request).prefetch_related("team")
 
     @admin.display(description="team", ordering="team__slug")
     def team_shown(self, obj) -> str:

@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='agentrun',
             name='team',
-            field=models.ForeignKey(db_default=1, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='teams.team'),
+            field=models.ForeignKey(db_default=1, db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='teams.team'),
         ),
         migrations.AddIndex(
             model_name='agentrun',
