@@ -23,6 +23,7 @@ SIZES = {
         "peer_workflows": 300,
         "peer_rounds": 5,
         "queue_runs": 2000,
+        "fairness": (1000, 10),
         "queue_rounds": 3,
         "queue_workers": 2,
         "scale_runs": 1_000_000,
@@ -45,6 +46,7 @@ SIZES = {
         "peer_workflows": 5,
         "peer_rounds": 1,
         "queue_runs": 40,
+        "fairness": (40, 4),
         "queue_rounds": 1,
         "queue_workers": 1,
         "scale_runs": 2000,
@@ -101,7 +103,16 @@ def main(argv=None) -> int:
     parser.add_argument("--database", default="nrllm_bench")
     parser.add_argument(
         "--only",
-        choices=["steps", "peer", "queue", "resume", "latency", "scale", "rate_limited"],
+        choices=[
+            "steps",
+            "peer",
+            "queue",
+            "resume",
+            "latency",
+            "scale",
+            "rate_limited",
+            "fairness",
+        ],
         help="measure only these figures and print them (results files untouched)",
     )
     args = parser.parse_args(argv)
@@ -125,6 +136,7 @@ def main(argv=None) -> int:
     from bench.resume import resume_figures
     from bench.steps import step_figures
     from bench.table import SIMPLE_WORKER, markdown, results_table
+    from bench.team_fairness import team_fairness, team_fairness_rows
     from bench.through_the_queue import through_the_queue
 
     call_command("migrate", verbosity=0)
@@ -137,6 +149,13 @@ def main(argv=None) -> int:
             size["queue_runs"], size["queue_rounds"], worker_env, workers=size["queue_workers"]
         )
         print(json.dumps(queue, indent=2))
+        return 0
+    if args.only == "fairness":
+        from django.conf import settings
+
+        settings.REDIS_URL = redis_url
+        fairness = team_fairness(*size["fairness"], worker_env, workers=size["queue_workers"])
+        print(json.dumps(fairness, indent=2))
         return 0
     if args.only == "latency":
         from django.conf import settings
@@ -211,6 +230,8 @@ def main(argv=None) -> int:
             (SIMPLE_WORKER,),
             workers=size["queue_workers"],
         )
+    _part("fairness across teams")
+    fairness = team_fairness(*size["fairness"], worker_env, workers=size["queue_workers"])
     _part("runs waiting on a model")
     latency = model_latency_figures(
         worker_env,
@@ -230,9 +251,13 @@ def main(argv=None) -> int:
     _part("the pages at scale")
     at_scale = scale.at_scale(size["scale_runs"], size["steps_per_run"])
 
-    table = results_table(
-        steps, baseline, flushless, resume, queue, flushless_queue, latency, recovery, peer
-    ) + rate_limited_rows(rate_limited)
+    table = (
+        results_table(
+            steps, baseline, flushless, resume, queue, flushless_queue, latency, recovery, peer
+        )
+        + rate_limited_rows(rate_limited)
+        + team_fairness_rows(fairness)
+    )
     results = {
         "mode": "smoke" if args.smoke else "full",
         "seconds": time.perf_counter() - started,
@@ -247,6 +272,7 @@ def main(argv=None) -> int:
         "waiting_on_a_model": latency,
         "recovery_after_sigkill": recovery,
         "under_a_provider_limit": rate_limited,
+        "fairness_across_teams": fairness,
         "at_scale": at_scale,
         "table": table,
     }

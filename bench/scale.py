@@ -88,17 +88,22 @@ def _reaper_with_backlog() -> float:
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE runs_agentrun SET available_at = created_at WHERE status = 'queued' "
-            "RETURNING id, requeue_count, available_at"
+            "RETURNING id, requeue_count, available_at, team_id"
         )
         waiting = sorted(cursor.fetchall(), key=lambda row: row[2])
-    queue = run_queue()
-    queue.empty()
+    # Each job on its team's queue, as dispatch puts it (G22).
+    queues = [run_queue(team) for team in {team for *_, team in waiting}]
+    for queue in queues:
+        queue.empty()
     for start in range(0, len(waiting), 5000):
-        dispatch_many([(run_id, count) for run_id, count, _ in waiting[start : start + 5000]])
+        dispatch_many(
+            [(run_id, count, team) for run_id, count, _, team in waiting[start : start + 5000]]
+        )
     report = reap_stale_runs()
     assert report.decisions == {}, f"a waiting job was taken for lost: {report.summary()}"
     elapsed = _timed(reap_stale_runs)
-    queue.empty()
+    for queue in queues:
+        queue.empty()
     return elapsed
 
 

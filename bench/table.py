@@ -10,10 +10,10 @@ TARGETS = {
     "non-idempotent write step / baseline": 0.6,
     # The target is SimpleWorker's; the forking worker's figure is
     # context (a fork and a Django child per job, as bare RQ's forks are bare).
-    "queue runs / bare RQ (rq.worker.SimpleWorker)": 0.85,
+    "queue runs / bare RQ (runs.worker.SimpleWorker)": 0.85,
     "ours / DBOS Transact": 5.0,
 }
-SIMPLE_WORKER = "rq.worker.SimpleWorker"
+SIMPLE_WORKER = "runs.worker.SimpleWorker"
 #: Lower is better.
 AT_MOST = {
     "resumed attempt / live run": 0.1,

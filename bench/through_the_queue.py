@@ -23,7 +23,7 @@ WORKER_CLASSES = {
     # PROMETHEUS_MULTIPROC_DIR it is RQ's own.
     "runs.worker.Worker": {"DATABASE_POOL_MAX_SIZE": "0"},
     # Jobs in the worker itself, on a database connection kept between jobs.
-    "rq.worker.SimpleWorker": {"DATABASE_CONN_MAX_AGE": "600"},
+    "runs.worker.SimpleWorker": {"DATABASE_CONN_MAX_AGE": "600"},
 }
 
 

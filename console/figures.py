@@ -12,7 +12,7 @@ from console.display import cut, moment, short_id, shortened, span
 from console.reconcile import reconcile_form
 from console.run_spend import spend_by_attempt
 from console.write_in_doubt import described_write
-from runs.models import AgentRun, DeadLetter, ProviderCircuit
+from runs.models import AgentRun, DeadLetter, HeldRun, ProviderCircuit
 from runs.models.selectors import (
     EXECUTED_WRITE,
     note_writes_in_doubt,
@@ -40,9 +40,11 @@ def overview(now: datetime, user) -> dict:
     runs (and the overdue ones: due more than
     ``NRLLM_REDISPATCH_AFTER_SECONDS`` ago and still not claimed, so no
     worker is taking them). ``now`` is the database's. Every figure counts
-    only the runs of the teams where ``user`` may view runs (G22). Five
-    queries, each on an index but the dead letters' (a table of one row per
-    dead run): the writes in doubt are two (``runs.models.selectors``)."""
+    only the runs of the teams where ``user`` may view runs (G22); with
+    runs queued, how many of them their team's cap holds. Five queries (six
+    with runs queued), each on an index but the dead letters' (a table of
+    one row per dead run): the writes in doubt are two
+    (``runs.models.selectors``)."""
     runs = access.scoped(AgentRun.objects, user, VIEW_RUNS)
     # The dead letters of the runs the user sees: the overview links them
     # only for one who may view dead letters, and counts them for anyone.
@@ -56,6 +58,9 @@ def overview(now: datetime, user) -> dict:
         overdue=Count("pk", filter=Q(status=RunStatus.QUEUED, available_at__lt=overdue_before)),
         waiting_for_approval=Count("pk", filter=Q(status=RunStatus.WAITING_FOR_APPROVAL)),
     )
+    # Queued, and waiting for a slot under their team's cap (G22): no worker
+    # is meant to take them before one of the team's runs ends.
+    held = access.scoped(HeldRun.objects, user, VIEW_RUNS).count() if live["queued"] else 0
     dead_letters = letters.aggregate(
         open=Count("pk", filter=Q(resolved_at__isnull=True)),
         last_day=Count("pk", filter=Q(created_at__gte=day_ago)),
@@ -64,6 +69,7 @@ def overview(now: datetime, user) -> dict:
     dead_letters_url = reverse("admin:runs_deadletter_changelist")
     return {
         **live,
+        "held": held,
         "open_dead_letters": dead_letters["open"],
         "dead_letters_last_day": dead_letters["last_day"],
         "writes_in_doubt": writes_in_doubt(runs).count(),

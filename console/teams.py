@@ -14,8 +14,10 @@ made on the team's page or on the memberships list.
 from django import forms
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.db import transaction
 
 from console.team_scope import ScopedRelatedFilter
+from runs.queue.held_runs import wake_held_runs
 from spend.models import TeamBudget
 from teams import access
 from teams.models import Membership, Team
@@ -72,7 +74,7 @@ class TeamForm(forms.ModelForm):
 
     class Meta:
         model = Team
-        fields = ["name", "slug", "tools", "require_approval"]
+        fields = ["name", "slug", "tools", "require_approval", "max_running"]
 
     def save(self, commit=True):
         # Write-only: a new secret replaces the old, none keeps it, and the
@@ -185,7 +187,7 @@ class TeamAdmin(admin.ModelAdmin):
 
     form = TeamForm
     inlines = [MembershipInline, TeamBudgetInline]
-    list_display = ["slug", "name", "tools_shown", "approvals_shown", "created_at"]
+    list_display = ["slug", "name", "tools_shown", "approvals_shown", "max_running", "created_at"]
     search_fields = ["slug", "name"]
     fields = [
         "name",
@@ -193,6 +195,7 @@ class TeamAdmin(admin.ModelAdmin):
         "every_tool",
         "tools",
         "require_approval",
+        "max_running",
         "webhook_secret_shown",
         "new_webhook_secret",
         "clear_webhook_secret",
@@ -207,9 +210,18 @@ class TeamAdmin(admin.ModelAdmin):
         return access.holds_globally(request.user, "teams.delete_team")
 
     def get_readonly_fields(self, request, obj=None):
+        # The cap on runs in flight is the platform's share of the workers
+        # among teams: a team admin sees it, never raises it.
         if obj is not None and not access.holds_globally(request.user, "teams.change_team"):
-            return ["name", "slug", "webhook_secret_shown"]
+            return ["name", "slug", "max_running", "webhook_secret_shown"]
         return ["webhook_secret_shown"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and "max_running" in form.changed_data:
+            # A cap raised or lifted: its held runs need not wait for the
+            # next run to end, or for the reaper's pass.
+            transaction.on_commit(lambda: wake_held_runs(obj.pk))
 
     @admin.display(description="webhook signing")
     def webhook_secret_shown(self, team: Team) -> str:

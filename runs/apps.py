@@ -14,6 +14,7 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         from ground import tracing
+        from runs import checks  # noqa: F401  (registers them)
 
         # Here, before the first request loads the middleware: the request
         # spans' middleware is added to it (ground.otel_sdk).
@@ -27,13 +28,14 @@ def _sqlite_triggers_dropped(sender, using, **kwargs) -> None:
     from django.apps import apps
     from django.db import connections
 
-    from runs.migrations import _run_events, _team_fixed
+    from runs.migrations import _run_events, _team_cap, _team_fixed
 
     connection = connections[using]
     if connection.vendor == "sqlite":
         with connection.schema_editor() as schema_editor:
             _run_events.drop_triggers(apps, schema_editor)
             _team_fixed.drop_guard(apps, schema_editor)
+            _team_cap.drop_guard(apps, schema_editor)
 
 
 def _sqlite_triggers_created(sender, using, **kwargs) -> None:
@@ -41,7 +43,7 @@ def _sqlite_triggers_created(sender, using, **kwargs) -> None:
     from django.apps import apps
     from django.db import connections
 
-    from runs.migrations import _run_events, _team_fixed
+    from runs.migrations import _run_events, _team_cap, _team_fixed
 
     connection = connections[using]
     if connection.vendor != "sqlite":
@@ -60,3 +62,7 @@ def _sqlite_triggers_created(sender, using, **kwargs) -> None:
     if "team_id" in columns:
         with connection.schema_editor() as schema_editor:
             _team_fixed.create_guard(apps, schema_editor)
+    held = apps.get_model("runs", "HeldRun")._meta.db_table
+    if held in tables:
+        with connection.schema_editor() as schema_editor:
+            _team_cap.create_guard(apps, schema_editor)

@@ -13,7 +13,9 @@ spans as it stops, within ``NRLLM_TRACES_EXIT_SECONDS`` (a worker of
 ``rqworker-pool`` leaves by ``os._exit``).
 
 All three wait out a Redis outage (``runs.workers.redis_outage.WaitsOutRedis``):
-started while Redis is away, or finding it gone, they wait and go on.
+started while Redis is away, or finding it gone, they wait and go on. And
+all three serve the teams' queues of the queue they are started on, in
+turn (``runs.workers.team_queues.ServesTeamQueues``, G22).
 """
 
 import logging
@@ -27,6 +29,7 @@ from ground import metrics_files, tracing
 from runs.workers.concurrent import ConcurrentWorker
 from runs.workers.preload import load_for_runs
 from runs.workers.redis_outage import WaitsOutRedis
+from runs.workers.team_queues import ServesTeamQueues
 
 __all__ = ["ConcurrentWorker", "SimpleWorker", "Worker"]
 
@@ -38,7 +41,7 @@ logger = logging.getLogger(__name__)
 HORSE_FLUSH_SECONDS = 2
 
 
-class Worker(WaitsOutRedis, RQWorker):
+class Worker(WaitsOutRedis, ServesTeamQueues, RQWorker):
     def bootstrap(self, *args, **kwargs):
         # First: a worker that cannot load them registers nothing in Redis.
         load_for_runs()
@@ -70,7 +73,7 @@ class Worker(WaitsOutRedis, RQWorker):
             metrics_files.fold_exited(horse, logger.exception)
 
 
-class SimpleWorker(WaitsOutRedis, RQSimpleWorker):
+class SimpleWorker(WaitsOutRedis, ServesTeamQueues, RQSimpleWorker):
     def bootstrap(self, *args, **kwargs):
         load_for_runs()
         super().bootstrap(*args, **kwargs)

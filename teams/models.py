@@ -26,7 +26,9 @@ class Team(models.Model):
     ``webhook_secret``: what its runs' run-ended webhooks are signed with
     (G19), so one team cannot forge another's events; blank: the
     deployment's ``NRLLM_RUN_WEBHOOK_SECRET``. Write-only: never shown
-    once set."""
+    once set. ``max_running``: the most of its runs ``running`` at once
+    (None: no cap); a claim past it is refused by the database and the run
+    waits, held, for one of the team's runs to stop running (G22)."""
 
     TEAM_FIELD = "id"
 
@@ -41,6 +43,11 @@ class Team(models.Model):
         blank=True,
         default="",
         help_text="signs this team's run webhooks; blank: the deployment's secret",
+    )
+    max_running = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="the most of this team's runs running at once; empty: no cap",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -12,6 +12,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from runs.queue.dispatch import run_queue
+from teams.models import DEFAULT_TEAM_ID
 from tests.helpers import ROOT
 from tests.http_fixture import TestResolver, start_http_server
 from tests.mcp_fixtures import http_tracker, tracker  # noqa: F401 (fixtures)
@@ -127,9 +128,9 @@ def dns(monkeypatch):
 @pytest.fixture
 def queue(settings):
     """Dispatch through the real Redis (this xdist worker's own database),
-    emptied before the test."""
+    emptied before the test; the queue of the default team's runs due now."""
     settings.REDIS_URL = django_settings.TEST_REDIS_URL
-    rq_queue = run_queue()
+    rq_queue = run_queue(DEFAULT_TEAM_ID)
     rq_queue.connection.flushdb()
     yield rq_queue
     rq_queue.connection.flushdb()

@@ -63,17 +63,20 @@ def test_the_bench_produces_every_figure(tmp_path):
     assert flushless_peer["dbos"]["synchronous_commit"] == "off"
     assert flushless_peer["ours"]["steps"] == flushless_peer["dbos"]["steps"] > 0
     queue = results["through_the_queue"]
-    assert set(queue["worker_classes"]) == {"runs.worker.Worker", "rq.worker.SimpleWorker"}
+    assert set(queue["worker_classes"]) == {"runs.worker.Worker", "runs.worker.SimpleWorker"}
     for figure in queue["worker_classes"].values():
         assert figure["completed"] == figure["runs"] and figure["bare_rq_jobs_per_second"] > 0
         assert figure["floor_jobs_per_second"] > 0 and figure["ratio_to_floor"] > 0
     assert queue["worker_peak_rss_mb"] > 0
     flushless_queue = results["through_the_queue_not_waiting_for_the_flush"]["worker_classes"]
-    assert set(flushless_queue) == {"rq.worker.SimpleWorker"}
-    assert flushless_queue["rq.worker.SimpleWorker"]["ratio"] > 0
+    assert set(flushless_queue) == {"runs.worker.SimpleWorker"}
+    assert flushless_queue["runs.worker.SimpleWorker"]["ratio"] > 0
     limited = results["under_a_provider_limit"]
     assert limited["completed"] == limited["runs"] and limited["answered_per_second"] > 0
     assert "rate held under a provider's limit" in (tmp_path / "results.md").read_text()
+    fairness = results["fairness_across_teams"]
+    assert fairness["backlog_started_before"] < fairness["backlog"] and fairness["ratio"] > 0
+    assert "fairness: team A's" in (tmp_path / "results.md").read_text()
     scale = results["at_scale"]
     assert len(scale["milliseconds"]) == 27 and scale["reaped"] == 1000
     pruned = [name for name in scale["milliseconds"] if name.startswith("prune, the whole pass")]

@@ -397,3 +397,52 @@ def test_the_embedded_worker_refuses_to_start_with_redis_configured(tmp_path):
     refused = manage("embedded_worker", env=env)
     assert refused.returncode != 0
     assert "REDIS_URL is set" in refused.stderr and "rqworker --with-scheduler" in refused.stderr
+
+
+def test_a_capped_teams_runs_all_run_on_the_embedded_worker(tmp_path, migrated):
+    """G22 on SQLite: Alpha may have one run in flight. The embedded worker
+    (4 slots) takes Alpha's 4 runs one at a time, as a trigger that notes
+    every run becoming ``running`` sees, while Bravo's 2 run beside them;
+    every run completes (the ones the cap held are woken)."""
+    env = sqlite_env(tmp_path / "embedded.sqlite3", NRLLM_WORKER_CONCURRENCY="4")
+    migrated(tmp_path / "embedded.sqlite3")
+    sqlite_write(env, "CREATE TABLE seen_running (team_id integer, running integer)")
+    sqlite_write(
+        env,
+        "CREATE TRIGGER note_running AFTER UPDATE OF status ON runs_agentrun "
+        "WHEN NEW.status = 'running' AND OLD.status <> 'running' BEGIN "
+        "INSERT INTO seen_running SELECT NEW.team_id, count(*) FROM runs_agentrun "
+        "WHERE team_id = NEW.team_id AND status = 'running'; END",
+    )
+    enqueued = manage(
+        "shell",
+        "-c",
+        "from runs.runtime import enqueue\n"
+        "from teams.models import Team\n"
+        "alpha = Team.objects.create(name='Alpha', slug='alpha', max_running=1)\n"
+        "bravo = Team.objects.create(name='Bravo', slug='bravo')\n"
+        "turn = {'content': 'done', 'delay_seconds': 0.5}\n"
+        "request = {'prompt': 'p', 'provider': {'kind': 'scripted', 'turns': [turn]}}\n"
+        "for team in [alpha] * 4 + [bravo] * 2: enqueue(request, team=team)\n",
+        env=env,
+    )
+    assert enqueued.returncode == 0, enqueued.stderr[-2000:]
+    with embedded_worker(env) as worker:
+        wait_until(
+            lambda: (
+                sqlite_rows(env, "SELECT count(*) FROM runs_agentrun WHERE status = 'completed'")[
+                    0
+                ][0]
+                == 6
+            ),
+            timeout=STALLED,
+            progress=progress(env, worker),
+            what="every run to complete",
+        )
+    most = dict(sqlite_rows(env, "SELECT team_id, max(running) FROM seen_running GROUP BY team_id"))
+    alpha, bravo = (
+        sqlite_rows(env, "SELECT id FROM teams_team WHERE slug = ?", slug)[0][0]
+        for slug in ("alpha", "bravo")
+    )
+    assert most[alpha] == 1 and most[bravo] == 2, most
+    assert sqlite_rows(env, "SELECT count(*) FROM runs_heldrun") == [(0,)]

@@ -35,7 +35,7 @@ def _completed(agent_run) -> AgentRun | None:
 
 @pytest.mark.worker
 def test_a_kept_connection_the_server_closed_between_jobs_is_replaced_at_the_claim(workers, queue):
-    worker = workers.start(NRLLM_WORKER_CLASS="rq.worker.SimpleWorker", DATABASE_CONN_MAX_AGE=600)
+    worker = workers.start(NRLLM_WORKER_CLASS="runs.worker.SimpleWorker", DATABASE_CONN_MAX_AGE=600)
     first = enqueue(scripted(answer("one")))
     wait_until(lambda: _completed(first), what="the first run")
     with connection.cursor() as cursor:

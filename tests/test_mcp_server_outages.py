@@ -131,7 +131,7 @@ def test_a_worker_process_that_found_a_server_unreachable_asks_it_again_when_it_
     try:
         workers.start(
             with_scheduler=True,
-            NRLLM_WORKER_CLASS="rq.worker.SimpleWorker",
+            NRLLM_WORKER_CLASS="runs.worker.SimpleWorker",
             NRLLM_RETRY_BACKOFF_SECONDS=2,
             NRLLM_MCP_CONNECT_TIMEOUT_SECONDS=1,
             **tracker.env,
@@ -259,7 +259,11 @@ def test_an_http_server_gone_between_two_calls_makes_the_next_a_tool_error_and_t
 @pytest.mark.worker
 @pytest.mark.parametrize(
     ("worker_class", "server_processes"),
-    [("rq.worker.SimpleWorker", 1), ("runs.worker.Worker", 2), ("runs.worker.ConcurrentWorker", 1)],
+    [
+        ("runs.worker.SimpleWorker", 1),
+        ("runs.worker.Worker", 2),
+        ("runs.worker.ConcurrentWorker", 1),
+    ],
 )
 def test_a_worker_process_keeps_one_stdio_server_for_its_calls(
     worker_class, server_processes, tracker, workers

@@ -63,7 +63,8 @@ def test_a_scrape_in_progress_holds_folding_back(tmp_path):
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
-    "worker_class", ["runs.worker.ConcurrentWorker", "runs.worker.Worker", "rq.worker.SimpleWorker"]
+    "worker_class",
+    ["runs.worker.ConcurrentWorker", "runs.worker.Worker", "runs.worker.SimpleWorker"],
 )
 def test_a_worker_leaves_only_folded_files(
     workers, queue, settings, tmp_path, monkeypatch, worker_class

@@ -1,6 +1,8 @@
 """The queue path: enqueue after commit, real rqworker execution, dispatch failure."""
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.db import transaction
 
 from runs.models import AgentRun, DeadLetter
@@ -41,7 +43,7 @@ def test_rqs_own_line_per_job_follows_log_level(workers, queue):
 @pytest.mark.worker
 @pytest.mark.parametrize(
     ("worker_class", "forks"),
-    [("runs.worker.Worker", True), ("rq.worker.Worker", True), ("rq.worker.SimpleWorker", False)],
+    [("runs.worker.Worker", True), ("runs.worker.SimpleWorker", False)],
 )
 def test_the_worker_class_and_connection_reuse_come_from_the_environment(
     workers, queue, settings, worker_class, forks
@@ -99,3 +101,10 @@ def test_a_dispatch_failure_no_retry_could_cure_fails_the_run_with_a_dead_letter
     )
     [dead_letter] = DeadLetter.objects.filter(run=agent_run)
     assert dead_letter.reason == "dispatch_failed" and "scheme" in dead_letter.error_message
+
+
+def test_a_worker_class_that_serves_only_its_own_queue_is_refused_at_start(settings):
+    """RQ's own classes would never see a team's queue, where runs wait (G22)."""
+    settings.RQ = {"WORKER_CLASS": "rq.worker.SimpleWorker"}
+    with pytest.raises(SystemCheckError, match="runs.E002.*does not serve the teams' queues"):
+        call_command("check")

@@ -12,6 +12,7 @@ from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from rq.registry import FailedJobRegistry
 
 from console.queue_dashboard import superuser_unless_read_only
+from runs.queue.dispatch import run_queue
 
 pytestmark = pytest.mark.django_db
 
@@ -19,6 +20,13 @@ DASHBOARD = "/admin/django-rq/"
 #: The worker the queued job claims to run on: a stop command goes to its
 #: channel. Pub/sub channels span Redis' databases, so each process has its own.
 WORKER = f"worker-under-a-run-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def queue(queue):
+    """The deployment's queue (emptied as the suite's): the one django-rq's
+    dashboard lists (``RQ_QUEUES``), not a team's."""
+    return run_queue()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from rq.job import JobStatus
 
 from runs import transitions
 from runs.models import AgentRun, DeadLetter, RunStep
-from runs.queue.dispatch import dispatch, executing_in_embedded_worker, job_id_for
+from runs.queue.dispatch import dispatch, executing_in_embedded_worker, job_id_for, run_queue
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.transitions import Reaping, StaleLease
@@ -224,10 +224,10 @@ def test_a_job_waiting_in_the_scheduled_registry_is_live_until_long_overdue(queu
     job_id = job_id_for(agent_run.pk, 0)
     dispatch(agent_run.pk, dispatch_count=0, delay_seconds=30)
     assert reap_stale_runs(as_of=later(120)).decisions == {}
-    # The same job, due 90 seconds ago and still waiting for a scheduler.
-    queue.scheduled_job_registry.schedule(
-        queue.fetch_job(job_id), timezone.now() - timedelta(seconds=90)
-    )
+    # The same job, due 90 seconds ago and still waiting for a scheduler
+    # (delayed jobs wait on the deployment's queue, whose scheduler runs).
+    scheduled = run_queue().scheduled_job_registry
+    scheduled.schedule(run_queue().fetch_job(job_id), timezone.now() - timedelta(seconds=90))
     report = reap_stale_runs(as_of=later(240))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
     assert job_id_for(agent_run.pk, 1) in queue.get_job_ids()
@@ -237,7 +237,7 @@ def test_a_job_lost_from_the_scheduled_registry_is_dispatched_again(queue, setti
     settings.NRLLM_REDISPATCH_AFTER_SECONDS = 60
     agent_run = transitions.create_queued_run(stored(scripted(answer())), "p")
     dispatch(agent_run.pk, dispatch_count=0, delay_seconds=30)
-    queue.scheduled_job_registry.remove(job_id_for(agent_run.pk, 0))
+    run_queue().scheduled_job_registry.remove(job_id_for(agent_run.pk, 0))
     report = reap_stale_runs(as_of=later(120))
     assert report.decisions == {str(agent_run.pk): "redispatched: no job in Redis"}
 

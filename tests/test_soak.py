@@ -35,7 +35,7 @@ WORKER_ENV = {
 # flight in one process, a thread each, on Django's pool (G15).
 WORKER_KINDS = [
     {"NRLLM_WORKER_CLASS": "runs.worker.Worker"},
-    {"NRLLM_WORKER_CLASS": "rq.worker.SimpleWorker", "DATABASE_CONN_MAX_AGE": 60},
+    {"NRLLM_WORKER_CLASS": "runs.worker.SimpleWorker", "DATABASE_CONN_MAX_AGE": 60},
     {
         "NRLLM_WORKER_CLASS": "runs.worker.ConcurrentWorker",
         "NRLLM_WORKER_CONCURRENCY": 20,

@@ -239,8 +239,10 @@ def _decide(
         )
         transaction.on_commit(lambda: _count(word, decided.waited_seconds))
         if decided.dispatch_count is not None:
-            run_id, dispatch_count = approval.run_id, decided.dispatch_count
-            transaction.on_commit(lambda: dispatch_or_fail(run_id, dispatch_count=dispatch_count))
+            run_id, dispatch_count, team_id = approval.run_id, decided.dispatch_count, facts.team.pk
+            transaction.on_commit(
+                lambda: dispatch_or_fail(run_id, dispatch_count=dispatch_count, team_id=team_id)
+            )
     if decided.outcome is DecisionOutcome.RELEASED:
         return ActionResult(True, word, f"{word}; the run goes back to the queue")
     return ActionResult(True, word, f"{word}; the run still waits for its other calls")

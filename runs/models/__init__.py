@@ -2,7 +2,8 @@
 the run, its steps, dead letters, reconciliations and approval requests
 (``run``); the provider circuits (``circuits``); the periodic processes'
 last passes (``last_passes``); the run-ended webhook's outbox
-(``run_events``). Re-exported here, where Django and callers look for them.
+(``run_events``); the runs held by their team's cap (``team_caps``).
+Re-exported here, where Django and callers look for them.
 """
 
 from runs.models.circuits import CircuitTransition, ProviderCircuit
@@ -16,6 +17,7 @@ from runs.models.run import (
     WriteReconciliation,
 )
 from runs.models.run_events import RunEvent
+from runs.models.team_caps import HeldRun
 
 __all__ = [
     "EFFECT_CHOICES",
@@ -23,6 +25,7 @@ __all__ = [
     "ApprovalRequest",
     "CircuitTransition",
     "DeadLetter",
+    "HeldRun",
     "LastPass",
     "ProviderCircuit",
     "RunEvent",

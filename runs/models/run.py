@@ -176,6 +176,13 @@ class AgentRun(models.Model):
             models.Index(fields=["status", "available_at"], name="run_status_available_idx"),
             # A team member's runs list (G22): its page is an index scan.
             models.Index(fields=["team", "-created_at"], name="run_team_created_idx"),
+            # A capped team's runs in flight, counted by every claim of its
+            # runs (runs/migrations/_team_cap.py): at most its cap of entries.
+            models.Index(
+                fields=["team"],
+                condition=models.Q(status="running"),
+                name="run_team_running_idx",
+            ),
             # A run page lists the run's reruns (G20).
             models.Index(
                 fields=["rerun_of"],

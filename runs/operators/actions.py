@@ -85,7 +85,9 @@ def _back_in_queue(run: AgentRun, operator, note: str, how: _BackInQueue, verdic
             )
         _resolve_dead_letters(run.pk, operator, Resolution.REQUEUED, note)
         _log(operator, AgentRun.objects.filter(pk=run.pk), f"{how.done.title()}. {note}".strip())
-        transaction.on_commit(lambda: dispatch_or_fail(run.pk, dispatch_count=dispatch_count))
+        transaction.on_commit(
+            lambda: dispatch_or_fail(run.pk, dispatch_count=dispatch_count, team_id=run.team_id)
+        )
     return ActionResult(True, how.done, f"{how.done}: {verdict.reason}")
 
 

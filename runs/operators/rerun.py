@@ -136,7 +136,9 @@ def rerun_from(
             single_object=True,
         )
         transaction.on_commit(
-            lambda: dispatch_or_fail(new_run.pk, dispatch_count=new_run.dispatch_count)
+            lambda: dispatch_or_fail(
+                new_run.pk, dispatch_count=new_run.dispatch_count, team_id=new_run.team_id
+            )
         )
     return RerunResult(True, "rerun", f"rerun as a new run: {verdict.reason}", verdict, new_run)
 

@@ -1,7 +1,14 @@
 """Waking a worker for a queued run.
 
-With ``REDIS_URL`` a job is enqueued on the RQ queue that ``manage.py
-rqworker`` serves; without it (the embedded default) a run due now executes
+With ``REDIS_URL`` a job is enqueued on its team's RQ queue
+(``team_queue_name``), which every ``manage.py rqworker`` of the
+deployment's queue also serves, taking from the teams' queues in turn
+(``runs.workers.team_queues``): one team's backlog does not hold back
+another's runs (G22). A delayed job (a retry's backoff) and one of a
+run whose team the caller does not know go on the deployment's queue,
+whose scheduler is the one every worker starts with.
+
+Without ``REDIS_URL`` (the embedded default) a run due now executes
 in-process, in the caller, and a delayed one (a retry's backoff) is left
 ``queued`` for ``manage.py embedded_worker`` to execute when due. RQ's own
 synchronous mode is not used because it still needs a Redis server. RQ's
@@ -50,9 +57,20 @@ def _redis(url: str) -> Redis:
     )
 
 
-def run_queue() -> Queue:
-    """The queue runs are dispatched on, from ``REDIS_URL`` as it is now."""
-    return Queue(settings.NRLLM_QUEUE_NAME, connection=_redis(settings.REDIS_URL))
+def run_queue(team_id: int | None = None) -> Queue:
+    """The queue a run of ``team_id`` is dispatched on (None: the
+    deployment's queue, ``NRLLM_QUEUE_NAME``), from ``REDIS_URL`` as it is now."""
+    name = settings.NRLLM_QUEUE_NAME if team_id is None else team_queue_name(team_id)
+    return Queue(name, connection=_redis(settings.REDIS_URL))
+
+
+#: What a team's queue is named after: the deployment's queue, this, the team's id.
+TEAM_QUEUE_INFIX = "-team-"
+
+
+def team_queue_name(team_id: int) -> str:
+    """The RQ queue of one team's runs due now."""
+    return f"{settings.NRLLM_QUEUE_NAME}{TEAM_QUEUE_INFIX}{team_id}"
 
 
 def job_id_for(run_id, dispatch_count: int) -> str:
@@ -63,45 +81,61 @@ def job_id_for(run_id, dispatch_count: int) -> str:
     return f"run-{run_id}-{dispatch_count}"
 
 
-def dispatch(run_id, *, dispatch_count: int = 0, delay_seconds: float = 0) -> None:
-    """Wake a worker for ``run_id``; raises if the job cannot be enqueued."""
+def dispatch(
+    run_id, *, dispatch_count: int = 0, delay_seconds: float = 0, team_id: int | None = None
+) -> None:
+    """Wake a worker for ``run_id`` of ``team_id``; raises if the job cannot be enqueued."""
     if not settings.REDIS_URL:
         _execute_in_caller(run_id, delay_seconds)
         return
-    queue = run_queue()
     options = {**JOB_OPTIONS, "job_id": job_id_for(run_id, dispatch_count)}
     if delay_seconds > 0:
-        queue.enqueue_in(timedelta(seconds=delay_seconds), JOB_FUNCTION, str(run_id), **options)
+        run_queue().enqueue_in(
+            timedelta(seconds=delay_seconds), JOB_FUNCTION, str(run_id), **options
+        )
     else:
-        queue.enqueue(JOB_FUNCTION, str(run_id), **options)
+        run_queue(team_id).enqueue(JOB_FUNCTION, str(run_id), **options)
 
 
-def dispatch_many(runs: list[tuple[str, int]]) -> None:
-    """Wake a worker for each ``(run_id, dispatch_count)`` now, in one Redis
-    pipeline (the reaper's requeues); raises if the pipeline fails."""
+def dispatch_many(runs: list[tuple[str, int, int | None]], *, at_front: bool = False) -> None:
+    """Wake a worker for each ``(run_id, dispatch_count, team_id)`` now, in
+    one Redis pipeline (the reaper's requeues, woken held runs: ``at_front``
+    of their queues, before the runs queued after them); raises if the
+    pipeline fails."""
     if not runs:
         return
     if not settings.REDIS_URL:
-        for run_id, _dispatch_count in runs:
+        for run_id, _dispatch_count, _team_id in runs:
             _execute_in_caller(run_id, 0)
         return
-    queue = run_queue()
-    queue.enqueue_many(
-        [
-            Queue.prepare_data(
-                JOB_FUNCTION,
-                args=(str(run_id),),
-                timeout=JOB_OPTIONS["job_timeout"],
-                result_ttl=JOB_OPTIONS["result_ttl"],
-                failure_ttl=JOB_OPTIONS["failure_ttl"],
-                job_id=job_id_for(run_id, dispatch_count),
+    by_team = {}
+    for run_id, dispatch_count, team_id in runs:
+        by_team.setdefault(team_id, []).append((run_id, dispatch_count))
+    connection = _redis(settings.REDIS_URL)
+    with connection.pipeline() as pipeline:
+        for team_id, team_runs in by_team.items():
+            run_queue(team_id).enqueue_many(
+                [_job_data(run_id, count, at_front) for run_id, count in team_runs],
+                pipeline=pipeline,
             )
-            for run_id, dispatch_count in runs
-        ]
+        pipeline.execute()
+
+
+def _job_data(run_id, dispatch_count: int, at_front: bool):
+    return Queue.prepare_data(
+        JOB_FUNCTION,
+        at_front=at_front,
+        args=(str(run_id),),
+        timeout=JOB_OPTIONS["job_timeout"],
+        result_ttl=JOB_OPTIONS["result_ttl"],
+        failure_ttl=JOB_OPTIONS["failure_ttl"],
+        job_id=job_id_for(run_id, dispatch_count),
     )
 
 
-def dispatch_or_fail(run_id, *, dispatch_count: int, delay_seconds: float = 0) -> None:
+def dispatch_or_fail(
+    run_id, *, dispatch_count: int, delay_seconds: float = 0, team_id: int | None = None
+) -> None:
     """Dispatch the job of the run's ``dispatch_count``-th time in the queue.
 
     The run row is the state (G4): if Redis cannot take the job — away,
@@ -112,7 +146,9 @@ def dispatch_or_fail(run_id, *, dispatch_count: int, delay_seconds: float = 0) -
     letter.
     """
     try:
-        dispatch(run_id, dispatch_count=dispatch_count, delay_seconds=delay_seconds)
+        dispatch(
+            run_id, dispatch_count=dispatch_count, delay_seconds=delay_seconds, team_id=team_id
+        )
     except Exception as error:
         failure_class = classify(error)
         if isinstance(error, redis.RedisError) or is_retryable(failure_class):
@@ -130,15 +166,15 @@ def dispatch_or_fail(run_id, *, dispatch_count: int, delay_seconds: float = 0) -
             logger.exception("run=%s could not be marked dispatch_failed", run_id)
 
 
-def dispatch_many_or_fail(runs: list[tuple[str, int]]) -> None:
-    """Dispatch many ``(run_id, dispatch_count)`` at once; if that fails,
-    dispatch each on its own (``dispatch_or_fail``)."""
+def dispatch_many_or_fail(runs: list[tuple[str, int, int | None]], *, at_front=False) -> None:
+    """Dispatch many ``(run_id, dispatch_count, team_id)`` at once; if that
+    fails, dispatch each on its own (``dispatch_or_fail``)."""
     try:
-        dispatch_many(runs)
+        dispatch_many(runs, at_front=at_front)
     except Exception:
         logger.exception("dispatch of %d runs in one pipeline failed; one by one", len(runs))
-        for run_id, dispatch_count in runs:
-            dispatch_or_fail(run_id, dispatch_count=dispatch_count)
+        for run_id, dispatch_count, team_id in runs:
+            dispatch_or_fail(run_id, dispatch_count=dispatch_count, team_id=team_id)
 
 
 #: Set while ``manage.py embedded_worker`` executes runs: there a run due
@@ -214,25 +250,26 @@ def live_job_ids(job_ids: list[str], *, grace_seconds: float) -> set[str]:
     """
     if not settings.REDIS_URL or not job_ids:
         return set()
-    queue = run_queue()
-    with queue.connection.pipeline(transaction=False) as pipeline:
+    connection = _redis(settings.REDIS_URL)
+    with connection.pipeline(transaction=False) as pipeline:
         for job_id in job_ids:
-            pipeline.hmget(Job.key_for(job_id), "status", "started_at")
+            pipeline.hmget(Job.key_for(job_id), "status", "started_at", "origin")
         states = pipeline.execute()
     cutoff = datetime.now(UTC) - timedelta(seconds=grace_seconds)
     live, waiting = set(), []
-    for job_id, (status, started_at) in zip(job_ids, states, strict=True):
+    for job_id, (status, started_at, origin) in zip(job_ids, states, strict=True):
         status = status.decode() if status else None
         if status == JobStatus.STARTED:
             if started_at and str_to_date(started_at) > cutoff:
                 live.add(job_id)
-        elif status in _WAITING:
-            waiting.append((job_id, status))
-    with queue.connection.pipeline(transaction=False) as pipeline:
-        for job_id, status in waiting:
+        elif status in _WAITING and origin:
+            # Where it waits is its queue's (a team's, or the deployment's).
+            waiting.append((job_id, status, Queue(origin.decode(), connection=connection)))
+    with connection.pipeline(transaction=False) as pipeline:
+        for job_id, status, queue in waiting:
             _look_for(pipeline, queue, job_id, status)
         found = pipeline.execute()
-    for (job_id, status), place in zip(waiting, found, strict=True):
+    for (job_id, status, _queue), place in zip(waiting, found, strict=True):
         if place is None:
             continue  # not where its status says
         if status == JobStatus.SCHEDULED and place < cutoff.timestamp():

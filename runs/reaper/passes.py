@@ -25,14 +25,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
+from django.db.models import Exists, OuterRef
 
 from runs import transitions
-from runs.models import AgentRun
+from runs.models import AgentRun, HeldRun
 from runs.models.last_passes import REAPER, WRITE_EVERY_SECONDS, LastPass
 from runs.models.metrics import APPROVAL_DECISIONS, REAPER_DECISIONS
 from runs.models.vocabulary import RunMode, RunStatus, StepKind
 from runs.queue.dispatch import dispatch_many_or_fail, dispatch_or_fail, job_id_for, live_job_ids
+from runs.queue.held_runs import wake_held_runs
 from runs.reaper.decisions import (
     ABANDON,
     CANCEL,
@@ -92,6 +94,7 @@ _STALE_FIELDS = (
     "pending_call",
     "requeue_count",
     "cancel_requested_at",
+    "team_id",
 )
 
 
@@ -122,6 +125,9 @@ def reap_stale_runs(
         # Without Redis no queued run has a job to lose: the embedded worker
         # executes every queued run once it is due.
         _redispatch_lost_jobs(as_of, batch_size, report)
+    # A run whose team's cap held it back waits for the worker that frees a
+    # slot to wake it; one that died first, or a cap raised, leaves it here.
+    _wake_held_runs()
     if as_of is None:
         # A pass "as of" another time (a test's, reap_stale_runs --as-of) is
         # no sign of life: recorded, a future one would show a dead reaper
@@ -150,12 +156,13 @@ def _reap_chunk(runs: list[dict], as_of, report: ReapReport) -> list[str]:
             cancel_requested=run["cancel_requested_at"] is not None,
         )
         groups.setdefault(decision, []).append(_reaping(run, decision))
-    lost = []
+    lost, teams = [], {str(run["id"]): run["team_id"] for run in runs}
     with transaction.atomic():
         for decision, reapings in groups.items():
             if decision.action == REQUEUE:
                 reaped = transitions.reap_requeue(reapings, as_of)
-                transaction.on_commit(functools.partial(dispatch_many_or_fail, reaped))
+                requeued = [(run_id, count, teams[run_id]) for run_id, count in reaped]
+                transaction.on_commit(functools.partial(dispatch_many_or_fail, requeued))
             elif decision.action == CANCEL:
                 reaped = transitions.reap_cancelled(reapings, as_of)
             elif decision.action == ABANDON:
@@ -235,14 +242,17 @@ def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
     cutoff = as_of - timedelta(seconds=threshold) if as_of is not None else db_time(-threshold)
     waiting = list(
         AgentRun.objects.filter(status=RunStatus.QUEUED, available_at__lt=cutoff)
+        # Held by its team's cap (G22): it has no job on purpose, and waits
+        # to be woken (``_wake_held_runs``).
+        .exclude(Exists(HeldRun.objects.filter(run=OuterRef("pk"))))
         .order_by("available_at")
-        .values_list("id", "dispatch_count")[:batch_size]
+        .values_list("id", "dispatch_count", "team_id")[:batch_size]
     )
     live = live_job_ids(
-        [job_id_for(run_id, count) for run_id, count in waiting],
+        [job_id_for(run_id, count) for run_id, count, _team in waiting],
         grace_seconds=threshold,
     )
-    for run_id, dispatch_count in waiting:
+    for run_id, dispatch_count, team_id in waiting:
         if job_id_for(run_id, dispatch_count) in live:
             continue
         step = {
@@ -258,7 +268,18 @@ def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:
             report.decisions[str(run_id)] = f"{REDISPATCH}: no job in Redis"
             REAPER_DECISIONS.labels(REDISPATCH).inc()
             logger.warning("reaper: run=%s redispatched (its job was lost)", run_id)
-            _dispatch_after_commit(run_id, dispatched)
+            _dispatch_after_commit(run_id, dispatched, team_id)
+
+
+def _wake_held_runs() -> None:
+    for team_id in transitions.teams_holding():
+        try:
+            woken = wake_held_runs(team_id)
+        except DatabaseError:
+            logger.exception("reaper: team=%s held runs not woken", team_id)
+            continue
+        if woken:
+            logger.info("reaper: team=%s %d held runs woken", team_id, woken)
 
 
 def _record_pass(beat: Beat) -> None:
@@ -279,7 +300,7 @@ def _record_pass(beat: Beat) -> None:
     LastPass.objects.bulk_create([LastPass(name=beat.name, **fields)], ignore_conflicts=True)
 
 
-def _dispatch_after_commit(run_id, dispatch_count: int) -> None:
+def _dispatch_after_commit(run_id, dispatch_count: int, team_id: int) -> None:
     transaction.on_commit(
-        functools.partial(dispatch_or_fail, run_id, dispatch_count=dispatch_count)
+        functools.partial(dispatch_or_fail, run_id, dispatch_count=dispatch_count, team_id=team_id)
     )

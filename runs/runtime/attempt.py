@@ -23,6 +23,7 @@ from runs.models.metrics import LEASES_LOST, REPLAYED_STEPS, RESUMES, STEPS, Tim
 from runs.models.vocabulary import RunMode, RunStatus, StepKind, TerminationReason
 from runs.providers import build_provider
 from runs.providers.base import Turn
+from runs.queue.held_runs import wake_held_runs
 from runs.run_webhooks import deliver_new_events_of
 from runs.runtime import heartbeat, rate_limit, spans
 from runs.runtime.budget_watch import BudgetWatch
@@ -80,7 +81,11 @@ def claim_queued(run_id) -> transitions.ClaimedRun | None:
             time.sleep(early)
             claimed = transitions.claim(run_id, worker_identity(), settings.NRLLM_LEASE_SECONDS)
     if claimed is None:
-        logger.info("run=%s not claimable (taken, ended or not yet due); job ignored", run_id)
+        logger.info(
+            "run=%s not claimable (taken, ended, not yet due or held by its team's cap); "
+            "job ignored",
+            run_id,
+        )
     return claimed
 
 
@@ -105,6 +110,17 @@ def execute_claimed(claimed: transitions.ClaimedRun) -> None:
     # reaper's. A run without a webhook has none: no statement for it.
     if claimed.request.get("webhook"):
         deliver_new_events_of(claimed.lease.run_id)
+    if claimed.team_capped and claimed.spend is not None:
+        _wake_held_runs_of(claimed.spend.team)
+
+
+def _wake_held_runs_of(team_id: int) -> None:
+    """The attempt no longer runs: a run its team's cap held back may take
+    its place (G22). If this fails, the reaper's next pass wakes it."""
+    try:
+        wake_held_runs(team_id)
+    except Exception:
+        logger.exception("team=%s held runs not woken; the reaper's next pass will", team_id)
 
 
 def _stored_request(stored: dict) -> RunRequest:

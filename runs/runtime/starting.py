@@ -61,7 +61,9 @@ def enqueue(
         agent_version=agent_version,
         team_id=None if team is None else team.pk,
     )
-    transaction.on_commit(lambda: dispatch_or_fail(run.pk, dispatch_count=run.dispatch_count))
+    transaction.on_commit(
+        lambda: dispatch_or_fail(run.pk, dispatch_count=run.dispatch_count, team_id=run.team_id)
+    )
     return run
 
 

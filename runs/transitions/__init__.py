@@ -68,9 +68,12 @@ from runs.transitions.steps import (
     record_steps,
     skips_the_flush,
 )
+from runs.transitions.team_caps import teams_holding, wake_held
 from runs.transitions.unused_approvals import expire_approvals
 
 __all__ = [
+    "teams_holding",
+    "wake_held",
     "AUDIT_FAILED",
     "CancelOutcome",
     "ClaimedRun",

@@ -7,7 +7,7 @@ from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 
 from ground.commits import reaching_disk
-from runs.models import AgentRun, RunStep
+from runs.models import AgentRun, HeldRun, RunStep
 from runs.models.vocabulary import RunStatus, StepKind
 from runs.transitions.common import (
     Lease,
@@ -43,6 +43,9 @@ class ClaimedRun:
     #: The run's totals, its model's price, its submitter's budget and
     #: spend (G17); None only where a caller built the claim by hand.
     spend: StartingSpend | None = None
+    #: Its team has a cap on runs in flight: the attempt's end wakes a run
+    #: the cap held back (G22).
+    team_capped: bool = False
 
 
 def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
@@ -65,13 +68,17 @@ def claim(run_id, owner: str, lease_seconds: float) -> ClaimedRun | None:
         claimed = _claim_through_the_orm(run_id, owner, lease_seconds)
     if claimed is None:
         return None
-    token, request, requeue_count, step_count, recorded, disabled, overrides, spend = claimed
+    token, request, requeue_count, step_count, recorded, disabled, overrides, spend, capped = (
+        claimed
+    )
     sequence = step_count if recorded else None
     log_change("claim", run_id, lease_token=token, sequence=sequence)
     # Steps beyond the request step this claim numbered: an earlier attempt ran.
     resumed = step_count > 1
     lease = Lease(str(run_id), owner, token)
-    return ClaimedRun(lease, request, requeue_count, resumed, recorded, disabled, overrides, spend)
+    return ClaimedRun(
+        lease, request, requeue_count, resumed, recorded, disabled, overrides, spend, capped
+    )
 
 
 #: The one-statement claim failed: the ORM's claim is still to be tried.
@@ -80,8 +87,8 @@ _UNTRIED = object()
 
 def _claim_with_request_step(run_id, owner: str, lease_seconds: float):
     """PostgreSQL's one-statement claim: (token, request, requeue_count,
-    step_count, True, disabled tools, approval overrides), None if not
-    claimable, or ``_UNTRIED`` if the statement failed."""
+    step_count, True, disabled tools, approval overrides, starting spend,
+    team capped), None if not claimable, or ``_UNTRIED`` if the statement failed."""
     try:
         claimed = claim_in_one_statement(run_id, owner, lease_seconds)
     except DatabaseError as error:
@@ -95,14 +102,14 @@ def _claim_with_request_step(run_id, owner: str, lease_seconds: float):
         return _UNTRIED
     if claimed is None:
         return None
-    token, request, requeue_count, step_count, disabled, overrides, spend = claimed
-    return token, request, requeue_count, step_count, True, disabled, overrides, spend
+    token, request, requeue_count, step_count, disabled, overrides, spend, capped = claimed
+    return token, request, requeue_count, step_count, True, disabled, overrides, spend, capped
 
 
 def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
     """The same claim in ``UPDATE … RETURNING`` and a savepoint for the step:
     (token, request, requeue_count, step_count, recorded, disabled tools,
-    approval overrides, starting spend) or None if not claimable."""
+    approval overrides, starting spend, team capped) or None if not claimable."""
     with transaction.atomic():
         rows = update_returning(
             AgentRun.objects.filter(
@@ -128,8 +135,9 @@ def _claim_through_the_orm(run_id, owner: str, lease_seconds: float):
     requested = set(request.get("tools", []))
     disabled = frozenset(disabled_tool_names() & requested) if requested else frozenset()
     overrides = approval_overrides(requested) if requested else {}
-    spend = starting_spend_of(AgentRun.objects.get(pk=run_id))
-    return token, request, requeue_count, step_count, recorded, disabled, overrides, spend
+    run = AgentRun.objects.select_related("team").get(pk=run_id)
+    spend, capped = starting_spend_of(run), run.team.max_running is not None
+    return token, request, requeue_count, step_count, recorded, disabled, overrides, spend, capped
 
 
 def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bool:
@@ -154,9 +162,11 @@ def _record_request_step(run_id, sequence: int, token: int, request: dict) -> bo
 def seconds_until_due(run_id) -> float | None:
     """How long until the ``queued`` run ``run_id`` is due, by the database's
     clock (0 once it is: a claim that just missed it may try again); None
-    when it is not queued."""
+    when it is not queued, or its team's cap holds it back."""
     rows = (
         AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED)
+        # Held back by its team's cap: not due until it is woken (G22).
+        .exclude(pk__in=HeldRun.objects.filter(run=run_id).values("run"))
         .annotate(early=ExpressionWrapper(F("available_at") - Now(), DurationField()))
         .values_list("early", flat=True)
     )

@@ -30,6 +30,7 @@ from runs.models import AgentRun, RunStep
 from spend.recording import SPEND_CTE, USER_SPENT_COLUMN, spend_params, turns_spend
 from spend.reservations import SETTLE_CTES
 from spend.starting import CLAIM_COLUMNS, starting_spend_from_claim
+from teams.models import Team
 from tools.models import ToolSetting
 
 _STEP_COLUMNS = (
@@ -173,8 +174,9 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
     """The claim with its request step. Returns (token, request, requeue_count,
     step_count, the requested tools an operator has disabled, their approval
     settings other than ``default`` by name, the attempt's
-    ``spend.starting.StartingSpend``) or None when the run was not ``queued``.
-    Its budget checks need no statement of their own (G17).
+    ``spend.starting.StartingSpend``, whether its team has a cap on runs in
+    flight) or None when the run was not ``queued`` or its team's cap held it
+    back (G22). Its budget checks need no statement of their own (G17).
 
     The claim commits without waiting for its WAL to reach disk
     (``synchronous_commit = off`` for this transaction only): one flush less
@@ -209,21 +211,24 @@ def claim_in_one_statement(run_id, owner: str, lease_seconds: float):
         [{"kind": "request"}],
         {"run_id": run_id, "owner": owner, "lease_seconds": lease_seconds},
         arguments_from_request=True,
-        also_select=f"{_DISABLED_REQUESTED_TOOLS}, {_APPROVAL_OVERRIDES}, {CLAIM_COLUMNS}",
+        also_select=(
+            f"{_DISABLED_REQUESTED_TOOLS}, {_APPROVAL_OVERRIDES}, {CLAIM_COLUMNS}, {_TEAM_CAPPED}"
+        ),
         wait_for_flush=False,
     )
     if row is None:
         return None
     _, step_count, token, request, requeue_count, submitted_by = row[:6]
     totals, team = row[6:10], row[10]
-    disabled, overrides, price, budget, spent, today, team_budget = row[11:]
+    disabled, overrides, price, budget, spent, today, team_budget, capped = row[11:]
     if isinstance(request, str):  # Django loads jsonb as text; the model decodes it
         request = json.loads(request)
     overrides = dict(entry.rsplit(" ", 1) for entry in overrides)
     spend = starting_spend_from_claim(
         request, submitted_by, totals, price, budget, spent, today, team, team_budget
     )
-    return token, request, requeue_count, step_count, frozenset(disabled), overrides, spend
+    claimed = (token, request, requeue_count, step_count, frozenset(disabled), overrides, spend)
+    return *claimed, bool(capped)
 
 
 #: A FROM item that makes the statement's own transaction commit without
@@ -242,6 +247,12 @@ COMMIT_WITH_FLUSH = "(SELECT set_config('synchronous_commit', 'on', true)) AS fl
 _DISABLED_REQUESTED_TOOLS = f"""
     ARRAY(SELECT name FROM {ToolSetting._meta.db_table} WHERE NOT enabled
           AND name IN (SELECT jsonb_array_elements_text(run.request -> 'tools')))
+"""
+
+# Whether the run's team has a cap on runs in flight: then the attempt's end
+# wakes a run the cap held back (``runs.transitions.team_caps``).
+_TEAM_CAPPED = f"""
+    (SELECT max_running IS NOT NULL FROM {Team._meta.db_table} WHERE id = run.team_id)
 """
 
 # Their approval settings where an operator changed the default (G14), as

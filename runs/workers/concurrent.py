@@ -62,6 +62,7 @@ from ground import tracing
 from runs.workers.preload import load_for_runs
 from runs.workers.redis_outage import WaitsOutRedis
 from runs.workers.run_threads import RunThreads
+from runs.workers.team_queues import ServesTeamQueues
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class NoDeathPenalty(BaseDeathPenalty):
 SPARE_REDIS_CONNECTIONS = 10
 
 
-class ConcurrentWorker(WaitsOutRedis, SimpleWorker):
+class ConcurrentWorker(WaitsOutRedis, ServesTeamQueues, SimpleWorker):
     death_penalty_class = NoDeathPenalty
     #: Seconds a blocking dequeue waits before the loop looks round again
     #: (RQ's own would block for minutes, leaving jobs' heartbeats unsent).
@@ -196,19 +197,24 @@ class ConcurrentWorker(WaitsOutRedis, SimpleWorker):
         super().reorder_queues(reference_queue)
 
     def _take_waiting_jobs(self, wanted: int) -> list:
-        """Up to ``wanted`` jobs waiting in the queue, without blocking: RQ's
-        own move of each to the queue's intermediate list (where RQ looks for
-        a job a worker took and never started), ``wanted`` of them in one
-        round trip, and their hashes in another. A worker listening on
-        several queues takes one job at a time, in RQ's order."""
-        if len(self._ordered_queues) != 1 or self.get_redis_server_version() < (6, 2, 0):
+        """Up to ``wanted`` jobs waiting in the queues, without blocking, taken
+        from the queues in turn (``runs.workers.team_queues``) in one round
+        trip by a script, and their hashes in another. From a worker's one
+        queue a job is moved to the queue's intermediate list, as RQ's own
+        dequeue moves it (where RQ looks for a job a worker took and never
+        started); from several, popped, as RQ's own dequeue pops it then."""
+        if self.get_redis_server_version() < (6, 2, 0):
             return []
-        queue = self._ordered_queues[0]
-        intermediate = IntermediateQueue(queue.key, self.connection)
-        with self.connection.pipeline(transaction=False) as pipeline:
-            for _ in range(wanted):
-                pipeline.lmove(queue.key, intermediate.key)
-            job_ids = [as_text(job_id) for job_id in pipeline.execute() if job_id is not None]
+        queues = self._ordered_queues
+        single = len(self.queues) == 1
+        intermediate = IntermediateQueue(queues[0].key, self.connection).key if single else ""
+        taken_from = _take_in_turn(self.connection)(
+            keys=[queue.key for queue in queues], args=[wanted, intermediate]
+        )
+        pairs = [(queues[int(at) - 1], as_text(job_id)) for at, job_id in _two_by_two(taken_from)]
+        if pairs:
+            self.reorder_queues(pairs[-1][0])
+        job_ids = [job_id for _queue, job_id in pairs]
         if not job_ids:
             return []
         with self.connection.pipeline(transaction=False) as pipeline:
@@ -218,7 +224,7 @@ class ConcurrentWorker(WaitsOutRedis, SimpleWorker):
             # job's alone: the others taken with it are started.
             stored = pipeline.execute(raise_on_error=False)
         taken = []
-        for job_id, fields in zip(job_ids, stored, strict=True):
+        for (queue, job_id), fields in zip(pairs, stored, strict=True):
             job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
             try:
                 if isinstance(fields, Exception):
@@ -374,3 +380,44 @@ class ConcurrentWorker(WaitsOutRedis, SimpleWorker):
             # A worker of rqworker-pool leaves by os._exit after this: no
             # atexit hook will export its runs' spans.
             tracing.flush(timeout_seconds=settings.NRLLM_TRACES_EXIT_SECONDS)
+
+
+#: Takes up to ARGV[1] job ids from the lists KEYS, one from each in turn,
+#: skipping those that run dry: (index of the list, job id) flattened. With
+#: an intermediate list (ARGV[2]; one queue only) each is moved there.
+_TAKE_IN_TURN = """
+local wanted, intermediate = tonumber(ARGV[1]), ARGV[2]
+local taken, dry, dry_count, at = {}, {}, 0, 0
+while #taken < 2 * wanted and dry_count < #KEYS do
+    at = at % #KEYS + 1
+    if not dry[at] then
+        local job_id
+        if intermediate ~= "" then
+            job_id = redis.call("LMOVE", KEYS[at], intermediate, "LEFT", "RIGHT")
+        else
+            job_id = redis.call("LPOP", KEYS[at])
+        end
+        if job_id then
+            taken[#taken + 1] = at
+            taken[#taken + 1] = job_id
+        else
+            dry[at] = true
+            dry_count = dry_count + 1
+        end
+    end
+end
+return taken
+"""
+
+
+def _take_in_turn(connection):
+    """The script, registered once per connection (redis-py sends its hash,
+    and the script itself only to a server that does not know it)."""
+    script = getattr(connection, "_nrllm_take_in_turn", None)
+    if script is None:
+        script = connection._nrllm_take_in_turn = connection.register_script(_TAKE_IN_TURN)
+    return script
+
+
+def _two_by_two(flat: list) -> list[tuple]:
+    return list(zip(flat[::2], flat[1::2], strict=True))

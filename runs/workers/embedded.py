@@ -3,7 +3,8 @@
 Without Redis there is no ``rqworker --with-scheduler`` to execute a run and
 no ``rqcron`` to run the reaper. This loop stands in for both, in one
 process beside the web server: every pass is one reaper pass, then the
-queued runs that are due, oldest first, each claimed here and executed in a
+queued runs that are due, the team with the fewest in flight first, and
+its oldest first, each claimed here and executed in a
 thread of its own, up to ``NRLLM_WORKER_CONCURRENCY`` at once — as
 ``runs.worker.ConcurrentWorker`` executes them in production (G15), tool
 time limits included. The web server executes no run itself (a new run
@@ -18,8 +19,10 @@ import logging
 import threading
 
 from django.db import close_old_connections
+from django.db.models import Count, Exists, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 
-from runs.models import AgentRun
+from runs.models import AgentRun, HeldRun
 from runs.models.last_passes import EMBEDDED_WORKER
 from runs.models.vocabulary import RunStatus
 from runs.queue.dispatch import executing_in_embedded_worker
@@ -32,10 +35,22 @@ logger = logging.getLogger(__name__)
 
 
 def next_due_run():
-    """The id of the queued run due longest by the database's clock, or None."""
+    """The id of the queued run to claim next, or None: of the teams with a
+    run due (by the database's clock), the one with the fewest runs
+    ``running``, and its run due longest; none that its team's cap holds
+    back. So one team's backlog does not hold back another's runs (G22)."""
+    running = (
+        AgentRun.objects.filter(status=RunStatus.RUNNING, team_id=OuterRef("team_id"))
+        .order_by()
+        .values("team_id")
+        .annotate(count=Count("pk"))
+        .values("count")
+    )
     return (
         AgentRun.objects.filter(status=RunStatus.QUEUED, available_at__lte=db_time())
-        .order_by("available_at")
+        .exclude(Exists(HeldRun.objects.filter(run=OuterRef("pk"))))
+        .annotate(team_running=Coalesce(Subquery(running), 0))
+        .order_by("team_running", "available_at")
         .values_list("pk", flat=True)
         .first()
     )
@@ -74,7 +89,7 @@ def start_due_runs(runs: RunThreads, *, stopping=lambda: False) -> int:
             runs.give_back()
             if run_id is None:
                 break
-            continue  # another executor took it: the next one
+            continue  # another executor took it, or its team's cap held it: the next one
         runs.start(lambda claimed=claimed: execute_claimed(claimed), name=f"run-{run_id}")
         started += 1
     return started

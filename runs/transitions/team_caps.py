@@ -1,0 +1,67 @@
+"""Waking the runs a team's cap on runs in flight held back (G22).
+
+The cap itself is the database's (``runs/migrations/_team_cap.py``): a
+claim past it matches nothing and holds the run (``runs.models.HeldRun``).
+Waking takes the same lock as the claims of the team, then counts: a run
+whose hold commits just after a slot frees is seen here, not left waiting.
+A wake may dispatch more runs than end up claimed (two wakes count the
+same free slot before either's run is claimed): the cap refuses the extra
+claim and holds the run again, so the cap is never passed either way.
+"""
+
+from django.db import connection, transaction
+from django.db.models import F
+
+from runs.models import AgentRun, HeldRun
+from runs.models.team_caps import CAP_LOCK_CLASS
+from runs.models.vocabulary import RunStatus
+from runs.transitions.common import log_change, update_returning
+from teams.models import Team
+
+#: Held runs woken at most in one go (a team whose cap was lifted has all
+#: of its held runs woken, a batch per reaper pass).
+WAKE_BATCH = 500
+
+
+def wake_held(team_id: int) -> list[tuple[str, int, int]]:
+    """Take as many of the team's held runs off hold, oldest first, as its
+    cap has room for now; returns (run_id, dispatch_count, team_id) of each,
+    to be dispatched once this has committed. Each gets a new dispatch
+    number, as a redispatched run does: its job is a new one."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [CAP_LOCK_CLASS, team_id])
+        held = HeldRun.objects.filter(team_id=team_id)
+        # Cancelled, or claimed by a job of its own since: no longer held.
+        held.exclude(run__status=RunStatus.QUEUED).delete()
+        cap = Team.objects.filter(pk=team_id).values_list("max_running", flat=True).first()
+        room = WAKE_BATCH
+        if cap is not None:
+            running = AgentRun.objects.filter(team_id=team_id, status=RunStatus.RUNNING).count()
+            room = min(room, cap - running)
+        if room <= 0:
+            return []
+        oldest = list(held.order_by("held_at").values_list("run_id", flat=True)[:room])
+        if not oldest:
+            return []
+        HeldRun.objects.filter(run_id__in=oldest).delete()
+        # A run a claim has locked right now (a stale job of its own) is
+        # that claim's: waiting for its row under the team's lock, which
+        # the claim's trigger waits for, would deadlock.
+        woken = AgentRun.objects.filter(pk__in=oldest).select_for_update(skip_locked=True)
+        rows = update_returning(
+            AgentRun.objects.filter(pk__in=list(woken.values_list("pk", flat=True))).filter(
+                status=RunStatus.QUEUED
+            ),
+            ("id", "dispatch_count"),
+            dispatch_count=F("dispatch_count") + 1,
+        )
+    for run_id, _count in rows:
+        log_change("wake", run_id)
+    return [(run_id, dispatch_count, team_id) for run_id, dispatch_count in rows]
+
+
+def teams_holding() -> list[int]:
+    """The teams with runs held back by their cap (for the reaper's pass)."""
+    return list(HeldRun.objects.values_list("team_id", flat=True).distinct().order_by())
