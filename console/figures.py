@@ -40,11 +40,10 @@ def overview(now: datetime, user) -> dict:
     runs (and the overdue ones: due more than
     ``NRLLM_REDISPATCH_AFTER_SECONDS`` ago and still not claimed, so no
     worker is taking them). ``now`` is the database's. Every figure counts
-    only the runs of the teams where ``user`` may view runs (G22); with
-    runs queued, how many of them their team's cap holds. Five queries (six
-    with runs queued), each on an index but the dead letters' (a table of
-    one row per dead run): the writes in doubt are two
-    (``runs.models.selectors``)."""
+    only the runs of the teams where ``user`` may view runs (G22), and how
+    many queued ones their team's cap holds. Six queries, each on an index
+    but the dead letters' (a table of one row per dead run): the writes in
+    doubt are two (``runs.models.selectors``)."""
     runs = access.scoped(AgentRun.objects, user, VIEW_RUNS)
     # The dead letters of the runs the user sees: the overview links them
     # only for one who may view dead letters, and counts them for anyone.
@@ -60,7 +59,11 @@ def overview(now: datetime, user) -> dict:
     )
     # Queued, and waiting for a slot under their team's cap (G22): no worker
     # is meant to take them before one of the team's runs ends.
-    held = access.scoped(HeldRun.objects, user, VIEW_RUNS).count() if live["queued"] else 0
+    held = (
+        access.scoped(HeldRun.objects, user, VIEW_RUNS)
+        .filter(run__status=RunStatus.QUEUED)  # a cancelled one's hold goes next pass
+        .count()
+    )
     dead_letters = letters.aggregate(
         open=Count("pk", filter=Q(resolved_at__isnull=True)),
         last_day=Count("pk", filter=Q(created_at__gte=day_ago)),

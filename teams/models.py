@@ -45,9 +45,11 @@ class Team(models.Model):
         help_text="signs this team's run webhooks; blank: the deployment's secret",
     )
     max_running = models.PositiveIntegerField(
+        "runs in flight at most",
         null=True,
         blank=True,
-        help_text="the most of this team's runs running at once; empty: no cap",
+        help_text="the most of this team's runs running at once, whatever the workers' free "
+        "slots; the others wait queued. Empty: no cap; 0: the team's runs wait (a pause)",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

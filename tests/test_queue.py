@@ -2,7 +2,7 @@
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import SystemCheckError
+from django.core.management.base import CommandError, SystemCheckError
 from django.db import transaction
 
 from runs.models import AgentRun, DeadLetter
@@ -108,3 +108,7 @@ def test_a_worker_class_that_serves_only_its_own_queue_is_refused_at_start(setti
     settings.RQ = {"WORKER_CLASS": "rq.worker.SimpleWorker"}
     with pytest.raises(SystemCheckError, match="runs.E002.*does not serve the teams' queues"):
         call_command("check")
+    settings.RQ = {"WORKER_CLASS": "runs.worker.ConcurrentWorker"}
+    for command in ("rqworker", "rqworker-pool"):
+        with pytest.raises(CommandError, match=f"{command} not started: --worker-class rq.worker"):
+            call_command(command, "default", worker_class="rq.worker.Worker")

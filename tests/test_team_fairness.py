@@ -2,18 +2,25 @@
 runs in flight is never passed. Real PostgreSQL, Redis and rqworkers
 (the concurrent worker class, the default)."""
 
-import pytest
-from django.db import connection
+import threading
 
+import pytest
+from django.db import connection, transaction
+
+from runs import transitions
 from runs.models import AgentRun, HeldRun
 from runs.models.vocabulary import RunStatus
+from runs.queue.dispatch import job_id_for, run_queue
+from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
+from runs.worker import ConcurrentWorker
 from tests.helpers import answer, scripted, wait_until
 from tests.test_concurrent_worker import CONCURRENT
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
+@pytest.mark.worker
 def test_a_teams_ten_runs_start_ahead_of_another_teams_backlog_of_a_thousand(
     workers, queue, two_teams
 ):
@@ -79,6 +86,7 @@ def observed_running():
         cursor.execute("DROP TABLE seen_running")
 
 
+@pytest.mark.worker
 def test_a_teams_cap_on_runs_in_flight_is_never_passed_and_held_runs_all_run(
     workers, queue, two_teams, observed_running
 ):
@@ -106,3 +114,56 @@ def test_a_teams_cap_on_runs_in_flight_is_never_passed_and_held_runs_all_run(
     assert observed_running(alpha) == 3
     assert observed_running(bravo) > 3
     assert not HeldRun.objects.exists()
+
+
+def test_a_wake_passes_over_a_held_run_another_transaction_has_locked(queue, two_teams):
+    """Two runs held by a cap of 0; the cap is raised while another
+    transaction holds the oldest's row (a stale job's claim, say). The
+    reaper's wake neither waits for it (the claim waits for the team's lock
+    the wake holds: a deadlock) nor drops its hold: the other run is woken
+    and dispatched, the locked one stays held, and is woken by the next pass."""
+    alpha, _ = two_teams
+    alpha.max_running = 0
+    alpha.save()
+    first, second = (enqueue(scripted(answer()), team=alpha) for _ in range(2))
+    for run in (first, second):
+        assert transitions.claim(run.pk, "w", 30) is None
+    assert HeldRun.objects.count() == 2
+    alpha.max_running = 5
+    alpha.save()
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_row():
+        with transaction.atomic():
+            AgentRun.objects.select_for_update().get(pk=first.pk)
+            locked.set()
+            release.wait(30)
+        connection.close()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        reap_stale_runs()
+        assert list(HeldRun.objects.values_list("run_id", flat=True)) == [first.pk]
+        assert job_id_for(second.pk, 1) in run_queue(alpha.pk).get_job_ids()
+    finally:
+        release.set()
+        holder.join()
+    reap_stale_runs()
+    assert not HeldRun.objects.exists()
+    assert run_queue(alpha.pk).get_job_ids()[0] == job_id_for(first.pk, 1)
+
+
+def test_a_worker_serves_a_team_queue_its_turn_order_lacks(queue):
+    """Each take replaces the worker's turn order (``_ordered_queues``); a
+    team queue its list of queues already holds is still added to it."""
+    worker = ConcurrentWorker([run_queue()], connection=queue.connection)
+    run_queue(901).enqueue("os.getcwd")
+    worker.serve_team_queues()
+    assert [q.name for q in worker._ordered_queues] == [run_queue().name, run_queue(901).name]
+    run_queue(902).enqueue("os.getcwd")
+    worker.queues.append(run_queue(902))  # as a copy performing a job once could
+    worker._team_queues_seen_at = float("-inf")
+    worker.serve_team_queues()
+    assert run_queue(902) in worker._ordered_queues

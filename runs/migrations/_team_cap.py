@@ -21,7 +21,7 @@ Shared by the migration that creates it and, on SQLite, by ``runs.apps``,
 which puts it back after a table rebuild drops it.
 """
 
-from runs.models.team_caps import CAP_LOCK_CLASS
+from runs.models.team_caps import CAP_LOCK_CLASS, LOCK_KEYS
 
 FUNCTION = "nrllm_team_cap"
 
@@ -45,7 +45,7 @@ def create_guard(apps, schema_editor):
             BEGIN
                 SELECT max_running INTO cap FROM {teams} WHERE id = NEW.team_id;
                 IF cap IS NULL THEN RETURN NEW; END IF;
-                PERFORM pg_advisory_xact_lock({CAP_LOCK_CLASS}, NEW.team_id::integer);
+                PERFORM pg_advisory_xact_lock({CAP_LOCK_CLASS}, mod(NEW.team_id, {LOCK_KEYS})::integer);
                 SELECT count(*) INTO busy FROM {runs}
                     WHERE team_id = NEW.team_id AND status = 'running';
                 IF busy < cap THEN RETURN NEW; END IF;

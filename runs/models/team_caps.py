@@ -11,8 +11,17 @@ stopped it or, at the latest, by the reaper's next pass.
 from django.db import models
 
 #: The first key of the advisory lock a capped team's claims and wakes take
-#: (the second is the team's id): a number the project uses for nothing else.
+#: (the second is ``cap_lock_key`` of the team): a number the project uses
+#: for nothing else.
 CAP_LOCK_CLASS = 0x6E726370
+#: The lock's second key is a 32-bit integer; a team's id may be larger.
+LOCK_KEYS = 2_147_483_647
+
+
+def cap_lock_key(team_id: int) -> int:
+    """The team's key of the lock (two teams may share one: they then wait
+    for each other's claims, nothing more). The trigger computes the same."""
+    return team_id % LOCK_KEYS
 
 
 class HeldRun(models.Model):

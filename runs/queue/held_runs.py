@@ -19,7 +19,9 @@ def wake_held_runs(team_id: int) -> int:
     reaper's redispatch (G7), as any other."""
     woken = transitions.wake_held(team_id)
     if settings.REDIS_URL:
-        dispatch_many_or_fail(woken, at_front=True)
+        # Each pushed to the front in turn: the newest first, the oldest last,
+        # so the oldest is taken first.
+        dispatch_many_or_fail(woken[::-1], at_front=True)
     # Without Redis a woken run is due for the embedded worker's next look;
     # executed here it would nest in the attempt that woke it.
     return len(woken)

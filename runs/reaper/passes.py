@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef
 
 from runs import transitions
@@ -275,7 +275,8 @@ def _wake_held_runs() -> None:
     for team_id in transitions.teams_holding():
         try:
             woken = wake_held_runs(team_id)
-        except DatabaseError:
+        except Exception:
+            # One team's failure leaves the other teams' wakes, and the pass.
             logger.exception("reaper: team=%s held runs not woken", team_id)
             continue
         if woken:

@@ -10,10 +10,10 @@ claim and holds the run again, so the cap is never passed either way.
 """
 
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef, Subquery
 
 from runs.models import AgentRun, HeldRun
-from runs.models.team_caps import CAP_LOCK_CLASS
+from runs.models.team_caps import CAP_LOCK_CLASS, cap_lock_key
 from runs.models.vocabulary import RunStatus
 from runs.transitions.common import log_change, update_returning
 from teams.models import Team
@@ -26,12 +26,14 @@ WAKE_BATCH = 500
 def wake_held(team_id: int) -> list[tuple[str, int, int]]:
     """Take as many of the team's held runs off hold, oldest first, as its
     cap has room for now; returns (run_id, dispatch_count, team_id) of each,
-    to be dispatched once this has committed. Each gets a new dispatch
-    number, as a redispatched run does: its job is a new one."""
+    oldest first, to be dispatched once this has committed. Each gets a new
+    dispatch number, as a redispatched run does: its job is a new one."""
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [CAP_LOCK_CLASS, team_id])
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, %s)", [CAP_LOCK_CLASS, cap_lock_key(team_id)]
+                )
         held = HeldRun.objects.filter(team_id=team_id)
         # Cancelled, or claimed by a job of its own since: no longer held.
         held.exclude(run__status=RunStatus.QUEUED).delete()
@@ -42,21 +44,28 @@ def wake_held(team_id: int) -> list[tuple[str, int, int]]:
             room = min(room, cap - running)
         if room <= 0:
             return []
-        oldest = list(held.order_by("held_at").values_list("run_id", flat=True)[:room])
+        hold = held.filter(run=OuterRef("pk"))
+        # Locked, skipping a run a claim has locked right now (a stale job
+        # of its own, an operator's cancel): that one is the claim's, and
+        # waiting for its row under the team's lock, which the claim's
+        # trigger waits for, would deadlock. The next held run takes its turn.
+        oldest = list(
+            AgentRun.objects.filter(Exists(hold), status=RunStatus.QUEUED)
+            .annotate(held_at=Subquery(hold.values("held_at")))
+            .order_by("held_at")
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("pk", flat=True)[:room]
+        )
         if not oldest:
             return []
         HeldRun.objects.filter(run_id__in=oldest).delete()
-        # A run a claim has locked right now (a stale job of its own) is
-        # that claim's: waiting for its row under the team's lock, which
-        # the claim's trigger waits for, would deadlock.
-        woken = AgentRun.objects.filter(pk__in=oldest).select_for_update(skip_locked=True)
         rows = update_returning(
-            AgentRun.objects.filter(pk__in=list(woken.values_list("pk", flat=True))).filter(
-                status=RunStatus.QUEUED
-            ),
+            AgentRun.objects.filter(pk__in=oldest),
             ("id", "dispatch_count"),
             dispatch_count=F("dispatch_count") + 1,
         )
+    order = {run_id: place for place, run_id in enumerate(oldest)}
+    rows.sort(key=lambda row: order[row[0]])
     for run_id, _count in rows:
         log_change("wake", run_id)
     return [(run_id, dispatch_count, team_id) for run_id, dispatch_count in rows]

@@ -246,6 +246,7 @@ class ConcurrentWorker(WaitsOutRedis, ServesTeamQueues, SimpleWorker):
         """Start the job in a thread of its own, in the slot taken for it."""
         performer = copy.copy(self)
         performer.execution = None
+        performer.takes_jobs = False
         self.set_state(WorkerStatus.BUSY)
         self.runs.start(
             lambda: self._perform(performer, job, queue), name=f"job-{job.id}", tag=(performer, job)

@@ -41,9 +41,18 @@ class ServesTeamQueues:
         # RQ's dequeue heartbeats before each wait for a job: the moment to
         # add the queues it should wait on. Only the main thread changes
         # the lists RQ's dequeue reads; a work horse dequeues nothing.
-        if threading.current_thread() is threading.main_thread() and not self.is_horse:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and not self.is_horse
+            and self.takes_jobs
+        ):
             self.serve_team_queues()
         return super().heartbeat(timeout, pipeline)
+
+    #: False on a copy that performs one job (``ConcurrentWorker``'s): it
+    #: shares the worker's lists, and only the worker that takes jobs
+    #: changes them.
+    takes_jobs = True
 
     def serve_team_queues(self) -> None:
         """Add the team queues Redis knows and this worker does not serve yet
@@ -59,23 +68,24 @@ class ServesTeamQueues:
             keys = self.connection.smembers(self.queue_class.redis_queues_keys)
         except RedisError:
             return  # the dequeue that follows waits for Redis (WaitsOutRedis)
-        served = {queue.key for queue in self.queues}
-        new = sorted(
+        team_keys = sorted(
             key
             for key in (key.decode() if isinstance(key, bytes) else key for key in keys)
-            if key.startswith(self._team_queue_prefixes) and key not in served
+            if key.startswith(self._team_queue_prefixes)
         )
-        prefix = self.queue_class.redis_queue_namespace_prefix
-        for key in new:
-            queue = self.queue_class(
-                key.removeprefix(prefix),
-                connection=self.connection,
-                job_class=self.job_class,
-                serializer=self.serializer,
-            )
-            self.queues.append(queue)
-            if self._ordered_queues is not self.queues:
-                self._ordered_queues.append(queue)
+        # Each list on its own: a queue served is one the dequeue's order
+        # (``_ordered_queues``, which each take replaces) holds.
+        for queues in (self.queues, self._ordered_queues):
+            served = {queue.key for queue in queues}
+            queues.extend(self._queue(key) for key in team_keys if key not in served)
+
+    def _queue(self, key: str):
+        return self.queue_class(
+            key.removeprefix(self.queue_class.redis_queue_namespace_prefix),
+            connection=self.connection,
+            job_class=self.job_class,
+            serializer=self.serializer,
+        )
 
     def reorder_queues(self, reference_queue):
         """Round robin, whatever strategy RQ was given: the queue after the

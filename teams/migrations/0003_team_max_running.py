@@ -12,10 +12,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="team",
             name="max_running",
-            field=models.PositiveIntegerField(
-                blank=True,
-                help_text="the most of this team's runs running at once; empty: no cap",
-                null=True,
-            ),
+            field=models.PositiveIntegerField(blank=True, help_text="the most of this team's runs running at once, whatever the workers' free slots; the others wait queued. Empty: no cap; 0: the team's runs wait (a pause)", null=True, verbose_name='runs in flight at most'),
         ),
     ]

@@ -7,6 +7,7 @@ from django.db import connections
 
 from runs.management.commands.rqworker import (
     refuse_a_non_durable_database,
+    refuse_a_worker_class_without_team_queues,
     verbosity_from_log_level,
 )
 
@@ -30,6 +31,7 @@ def close_pools_before_forking() -> None:
 
 class Command(_pool.Command):
     def handle(self, *args, **options):
+        refuse_a_worker_class_without_team_queues("rqworker-pool", options)
         refuse_a_non_durable_database("rqworker-pool")
         close_pools_before_forking()
         return super().handle(*args, **verbosity_from_log_level(options))

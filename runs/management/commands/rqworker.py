@@ -1,7 +1,8 @@
 """``manage.py rqworker``: django-rq's, but it refuses to start on a database
 that cannot make a commit durable (``ground.durability``), naming why: every
-run it executed there could run a write twice after a server crash. RQ's own
-log lines follow ``LOG_LEVEL`` as every other logger does."""
+run it executed there could run a write twice after a server crash; and with
+a ``--worker-class`` that does not serve the teams' queues (``runs.checks``).
+RQ's own log lines follow ``LOG_LEVEL`` as every other logger does."""
 
 import logging
 
@@ -10,6 +11,7 @@ from django.core.management.base import CommandError
 from django_rq.management.commands.rqworker import Command as RQWorkerCommand
 
 from ground.durability import refusal
+from runs.checks import WORKER_CLASSES, why_not_a_worker_class
 
 
 def refuse_a_non_durable_database(command: str) -> None:
@@ -17,6 +19,16 @@ def refuse_a_non_durable_database(command: str) -> None:
     problem = refusal()
     if problem is not None:
         raise CommandError(f"{command} not started: {problem}")
+
+
+def refuse_a_worker_class_without_team_queues(command: str, options: dict) -> None:
+    """Raise ``CommandError`` naming why, if ``--worker-class`` names a class
+    that would leave the runs on their teams' queues (the setting's class is
+    the system checks')."""
+    name = options.get("worker_class")
+    why = why_not_a_worker_class(name) if name else None
+    if why is not None:
+        raise CommandError(f"{command} not started: --worker-class {why}; {WORKER_CLASSES}")
 
 
 def verbosity_from_log_level(options: dict) -> dict:
@@ -38,5 +50,6 @@ def verbosity_from_log_level(options: dict) -> dict:
 
 class Command(RQWorkerCommand):
     def handle(self, *args, **options):
+        refuse_a_worker_class_without_team_queues("rqworker", options)
         refuse_a_non_durable_database("rqworker")
         return super().handle(*args, **verbosity_from_log_level(options))
