@@ -63,18 +63,27 @@ class BudgetPeriod(models.TextChoices):
     MONTH = "month"
 
 
-class SubmitterBudget(models.Model):
+class BudgetLimits(models.Model):
+    """What a budget holds, whoever's it is: a period and its limits, either
+    blank for none (``spend.budgets.Budget`` reads them)."""
+
+    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_cost = models.DecimalField(**PRICE, null=True, blank=True)
+    note = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
+class SubmitterBudget(BudgetLimits):
     """One user's budget, in place of the deployment's default
     (``NRLLM_USER_BUDGET_*``). Both limits blank: this user has none."""
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="spend_budget"
     )
-    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
-    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
-    max_cost = models.DecimalField(**PRICE, null=True, blank=True)
-    note = models.TextField(blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["user__username"]
@@ -89,7 +98,7 @@ class SubmitterBudget(models.Model):
         return f"budget of {self.user}"
 
 
-class TeamBudget(models.Model):
+class TeamBudget(BudgetLimits):
     """One team's budget (G21): shared by every run of the team, whoever
     submitted it, and kept beside each submitter's own — a model call is
     made only when both have room for it. Both limits blank: none."""
@@ -97,11 +106,6 @@ class TeamBudget(models.Model):
     TEAM_FIELD = "team"
 
     team = models.OneToOneField("teams.Team", on_delete=models.CASCADE, related_name="spend_budget")
-    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
-    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
-    max_cost = models.DecimalField(**PRICE, null=True, blank=True)
-    note = models.TextField(blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["team__name"]

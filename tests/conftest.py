@@ -321,6 +321,15 @@ def outsider(db):
 
 
 @pytest.fixture
+def orm_beside_the_browser(monkeypatch):
+    """Playwright's sync API keeps an event loop in the test's thread, where
+    Django then refuses every query (``SynchronousOnlyOperation``). The
+    test's own queries are synchronous and safe beside it: allowed. An edge
+    of the browser driver, not of the code under test."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture
 def two_teams(db):
     """Alpha and Bravo, two teams beside the default one (G22)."""
     from teams.models import Team

@@ -126,6 +126,34 @@ def statements_running(sql: str) -> int:
 
 
 @contextlib.contextmanager
+def rows_locked_elsewhere(queryset, *, timeout: float = 30):
+    """While the block runs, another transaction (a thread of its own) holds
+    the rows of ``queryset`` ``FOR UPDATE``: an operator's action or a claim
+    on them, as the code under test meets it. Released as the block ends."""
+    from django.db import connection, transaction
+
+    locked, release = threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with transaction.atomic():
+                list(queryset.select_for_update())
+                locked.set()
+                release.wait(timeout)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(timeout), "the rows were not locked"
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
+@contextlib.contextmanager
 def cancelled_once(run_id, when, *, what="the moment to cancel"):
     """While the block runs (an attempt, say), an operator cancels ``run_id``
     from another thread as soon as ``when()`` holds; the thread is joined as

@@ -96,11 +96,10 @@ def spend_history(operator) -> None:
 
 
 def test_an_operator_filters_requeues_is_refused_and_reconciles(
-    live_server, operator, runs_to_operate_on, monkeypatch, screenshots
+    live_server, operator, runs_to_operate_on, orm_beside_the_browser, screenshots
 ):
     # Playwright's sync API keeps an event loop in this thread; the ORM calls
     # below happen between its calls, never inside them.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     safe, unsafe = runs_to_operate_on["safe"], runs_to_operate_on["unsafe"]
     base = live_server.url
     # Before the browser opens: an ORM call inside its block gets a connection
@@ -177,9 +176,8 @@ def test_an_operator_filters_requeues_is_refused_and_reconciles(
 
 
 def test_an_operator_starts_a_run_from_the_form_at_laptop_width_and_lands_on_its_page(
-    live_server, operator, monkeypatch, screenshots
+    live_server, operator, orm_beside_the_browser, screenshots
 ):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
     base = live_server.url
     turns = [{"tool_calls": [{"name": "search_notes", "arguments": {"query": "disk"}}]}]

@@ -32,9 +32,8 @@ def no_sideways_scroll(page) -> None:
 
 
 def test_an_operator_defines_an_agent_changes_it_and_starts_a_run_of_it(
-    live_server, operator, monkeypatch, screenshots
+    live_server, operator, orm_beside_the_browser, screenshots
 ):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     operator.user_permissions.add(Permission.objects.get(codename="add_agentrun"))
     base = live_server.url
     with admin_page(base, "olivia", viewport=(1366, 900)) as page:
@@ -125,14 +124,13 @@ STORED_AS_NO_FIELD_SHOWS_THEM = {
 
 
 def test_an_agent_saved_unchanged_keeps_its_version_byte_for_byte(
-    live_server, operator, api, settings, monkeypatch
+    live_server, operator, api, settings, orm_beside_the_browser
 ):
     """Saved from its page in a browser without an edit, an agent's
     definition is kept as the API stored it: no new version, no byte
     changed, no description rewritten, nothing logged. (The form read each
     field back as the browser sent it, so such an agent got a version
     whose provider or instructions differed from the ones the page showed.)"""
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     settings.NRLLM_OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
     settings.NRLLM_OPENAI_API_KEY = "sk-test-not-a-real-key"
     settings.NRLLM_HTTP_ALLOWED_HOSTS = ["hooks.example"]

@@ -63,11 +63,10 @@ def waiting_runs(operator):
 
 
 def test_an_approver_approves_one_call_and_denies_another(
-    live_server, approver, waiting_runs, monkeypatch, screenshots
+    live_server, approver, waiting_runs, orm_beside_the_browser, screenshots
 ):
     # Playwright's sync API keeps an event loop in this thread; the ORM calls
     # below happen between its calls, never inside them.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     announce, on_call = waiting_runs
     to_team, to_customers = ApprovalRequest.objects.filter(run=announce).order_by("position")
     base = live_server.url

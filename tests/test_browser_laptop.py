@@ -49,9 +49,8 @@ LONG_TOOL = "incident_tracker.create_follow_up_for_postmortem_reviews"
 
 @pytest.mark.parametrize("viewport", [(1366, 900), (1920, 1080)], ids=["laptop", "desktop"])
 def test_each_console_page_fits_the_screen_with_what_matters_in_view(
-    live_server, operator, runs_of_each_kind, monkeypatch, screenshots, viewport
+    live_server, operator, runs_of_each_kind, orm_beside_the_browser, screenshots, viewport
 ):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     failed, waiting = runs_of_each_kind
     # Before the browser opens: an ORM call inside its block gets a connection
     # of its own (Playwright's greenlet) that outlives the test.
@@ -277,9 +276,8 @@ def test_each_console_page_fits_the_screen_with_what_matters_in_view(
 
 @pytest.mark.usefixtures("approvals")
 def test_an_operator_approves_one_call_and_denies_another_from_the_runs_pages(
-    live_server, operator, monkeypatch, screenshots
+    live_server, operator, orm_beside_the_browser, screenshots
 ):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     tools = ["search_notes", "send_notification"]
     approve = enqueue(
         scripted(

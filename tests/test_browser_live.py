@@ -89,9 +89,8 @@ def elsewhere(change):
 
 
 def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_reload(
-    live_server, operator, settings, monkeypatch
+    live_server, operator, settings, orm_beside_the_browser
 ):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     settings.NRLLM_LIVE_POLL_SECONDS = POLL_SECONDS
     # Before the browser opens: a running run with enough steps to scroll,
     # two runs waiting for approval, one completed.

@@ -24,11 +24,10 @@ def row(page, name: str):
 
 
 def test_an_operator_sees_mcp_tools_flagged_and_switches_an_undeclared_one_off(
-    live_server, operator, tracker, http_tracker, monkeypatch, screenshots
+    live_server, operator, tracker, http_tracker, orm_beside_the_browser, screenshots
 ):
     # Playwright's sync API keeps an event loop in this thread; the ORM calls
     # below happen between its calls, never inside them.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     http_tracker.stop_http()  # the webtracker is down
     base = live_server.url
     with admin_page(base, "olivia", viewport=(1366, 900)) as page:

@@ -48,9 +48,8 @@ def a_day_of_runs(settings):
 
 @pytest.mark.parametrize("viewport", [(1366, 900), (1920, 1080)], ids=["laptop", "desktop"])
 def test_the_overview_fits_the_screen(
-    live_server, operator, settings, monkeypatch, screenshots, viewport
+    live_server, operator, settings, orm_beside_the_browser, screenshots, viewport
 ):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     # Before the browser opens (see test_browser.py): the ORM in its block
     # would hold a connection past the test.
     a_day_of_runs(settings)

@@ -52,9 +52,8 @@ DRAWN = """element => {
 
 
 def test_a_prompt_or_error_written_right_to_left_shows_its_start(
-    live_server, operator, monkeypatch
+    live_server, operator, orm_beside_the_browser
 ):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     AgentRun.objects.bulk_create(
         AgentRun(
             request={"provider": {"kind": "scripted"}},

@@ -21,9 +21,8 @@ pytestmark = [
 
 
 def test_a_member_of_one_team_sees_that_teams_console_at_1366(
-    live_server, two_teams, member, monkeypatch, screenshots
+    live_server, two_teams, member, orm_beside_the_browser, screenshots
 ):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     alpha, bravo = two_teams
     amy, bob = member("amy", alpha), member("bob", bravo)
     for team, who, words in ((alpha, amy, "Alpha's"), (bravo, bob, "Bravo's")):

@@ -52,9 +52,8 @@ def in_doubt(settings):
 
 @pytest.mark.slow
 def test_a_write_in_doubt_says_what_to_check_and_where_and_breaks_no_word(
-    live_server, operator, settings, monkeypatch
+    live_server, operator, settings, orm_beside_the_browser
 ):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     # Where the notification's record is: the outbox, which she may read.
     operator.user_permissions.add(Permission.objects.get(codename="view_outboxnotification"))
     notified, unsure = in_doubt(settings)

@@ -209,6 +209,8 @@ def test_a_team_admin_keeps_the_teams_members_and_tools(world, member):
         "spend_budget-0-period": "day",
         "spend_budget-0-max_tokens": "5000",
         "new_webhook_secret": "alphas-own-secret",
+        # The cap on runs in flight is the platform's: not the team admin's to set.
+        "max_running": "99",
     }
     for index, one in enumerate(existing):
         data |= {
@@ -230,7 +232,7 @@ def test_a_team_admin_keeps_the_teams_members_and_tools(world, member):
     assert saved.status_code == 302, saved.context["errors"]
     alpha.refresh_from_db()
     assert (alpha.tools, alpha.require_approval) == (["search_notes"], ["search_notes"])
-    assert alpha.webhook_secret == "alphas-own-secret"
+    assert alpha.webhook_secret == "alphas-own-secret" and alpha.max_running is None
     assert TeamBudget.objects.get(team=alpha).max_tokens == 5000
     page = keeper.get(f"/admin/teams/team/{alpha.pk}/change/").content.decode()
     assert "alphas-own-secret" not in page and "own secret (set; never shown)" in page

@@ -1,7 +1,6 @@
 """Retention (#30, G11's one exception): ``prune_runs`` deletes whole ended
 runs past their age, in batches, and never a run with an open question."""
 
-import threading
 from datetime import timedelta
 from io import StringIO
 
@@ -9,7 +8,6 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
-from django.db import connection, transaction
 from django.db.models import F
 from django.test import Client
 
@@ -30,7 +28,14 @@ from runs.operators import actions as operator_actions
 from runs.operators.requeue_safety import requeue_safety
 from runs.runtime import enqueue, run
 from tests.approval_requests import waiting
-from tests.helpers import answer, call, fresh, scripted, the_turn_lost_when_a_note_is_written
+from tests.helpers import (
+    answer,
+    call,
+    fresh,
+    rows_locked_elsewhere,
+    scripted,
+    the_turn_lost_when_a_note_is_written,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -196,23 +201,8 @@ def test_a_run_locked_by_another_transaction_is_left_for_the_next_pass():
     it skips the run, and the next pass takes it."""
     busy = aged(run(scripted(answer("busy"))))
     idle = aged(run(scripted(answer("idle"))))
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_run():
-        with transaction.atomic():
-            AgentRun.objects.select_for_update().get(pk=busy.pk)
-            locked.set()
-            release.wait(10)
-        connection.close()
-
-    holder = threading.Thread(target=hold_the_run)
-    holder.start()
-    try:
-        assert locked.wait(10)
+    with rows_locked_elsewhere(AgentRun.objects.filter(pk=busy.pk)):
         assert prune("--older-than", "1d").startswith("deleted 1 run ")
-    finally:
-        release.set()
-        holder.join()
     assert list(AgentRun.objects.values_list("pk", flat=True)) == [busy.pk]
     assert not AgentRun.objects.filter(pk=idle.pk).exists()
     assert prune("--older-than", "1d").startswith("deleted 1 run ")

@@ -2,10 +2,8 @@
 runs in flight is never passed. Real PostgreSQL, Redis and rqworkers
 (the concurrent worker class, the default)."""
 
-import threading
-
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from runs import transitions
 from runs.models import AgentRun, HeldRun
@@ -14,7 +12,7 @@ from runs.queue.dispatch import job_id_for, run_queue
 from runs.reaper import reap_stale_runs
 from runs.runtime import enqueue
 from runs.worker import ConcurrentWorker
-from tests.helpers import answer, scripted, wait_until
+from tests.helpers import answer, rows_locked_elsewhere, scripted, wait_until
 from tests.test_concurrent_worker import CONCURRENT
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -131,25 +129,10 @@ def test_a_wake_passes_over_a_held_run_another_transaction_has_locked(queue, two
     assert HeldRun.objects.count() == 2
     alpha.max_running = 5
     alpha.save()
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_row():
-        with transaction.atomic():
-            AgentRun.objects.select_for_update().get(pk=first.pk)
-            locked.set()
-            release.wait(30)
-        connection.close()
-
-    holder = threading.Thread(target=hold_the_row)
-    holder.start()
-    try:
-        assert locked.wait(30)
+    with rows_locked_elsewhere(AgentRun.objects.filter(pk=first.pk)):
         reap_stale_runs()
         assert list(HeldRun.objects.values_list("run_id", flat=True)) == [first.pk]
         assert job_id_for(second.pk, 1) in run_queue(alpha.pk).get_job_ids()
-    finally:
-        release.set()
-        holder.join()
     reap_stale_runs()
     assert not HeldRun.objects.exists()
     assert run_queue(alpha.pk).get_job_ids()[0] == job_id_for(first.pk, 1)
