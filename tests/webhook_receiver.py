@@ -57,15 +57,21 @@ class Receiver:
                 if receiver.hold_this_one():
                     receiver.release.wait(timeout=120)
                     status = None  # its client may be gone: not counted as answered
+                # Counted before it is answered: the client goes on as soon as
+                # it reads the answer, and a test that asks next must see it.
+                counted = None
+                if status is not None and "x-nrllm-event-id" in headers:
+                    counted = (headers["x-nrllm-event-id"], status)
+                    receiver.answered.append(counted)
                 try:
                     self.send_response(status or 200)
                     self.send_header("content-length", str(len(answer)))
                     self.end_headers()
                     self.wfile.write(answer)
                 except (BrokenPipeError, ConnectionResetError):
-                    return  # a held POST's client gave up (or was killed)
-                if status is not None and "x-nrllm-event-id" in headers:
-                    receiver.answered.append((headers["x-nrllm-event-id"], status))
+                    # A held POST's client gave up (or was killed): not answered.
+                    if counted is not None:
+                        receiver.answered.remove(counted)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
