@@ -3,6 +3,7 @@
 from datetime import UTC
 
 import django_filters
+from django import forms
 from rest_framework.exceptions import ValidationError
 
 from api.approval_serializers import REQUIRED_BY
@@ -30,6 +31,15 @@ class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
         return super().filter(queryset, value)
 
 
+class IdFilter(django_filters.Filter):
+    """A row's id: a whole number a bigint holds (else 400 naming the filter)."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, min_value=1, max_value=2**63 - 1, **kwargs)
+
+
 class RunFilter(django_filters.FilterSet):
     status = django_filters.ChoiceFilter(choices=RunStatus.choices)
     termination_reason = django_filters.ChoiceFilter(choices=TerminationReason.choices)
@@ -44,6 +54,14 @@ class RunFilter(django_filters.FilterSet):
         "would not run again with its key, not reconciled (G10)",
     )
     rerun_of = django_filters.UUIDFilter(help_text="the reruns of this run (G20)")
+    # Through the firing's and the event's unique run column: one row per run.
+    schedule = IdFilter(
+        field_name="firing__schedule", help_text="the runs this schedule fired (its id; G23)"
+    )
+    trigger = IdFilter(
+        field_name="trigger_event__trigger",
+        help_text="the runs this event trigger started (its id; G23)",
+    )
 
     class Meta:
         model = AgentRun

@@ -2,8 +2,9 @@
 checked by the runtime's own validation (``parse_run_request``) or by the
 small explicit serializers below."""
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Prefetch
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
 from api.run_start_serializers import RunRequestSerializer
@@ -144,7 +145,14 @@ def with_run_relations(runs):
     once per page (the submitter, reconciliations, pending approvals),
     not once per run."""
     pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).only("id", "run_id")
-    return runs.select_related("team", "submitted_by", "agent_version__agent").prefetch_related(
+    return runs.select_related(
+        "team",
+        "submitted_by",
+        "agent_version__agent",
+        # What fired it (G23): each a unique run column, one row at most.
+        "firing__schedule",
+        "trigger_event__trigger",
+    ).prefetch_related(
         "reconciliations__operator",
         Prefetch("approvals", queryset=pending.order_by("pk"), to_attr=PENDING_APPROVALS_ATTR),
     )
@@ -163,6 +171,42 @@ class RunAgentSerializer(serializers.Serializer):
     name = serializers.CharField()
     version = serializers.IntegerField(help_text="the version's number (1, 2, …)")
     version_id = serializers.IntegerField()
+
+
+class FiredByScheduleSerializer(serializers.Serializer):
+    schedule = serializers.IntegerField(help_text="the schedule's id")
+    schedule_name = serializers.CharField()
+    slot = serializers.DateTimeField(help_text="the scheduled time it was fired for")
+    backfill = serializers.BooleanField(help_text="fired by a backfill, not by the clock")
+
+
+class FiredByTriggerSerializer(serializers.Serializer):
+    trigger = serializers.IntegerField(help_text="the event trigger's id")
+    trigger_name = serializers.CharField()
+    event_id = serializers.CharField(help_text="the sender's event id")
+
+
+def fired_by(run) -> dict | None:
+    """What started ``run`` without a person: its schedule's slot, or its
+    trigger's event; None for any other run."""
+    for relation in ("firing", "trigger_event"):
+        try:
+            row = getattr(run, relation)
+        except ObjectDoesNotExist:
+            continue
+        if relation == "firing":
+            return FiredByScheduleSerializer(
+                {
+                    "schedule": row.schedule_id,
+                    "schedule_name": row.schedule.name,
+                    "slot": row.slot,
+                    "backfill": row.backfill,
+                }
+            ).data
+        return FiredByTriggerSerializer(
+            {"trigger": row.trigger_id, "trigger_name": row.trigger.name, "event_id": row.event_id}
+        ).data
+    return None
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -214,6 +258,11 @@ class RunSerializer(serializers.ModelSerializer):
         help_text="what the recorded turns cost, a decimal string; null while any turn "
         "is of unknown cost (unpriced_turns: no price, or no usage reported): unknown, never 0"
     )
+    fired_by = serializers.SerializerMethodField(
+        help_text="the schedule and slot (GET /api/schedules/{id}/), or the event trigger and "
+        "the sender's event id (GET /api/triggers/{id}/), that started it; null for a run a "
+        "person or a program started"
+    )
 
     class Meta:
         model = AgentRun
@@ -228,6 +277,7 @@ class RunSerializer(serializers.ModelSerializer):
             "mode",
             "submitted_by",
             "submitted_via",
+            "fired_by",
             "agent",
             "request",
             "output",
@@ -262,6 +312,17 @@ class RunSerializer(serializers.ModelSerializer):
         if version is None:
             return None
         return {"name": version.agent.name, "version": version.number, "version_id": version.pk}
+
+    @extend_schema_field(
+        PolymorphicProxySerializer(
+            component_name="FiredBy",
+            serializers=[FiredByScheduleSerializer, FiredByTriggerSerializer],
+            resource_type_field_name=None,
+            allow_null=True,
+        )
+    )
+    def get_fired_by(self, run) -> dict | None:
+        return fired_by(run)
 
     def get_cost(self, run) -> str | None:
         known = run.known_cost

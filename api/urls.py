@@ -8,11 +8,14 @@ from api.views import (
     approvals,
     audits,
     bulk,
+    hooks,
     providers,
     reruns,
     root,
     runs,
+    schedules,
     tools,
+    triggers,
     usage,
     webhooks,
 )
@@ -47,6 +50,23 @@ urlpatterns = [
         agents.AgentVersionDetail.as_view(),
         name="api-agent-version",
     ),
+    path("schedules/", schedules.ScheduleListCreate.as_view(), name="api-schedules"),
+    path("schedules/<int:pk>/", schedules.ScheduleDetail.as_view(), name="api-schedule"),
+    path("schedules/<int:pk>/pause/", schedules.SchedulePause.as_view(), name="api-schedule-pause"),
+    path(
+        "schedules/<int:pk>/resume/",
+        schedules.ScheduleResume.as_view(),
+        name="api-schedule-resume",
+    ),
+    path(
+        "schedules/<int:pk>/backfill/",
+        schedules.ScheduleBackfill.as_view(),
+        name="api-schedule-backfill",
+    ),
+    path("triggers/", triggers.TriggerListCreate.as_view(), name="api-triggers"),
+    path("triggers/<int:pk>/", triggers.TriggerDetail.as_view(), name="api-trigger"),
+    # Signed by the sender, not logged in: the signature authenticates (G23).
+    path("hooks/<str:path>/", hooks.Hook.as_view(), name="api-hook"),
     path("approvals/", approvals.ApprovalList.as_view(), name="api-approvals"),
     path("approvals/<str:pk>/", approvals.ApprovalDetail.as_view(), name="api-approval"),
     path(

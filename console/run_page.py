@@ -30,14 +30,16 @@ from console.reconcile import reconcile_form
 from console.run_columns import error_text, ran_for, why_so
 from console.run_trace import failed_model_call, trace_rows
 from console.team_scope import VIEW_RUNS
+from console.trigger_forms import both_clocks
 from console.write_in_doubt import described_write
 from runs.models import AgentRun
-from runs.models.vocabulary import RunStatus, StepKind
+from runs.models.vocabulary import RunStatus, StepKind, SubmittedVia
 from runs.operators.lasting_failure import lasting_failure
 from runs.operators.requeue_safety import requeue_safety, restart_safety
 from runs.run_webhooks import deliveries_of
 from runs.runtime.rate_limit import waiting_for
 from teams import access
+from triggers.models import Firing, TriggerEvent
 
 STEPS_PER_PAGE = 50
 #: Fields of free text: a row of the grid each.
@@ -132,6 +134,36 @@ class RunPageFields:
         return format_html('<a href="{}">{} v{}</a>', url, version.agent.name, version.number)
 
 
+def started_by(user, run: AgentRun) -> dict | None:
+    """What started ``run`` without a person's click (G23): the schedule
+    and the slot it fired for, on the schedule's clock, or the trigger and
+    the sender's event id; None for any other run (without a query). The
+    schedule or trigger is linked for whoever may see it."""
+    if run.submitted_via == SubmittedVia.SCHEDULE:
+        firing = Firing.objects.filter(run_id=run.pk).select_related("schedule__agent").first()
+        if firing is None:
+            return None
+        schedule = firing.schedule
+        return {
+            "schedule": schedule,
+            "slot": both_clocks(firing.slot, schedule.time_zone),
+            "backfill": firing.backfill,
+            "linked": access.may(user, "triggers.view_schedule", access.team_id_of(schedule)),
+        }
+    if run.submitted_via == SubmittedVia.TRIGGER:
+        event = TriggerEvent.objects.filter(run_id=run.pk).select_related("trigger__agent").first()
+        if event is None:
+            return None
+        return {
+            "trigger": event.trigger,
+            "event_id": event.event_id,
+            "linked": access.may(
+                user, "triggers.view_eventtrigger", access.team_id_of(event.trigger)
+            ),
+        }
+    return None
+
+
 def run_page_context(model_admin, request, run: AgentRun) -> dict:
     """What ``templates/admin/runs/agentrun/change_form.html`` shows of ``run``
     to ``request.user``, with the buttons their permissions allow."""
@@ -163,6 +195,7 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
             "rate_limit": waiting_for(run.pk) if run.status == RunStatus.RUNNING else None,
         },
         "since": since,
+        "started_by": started_by(request.user, run),
         "since_heading": since.heading(request.user) if since else "",
         "pending_calls": pending_calls,
         "wide_fields": WIDE_FIELDS,

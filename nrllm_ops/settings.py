@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "tools",
     "spend",
     "agents",
+    "triggers",
     "api",
     # Every operator page; its ``admin`` module registers the ModelAdmins.
     "console",
@@ -173,6 +174,10 @@ NRLLM_RETRY_BACKOFF_MAX_SECONDS = env_int("NRLLM_RETRY_BACKOFF_MAX_SECONDS", 300
 # dispatched again by the reaper (Redis restarted without persistence, say).
 NRLLM_REDISPATCH_AFTER_SECONDS = env_int("NRLLM_REDISPATCH_AFTER_SECONDS", 60, minimum=1)
 NRLLM_REAPER_INTERVAL_SECONDS = env_int("NRLLM_REAPER_INTERVAL_SECONDS", 10, minimum=1)
+# Schedules (G23): how often rqcron's pass fires the slots that are due (the
+# embedded worker fires them at each of its passes). A slot fires at most
+# this late.
+NRLLM_SCHEDULE_INTERVAL_SECONDS = env_int("NRLLM_SCHEDULE_INTERVAL_SECONDS", 5, minimum=1)
 # Retention (manage.py prune_runs; runs/cron.py every interval when the age
 # is set): ended runs older than this many days are deleted whole, unless
 # an operator still has a question open on them. 0, the default, keeps

@@ -66,3 +66,14 @@ def reap_job() -> str:
         return reap_stale_runs().summary()
     finally:
         close_old_connections()
+
+
+def fire_schedules_job() -> str:
+    """The schedules' pass as a periodic RQ job (see ``runs/cron.py``, G23)."""
+    from triggers.firing import fire_due_schedules
+
+    close_old_connections()
+    try:
+        return fire_due_schedules().summary()
+    finally:
+        close_old_connections()

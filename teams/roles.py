@@ -32,6 +32,10 @@ _SEES = frozenset(
         "teams.view_team",
         "teams.view_membership",
         "spend.view_teambudget",
+        "triggers.view_schedule",
+        "triggers.view_firing",
+        "triggers.view_eventtrigger",
+        "triggers.view_triggerevent",
     }
 )
 
@@ -47,9 +51,15 @@ PERMISSIONS_OF_ROLE: dict[str, frozenset[str]] = {
         "runs.rerun_past_write",
         "runs.dismiss_deadletter",
         "runs.change_deadletter",
+        "triggers.pause_schedule",
     },
     Role.APPROVER: _SEES | {"runs.approve_write"},
-    Role.AUTHOR: _SEES | {"agents.add_agent", "agents.change_agent", "agents.add_agentversion"},
+    Role.AUTHOR: _SEES
+    | {"agents.add_agent", "agents.change_agent", "agents.add_agentversion"}
+    # Schedules and triggers start runs as their owner, who must be a runner too.
+    | {"triggers.add_schedule", "triggers.change_schedule", "triggers.delete_schedule"}
+    | {"triggers.add_eventtrigger", "triggers.change_eventtrigger"}
+    | {"triggers.delete_eventtrigger"},
     Role.TEAM_ADMIN: _SEES
     | {"teams.change_team", "teams.add_membership", "teams.change_membership"}
     | {"teams.delete_membership"}

@@ -167,13 +167,17 @@ class Workers:
         self.processes: list[WorkerProcess] = []
 
     def start(self, *, burst=False, with_scheduler=False, **env_overrides) -> WorkerProcess:
-        command = [sys.executable, "manage.py", "rqworker", django_settings.NRLLM_QUEUE_NAME]
+        arguments = ["rqworker", django_settings.NRLLM_QUEUE_NAME]
         if burst:
-            command.append("--burst")
+            arguments.append("--burst")
         if with_scheduler:
-            command.append("--with-scheduler")
+            arguments.append("--with-scheduler")
+        return self.start_command(*arguments, **env_overrides)
+
+    def start_command(self, *arguments: str, **env_overrides) -> WorkerProcess:
+        """``manage.py`` with ``arguments`` (``rqcron runs.cron``), as a worker is started."""
         process = WorkerProcess(
-            command,
+            [sys.executable, "manage.py", *arguments],
             cwd=ROOT,
             env={
                 **self.env,

@@ -43,6 +43,8 @@ LAYERS = (
     # the app config (and the migrations, which no module imports).
     {"entry points": ("runs",)},
     {"workers": ("runs.workers",)},
+    # Schedules and signed events: they start runs of agents (G23).
+    {"triggers": ("triggers",)},
     # The domain.
     {"agents": ("agents",), "operators": ("runs.operators",), "reaper": ("runs.reaper",)},
     {"runtime": ("runs.runtime",)},

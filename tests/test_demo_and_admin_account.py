@@ -15,12 +15,13 @@ from runs.queue.dispatch import executing_in_embedded_worker
 from runs.workers.embedded import execute_due_runs
 from teams.models import Membership
 from tools.models import OutboxNotification
+from triggers.models import TriggerEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.mark.parametrize("required_for", ["non_idempotent_write", "write", "none"])
-def test_seed_demo_executes_the_ten_scenarios_once_in_two_teams(settings, required_for):
+def test_seed_demo_executes_the_scenarios_once_in_two_teams(settings, required_for):
     # `make run` ships non_idempotent_write; the stories end the same under
     # every policy (the approval stories ask for their approval themselves).
     settings.NRLLM_APPROVAL_REQUIRED_FOR = required_for
@@ -32,8 +33,19 @@ def test_seed_demo_executes_the_ten_scenarios_once_in_two_teams(settings, requir
     backing_off.update(available_at=Now())
     with executing_in_embedded_worker():
         assert execute_due_runs(limit=10) == 1
-    runs = {run.prompt: run for run in AgentRun.objects.all()}
+    # The ten stories; Support's schedule and trigger started three more.
+    stories = AgentRun.objects.filter(firing__isnull=True, trigger_event__isnull=True)
+    runs = {run.prompt: run for run in stories}
     assert len(runs) == 10
+    triggered = AgentRun.objects.exclude(pk__in=stories.values("pk"))
+    assert sorted(
+        (run.status, run.submitted_via, run.submitted_by.username, run.team.slug)
+        for run in triggered
+    ) == [("completed", "schedule", "sam", "support")] * 2 + [
+        ("completed", "trigger", "sam", "support")
+    ]
+    # The alert was sent twice: one event, one run.
+    assert TriggerEvent.objects.count() == 1
     by_outcome = sorted(
         (run.status, run.termination_reason, run.error_type, run.requeue_count)
         for run in runs.values()
@@ -70,7 +82,7 @@ def test_seed_demo_executes_the_ten_scenarios_once_in_two_teams(settings, requir
 
     # Three agents; three runs started from them, each keeping the version
     # it started from (on-call was changed after its run parked: version 2).
-    started = AgentRun.objects.filter(agent_version__isnull=False)
+    started = stories.filter(agent_version__isnull=False)
     assert sorted((r.agent_version.agent.name, r.agent_version.number) for r in started) == [
         ("on-call", 1),
         ("release-notes", 1),
@@ -78,9 +90,7 @@ def test_seed_demo_executes_the_ten_scenarios_once_in_two_teams(settings, requir
     ]
     # Two teams (G22): Support's one run, Operations' every other; three
     # members, one of them in both.
-    assert sorted(AgentRun.objects.values_list("team__slug", flat=True)) == ["ops"] * 9 + [
-        "support"
-    ]
+    assert sorted(stories.values_list("team__slug", flat=True)) == ["ops"] * 9 + ["support"]
     assert seeded(seed_demo.TRIAGE).submitted_by.username == "sam"
     assert set(Membership.objects.values_list("user__username", "team__slug").distinct()) >= {
         ("olga", "ops"),
@@ -96,7 +106,7 @@ def test_seed_demo_executes_the_ten_scenarios_once_in_two_teams(settings, requir
 
     out = io.StringIO()
     call_command("seed_demo", stdout=out)
-    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 10
+    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 13
     # The demo's model is priced: its runs' spend is known, and each run's is
     # the sum of its recorded turns.
     over_budget = seeded(seed_demo.OVER_BUDGET)

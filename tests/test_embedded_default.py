@@ -72,7 +72,7 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
         return printed
 
     first = set_up()
-    assert len(first) < 20, first  # a line per demo run above it, nothing of the runtime's log
+    assert len(first) < 23, first  # a line per demo run above it, nothing of the runtime's log
     password = kept.read_text().strip()
     assert first[-3] == f"password:   {password}  (generated now; kept in {kept})"
     # The demo's team members (G22) log in with the same password.
@@ -131,6 +131,10 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
         ("completed", "completed"),
         ("completed", "completed"),
         ("completed", "completed"),  # Support's own (G22)
+        # Support's schedule, backfilled twice, and its trigger's one run (G23).
+        ("completed", "completed"),
+        ("completed", "completed"),
+        ("completed", "completed"),
         ("failed", "budget_exhausted"),
         ("failed", "not_retryable"),
         ("failed", "not_retryable"),
@@ -161,12 +165,12 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
         assert approved.stdout.splitlines()[-1] == "approved"
         # Approved, it is queued, then run by the embedded worker: waited for to its end.
         wait_until(
-            lambda: outcomes().count(("completed", "completed")) == 6,
+            lambda: outcomes().count(("completed", "completed")) == 9,
             timeout=STALLED,
             progress=progress(env, worker),
             what="the approved run",
         )
-    assert outcomes().count(("completed", "completed")) == 6
+    assert outcomes().count(("completed", "completed")) == 9
     assert decisions()[seed_demo.WAITING["prompt"]] == "approved by admin"
     assert sent(seed_demo.WAITING) == 1
 
@@ -446,3 +450,48 @@ def test_a_capped_teams_runs_all_run_on_the_embedded_worker(tmp_path, migrated):
     )
     assert most[alpha] == 1 and most[bravo] == 2, most
     assert sqlite_rows(env, "SELECT count(*) FROM runs_heldrun") == [(0,)]
+
+
+def test_a_schedule_fires_each_slot_once_on_the_embedded_worker(tmp_path, migrated):
+    """G23 under ``make run``: no rqcron, no Redis; the embedded worker's
+    passes fire a schedule every second, each slot once (the unique row on
+    SQLite), and run what they fired."""
+    env = sqlite_env(tmp_path / "embedded.sqlite3")
+    migrated(tmp_path / "embedded.sqlite3")
+    created = manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User\n"
+        "from agents.versions import save_agent\n"
+        "from triggers.models import Schedule\n"
+        "owner = User.objects.create_superuser('owner')\n"
+        "turn = {'content': 'digest done'}\n"
+        "agent, _, _ = save_agent('digest', {'provider': {'kind': 'scripted', 'turns': [turn]}},"
+        " create=True)\n"
+        "schedule = Schedule(agent=agent, name='every-second', interval_seconds=1,"
+        " input_template='digest for ${scheduled_time}', overlap='allow', owner=owner)\n"
+        "schedule.full_clean(); schedule.save()\n",
+        env=env,
+    )
+    assert created.returncode == 0, created.stderr[-2000:]
+    fired = "SELECT count(*) FROM triggers_firing WHERE outcome = 'fired'"
+    with embedded_worker(env) as worker:
+        wait_until(
+            lambda: sqlite_rows(env, fired)[0][0] >= 3,
+            timeout=STALLED,
+            progress=progress(env, worker),
+            what="three slots fired",
+        )
+    rows = sqlite_rows(
+        env,
+        "SELECT f.slot, f.outcome, r.status FROM triggers_firing f "
+        "LEFT JOIN runs_agentrun r ON r.id = f.run_id ORDER BY f.slot",
+    )
+    slots = [datetime.fromisoformat(slot) for slot, _, _ in rows]
+    assert slots == [slots[0] + timedelta(seconds=n) for n in range(len(slots))]
+    assert {(outcome, status) for _, outcome, status in rows} <= {
+        ("fired", "completed"),
+        ("fired", "queued"),
+        ("fired", "running"),
+    }
+    assert sqlite_rows(env, "SELECT count(*) FROM runs_agentrun") == [(len(rows),)]

@@ -13,9 +13,10 @@ and the model admins' registry) and to what it is (``DEPLOYMENT_WIDE``):
 a route this test cannot place fails it, so a new endpoint is scoped, or
 said to be the deployment's, before it lands."""
 
+import json
 import re
 import uuid
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from django.contrib import admin
@@ -25,6 +26,7 @@ from django.db import DatabaseError, transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
+from standardwebhooks.webhooks import Webhook
 
 from agents.models import Agent
 from agents.versions import save_agent
@@ -36,6 +38,7 @@ from teams.models import Team
 from tests.approval_requests import PLAN, TOOLS
 from tests.drifting_model import request_for
 from tests.helpers import fresh
+from triggers.models import EventTrigger, Firing, FiringOutcome, Schedule, TriggerEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,6 +72,11 @@ OBJECT_OF_PARAMETER = {
     "sequence": "sequence",
     "name": "agent",
     "number": "version_number",
+    # The console's backfill page (``/admin/triggers/schedule/<id>/backfill/``).
+    "schedule_id": "schedule",
+    "trigger_id": "trigger",
+    # A trigger's hook: reached without login, its signature the credential.
+    "path": "hook_path",
 }
 #: The API's routes with ``pk``: whose pk it is.
 API_PK = {
@@ -83,7 +91,14 @@ API_PK = {
     "api-approval-approve": "approval",
     "api-approval-deny": "approval",
     "api-write-audit-reconcile": "run",
+    "api-schedule": "schedule",
+    "api-schedule-pause": "schedule",
+    "api-schedule-resume": "schedule",
+    "api-schedule-backfill": "schedule",
+    "api-trigger": "trigger",
 }
+#: Routes whose parameter names one team's object, by any converter.
+TEAM_OBJECT_PARAMETER = re.compile(r"<(?:\w+:)?(?:schedule_id|trigger_id)>")
 
 
 def named_routes(patterns=None, prefix="", namespace=""):
@@ -111,7 +126,9 @@ def model_admin_of(name: str | None):
 @pytest.fixture
 def bravo_world(member, approvals, django_capture_on_commit_callbacks):
     """Alpha and Bravo, each with an agent, a run waiting for a write's
-    approval, a dead letter and a reconciled write; Bravo's full of canaries."""
+    approval, a dead letter and a reconciled write, a schedule that fired
+    the run that ended, an event trigger whose event started the waiting
+    run; Bravo's full of canaries."""
     alpha = Team.objects.create(name="Alpha", slug="alpha")
     bravo = Team.objects.create(name=f"Bravo {CANARY}", slug=f"bravo-{CANARY}")
     amy = member("amy", alpha)
@@ -153,7 +170,39 @@ def bravo_world(member, approvals, django_capture_on_commit_callbacks):
             day=date.today(), submitter=who.pk, provider="scripted", model=words, team=team, turns=1
         )
         TeamBudget.objects.create(team=team, period="day", max_tokens=1000, note=words)
-        world[key] = {"agent": agent, "run": fresh(waiting), "approval": approval}
+        schedule = Schedule.objects.create(
+            name=f"schedule-{words}",
+            agent=agent,
+            cron="0 7 * * *",
+            input_template=f"report {words} for ${{scheduled_date}}",
+            owner=who,
+        )
+        Firing.objects.create(
+            schedule=schedule,
+            slot=datetime(2026, 1, 5, 7, tzinfo=UTC),
+            outcome=FiringOutcome.FIRED,
+            run=ended,
+        )
+        Firing.objects.create(
+            schedule=schedule,
+            slot=datetime(2026, 1, 6, 7, tzinfo=UTC),
+            outcome=FiringOutcome.REFUSED,
+            reason=f"refused {words}",
+        )
+        trigger = EventTrigger.objects.create(
+            name=f"trigger-{words}",
+            agent=agent,
+            input_template=f"alert {words}: ${{status}}",
+            owner=who,
+        )
+        TriggerEvent.objects.create(trigger=trigger, event_id=f"event-{words}", run=waiting)
+        world[key] = {
+            "agent": agent,
+            "run": fresh(waiting),
+            "approval": approval,
+            "schedule": schedule,
+            "trigger": trigger,
+        }
     return world
 
 
@@ -162,6 +211,10 @@ def sample(parameter: str, converter: str, objects: dict, pk_of: str | None) -> 
     if parameter == "pk" and pk_of:
         return str(objects[pk_of].pk)
     kind = OBJECT_OF_PARAMETER.get(parameter)
+    if kind in ("schedule", "trigger"):
+        return str(objects[kind].pk)
+    if kind == "hook_path":
+        return objects["trigger"].path
     if kind == "run":
         return str(objects["run"].pk)
     if kind == "approval":
@@ -218,6 +271,26 @@ def bravo_as_it_stands(world) -> dict:
         "reconciliations": WriteReconciliation.objects.filter(run__team=bravo).count(),
         "agents": sorted(Agent.objects.filter(team=bravo).values_list("id", "name", "latest")),
         "team": Team.objects.filter(pk=bravo.pk).values("name", "tools", "require_approval").get(),
+        "schedules": sorted(
+            Schedule.objects.filter(agent__team=bravo).values_list(
+                "id", "name", "cron", "input_template", "owner", "paused_at", "updated_at"
+            )
+        ),
+        "firings": sorted(
+            Firing.objects.filter(schedule__agent__team=bravo).values_list(
+                "id", "slot", "outcome", "run"
+            )
+        ),
+        "triggers": sorted(
+            EventTrigger.objects.filter(agent__team=bravo).values_list(
+                "id", "name", "secret", "enabled", "owner", "updated_at"
+            )
+        ),
+        "events": sorted(
+            TriggerEvent.objects.filter(trigger__agent__team=bravo).values_list(
+                "id", "event_id", "expired", "run"
+            )
+        ),
     }
 
 
@@ -229,6 +302,15 @@ def bravo_log_entries(world) -> int:
         ],
         Agent: [str(pk) for pk in Agent.objects.filter(team=bravo).values_list("pk", flat=True)],
         Team: [str(bravo.pk)],
+        **{
+            model: [
+                str(pk)
+                for pk in model.objects.filter(**{model.TEAM_FIELD: bravo}).values_list(
+                    "pk", flat=True
+                )
+            ]
+            for model in (Schedule, Firing, EventTrigger, TriggerEvent)
+        },
     }
     return sum(
         LogEntry.objects.filter(
@@ -275,11 +357,19 @@ class Ghost:
             else 987654321
         )
         self.name = "no-such-agent"
+        self.path = "no-such-hook"
 
 
 def ghost_objects(model) -> dict:
     run = Ghost(AgentRun)
-    return {"run": run, "approval": Ghost(None), "agent": Ghost(None), "object": Ghost(model)}
+    return {
+        "run": run,
+        "approval": Ghost(None),
+        "agent": Ghost(None),
+        "schedule": Ghost(None),
+        "trigger": Ghost(None),
+        "object": Ghost(model),
+    }
 
 
 def test_a_member_of_alpha_reaches_nothing_of_bravo_through_any_route(bravo_world, api_token):
@@ -308,6 +398,7 @@ def test_a_member_of_alpha_reaches_nothing_of_bravo_through_any_route(bravo_worl
         object_route = "<path:object_id>" in route or "<uuid:run_id>" in route
         object_route = object_route or "<int:approval_id>" in route or (name in API_PK)
         object_route = object_route or "<str:name>" in route and name and name.startswith("api-ag")
+        object_route = object_route or bool(TEAM_OBJECT_PARAMETER.search(route))
         if (
             name not in DEPLOYMENT_WIDE
             and model is None
@@ -363,6 +454,45 @@ def test_a_member_of_alpha_reaches_nothing_of_bravo_through_any_route(bravo_worl
     listed = api.get("/api/runs/").json()["results"]
     assert str(world["alpha"]["run"].pk) in {run["id"] for run in listed}
     assert fresh(bravo["run"]).status == RunStatus.WAITING_FOR_APPROVAL
+    # Nor by what fired them: Bravo's schedule and trigger filter nothing in.
+    for name in ("schedule", "trigger"):
+        listed = api.get(f"/api/runs/?{name}={bravo[name].pk}")
+        assert (listed.status_code, listed.json()["results"]) == (200, [])
+    alphas = api.get(f"/api/runs/?trigger={world['alpha']['trigger'].pk}").json()["results"]
+    assert [run["id"] for run in alphas] == [str(world["alpha"]["run"].pk)]
+
+
+def test_an_event_signed_with_another_teams_secret_is_refused_and_stores_nothing(bravo_world):
+    """A trigger's hook takes no login: its secret is the credential. Amy
+    holds Alpha's trigger's secret; Bravo's hook refuses what it signs (401,
+    nothing stored), and Alpha's own takes the same delivery."""
+    world = bravo_world
+    alpha, bravo = world["alpha"]["trigger"], world["bravo"]["trigger"]
+    before, logged_before = bravo_as_it_stands(world), bravo_log_entries(world)
+    body = json.dumps({"status": "firing"}).encode()
+    sent_at = datetime.now(UTC)
+
+    def deliver(trigger, message_id, at=sent_at):
+        headers = {
+            "webhook-id": message_id,
+            "webhook-timestamp": str(int(at.timestamp())),
+            "webhook-signature": Webhook(alpha.secret).sign(message_id, at, body),
+        }
+        return Client().post(
+            f"/api/hooks/{trigger.path}/", body, content_type="application/json", headers=headers
+        )
+
+    refused = deliver(bravo, "msg-1")
+    assert (refused.status_code, refused.json()["code"]) == (401, "not_authenticated")
+    stale = deliver(alpha, "msg-2", at=sent_at - timedelta(minutes=10))
+    assert stale.status_code == 401
+    assert bravo_as_it_stands(world) == before
+    assert bravo_log_entries(world) == logged_before
+    assert TriggerEvent.objects.filter(event_id__startswith="msg-").count() == 0
+
+    accepted = deliver(alpha, "msg-3")
+    assert accepted.status_code == 202, accepted.content
+    assert AgentRun.objects.get(pk=accepted.json()["run"]).team == world["alpha_team"]
 
 
 def _masked(location: str, path: str, objects: dict) -> str:

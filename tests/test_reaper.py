@@ -184,13 +184,13 @@ def test_reap_stale_runs_command(queue):
         call_command("reap_stale_runs", "--loop", "0")
 
 
-def test_the_reaper_is_registered_with_rqs_cron_scheduler():
+def test_the_reaper_and_the_schedules_are_registered_with_rqs_cron_scheduler():
     from django_rq.cron import DjangoCronScheduler
 
     scheduler = DjangoCronScheduler()
     scheduler.load_config_from_file("runs.cron")
-    [job] = scheduler.get_jobs()
-    assert job.func.__name__ == "reap_job" and job.interval == 10
+    intervals = {job.func.__name__: job.interval for job in scheduler.get_jobs()}
+    assert intervals == {"reap_job": 10, "fire_schedules_job": 5}
 
 
 def test_a_job_taken_off_the_queue_by_a_worker_that_died_is_dispatched_again(queue, settings):

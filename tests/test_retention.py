@@ -234,7 +234,10 @@ def test_retention_runs_on_rqs_cron_when_its_age_is_set(settings):
     settings.NRLLM_RETENTION_DAYS = 0
     scheduler = DjangoCronScheduler()
     scheduler.load_config_from_file("runs.cron")
-    assert [job.func.__name__ for job in scheduler.get_jobs()] == ["reap_job"]
+    assert [job.func.__name__ for job in scheduler.get_jobs()] == [
+        "reap_job",
+        "fire_schedules_job",
+    ]
     # The age comes with the job, not from the worker's settings: a worker
     # without them (0) must not prune everything that has ended.
     assert prune_job(days=0).startswith("retention is off")

@@ -3,7 +3,8 @@ credentials as its part of the site does — the console sends it to log in,
 the API answers 401 in its shape — and never with a 5xx or a page of
 content. The few with a rule of their own (the front page, which leads to
 the console; the API's entry, schema and docs, which need no credentials;
-the probes and metrics) are named here: a route added elsewhere is held to
+a trigger's hook, whose credential is the event's signature; the probes
+and metrics) are named here: a route added elsewhere is held to
 its part's rule until it is."""
 
 import re
@@ -35,6 +36,8 @@ OWN_RULE = {
     "/api/": (200, None),
     "/api/schema/": (200, None),
     "/api/docs/": (200, None),
+    # A trigger's hook: no credentials but the event's signature, POST only.
+    "/api/hooks/x/": (405, None),
 }
 
 

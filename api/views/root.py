@@ -18,6 +18,8 @@ RESOURCES = {
     "runs": "api-runs",
     "runs_bulk": "api-runs-bulk",
     "agents": "api-agents",
+    "schedules": "api-schedules",
+    "triggers": "api-triggers",
     "approvals": "api-approvals",
     "dead_letters": "api-dead-letters",
     "write_audits": "api-write-audits",

@@ -143,6 +143,8 @@ class SubmittedVia(models.TextChoices):
     API = "api"  # POST /api/runs/: the token's (or the session's) user
     CONSOLE = "console"  # the admin's "Start a run" form: the operator
     COMMAND_LINE = "command_line"  # manage.py enqueue_run / run_agent / seed_demo
+    SCHEDULE = "schedule"  # a schedule's firing or backfill: its owner, or who backfilled
+    TRIGGER = "trigger"  # a signed event: the trigger's owner
 
 
 @dataclass(frozen=True)

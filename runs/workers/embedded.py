@@ -30,6 +30,7 @@ from runs.reaper import Beat, reap_stale_runs
 from runs.runtime import claim_queued, execute_claimed, run_queued
 from runs.transitions import db_time
 from runs.workers.run_threads import RunThreads
+from triggers.firing import fire_due_schedules
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,10 @@ def serve(*, interval: float, runs: RunThreads, stop: threading.Event) -> None:
                 report = reap_stale_runs(beat=beat)
                 if report.decisions or report.lost_races:
                     logger.info("embedded worker: reaper pass: %s", report.summary())
+                # Schedules fire here too (G23): their runs start in this pass.
+                fired = fire_due_schedules()
+                if fired.fired or fired.paused or fired.refused:
+                    logger.info("embedded worker: %s", fired.summary())
                 start_due_runs(runs, stopping=stop.is_set)
             except Exception:
                 logger.exception("embedded worker: pass failed; next one in %ss", interval)

@@ -16,7 +16,13 @@ class _ToldByTheSummary(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
-            return record.name.partition(".")[0] not in ("runs", "tools", "agents", "spend")
+            return record.name.partition(".")[0] not in (
+                "runs",
+                "tools",
+                "agents",
+                "spend",
+                "triggers",
+            )
         try:
             message = record.getMessage()
         except Exception:

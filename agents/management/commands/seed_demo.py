@@ -27,18 +27,29 @@ Support. They have no password of their own until ``ensure_admin``
 creates the admin: it gives the members of ``DEMO_MEMBERS_GROUP`` the
 admin's password (``make run`` prints it once).
 
+Support's ``triage`` agent runs without a click too (G23): a schedule
+every morning at 07:00 in Berlin, backfilled over the last two days, and
+a trigger Alertmanager may POST to, sent one signed alert (twice: the
+second is the same event, and starts nothing).
+
 The output is a line per run (``make run`` prints how to log in after it):
 what the runtime logs as it executes them, the failures the stories stage
 included, is not printed (``-v 2`` prints it), and the fault the demo
 injects is expected, not an error; any other error is printed as logged.
 """
 
+import json
+from datetime import timedelta
+
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
+from django.utils import timezone
+from standardwebhooks.webhooks import Webhook
 
 from agents.management.commands._demo_log import told_by_the_summary
+from agents.models import Agent
 from agents.starting import enqueue, run
 from agents.versions import save_agent
 from runs import transitions
@@ -51,6 +62,9 @@ from spend.models import ModelPrice
 from teams.models import DEFAULT_TEAM_ID, Membership, Team
 from teams.roles import Role
 from tools.models import Note
+from triggers import actions as schedule_actions
+from triggers.events import receive
+from triggers.models import EventTrigger, Schedule
 
 #: The demo's team members (see the module's docstring); ``ensure_admin``
 #: gives this group's members without a password the admin's.
@@ -338,6 +352,81 @@ def demo_teams() -> tuple[Team, Team]:
     return ops, support
 
 
+#: What Alertmanager POSTs (its webhook_config's body), shortened.
+DEMO_ALERT = {
+    "version": "4",
+    "groupKey": '{}:{alertname="DiskFull"}',
+    "status": "firing",
+    "receiver": "nrllm-triage",
+    "groupLabels": {"alertname": "DiskFull"},
+    "commonLabels": {"alertname": "DiskFull", "instance": "db-2", "severity": "page"},
+    "commonAnnotations": {"summary": "Disk full on db-2"},
+    "externalURL": "http://alertmanager.example.org",
+    "alerts": [
+        {
+            "status": "firing",
+            "labels": {"alertname": "DiskFull", "instance": "db-2"},
+            "annotations": {"summary": "Disk full on db-2"},
+            "startsAt": "2026-12-01T06:58:00Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "fingerprint": "5f0c1e9d2a4b7c31",
+        }
+    ],
+}
+
+
+def demo_triggers(sam) -> tuple[list, object]:
+    """Support's schedule, backfilled over two days, and its trigger, sent
+    the demo alert twice; the backfilled runs and the alert's run."""
+    triage = Agent.objects.get(name="triage")
+    schedule = Schedule(
+        agent=triage,
+        name="morning-digest",
+        cron="0 7 * * *",
+        time_zone="Europe/Berlin",
+        input_template="What happened before ${scheduled_date}? Summarise the incident notes.",
+        overlap="skip",
+        owner=sam,
+    )
+    schedule.full_clean()
+    schedule.save()
+    now = timezone.now()
+    backfilled = schedule_actions.backfill(schedule, now - timedelta(days=2), now, sam)
+    if not backfilled.ok:
+        raise CommandError(f"demo backfill: {backfilled.detail}")
+    trigger = EventTrigger(
+        agent=triage,
+        name="alertmanager",
+        event_id_header="",
+        event_id_template="${groupKey}/${alerts.0.startsAt}",
+        input_template=(
+            "Alert ${commonLabels.alertname} (${status}) on ${commonLabels.instance}: "
+            "${commonAnnotations.summary}. What do the incident notes say?"
+        ),
+        owner=sam,
+    )
+    trigger.full_clean()
+    trigger.save()
+    body = json.dumps(DEMO_ALERT).encode()
+    started = None
+    for delivery in ("msg_demo_1", "msg_demo_2"):  # the same alert, sent again
+        signed_at = timezone.now()
+        answer = receive(
+            trigger.path,
+            {
+                "webhook-id": delivery,
+                "webhook-timestamp": str(int(signed_at.timestamp())),
+                "webhook-signature": Webhook(trigger.secret).sign(delivery, signed_at, body),
+            },
+            body,
+        )
+        if answer.status not in (200, 202):
+            raise CommandError(f"demo alert: {answer.status} {answer.body}")
+        started = started or answer.body["run"]
+    runs = AgentRun.objects.filter(firing__schedule=schedule).order_by("firing__slot")
+    return list(runs), AgentRun.objects.get(pk=started)
+
+
 def _pending(agent_run) -> ApprovalRequest | None:
     return (
         ApprovalRequest.objects.filter(run=agent_run, status=ApprovalStatus.PENDING)
@@ -401,6 +490,7 @@ class Command(BaseCommand):
             )
         sam = get_user_model().objects.get(username="sam")
         triaged = run({"agent": "triage", "input": TRIAGE["prompt"]}, submitted_by=sam)
+        scheduled, alerted = demo_triggers(sam)
 
         completed = run({"agent": "release-notes", "input": COMPLETED["prompt"]})
         _approve_every_write(completed, approver)
@@ -448,6 +538,8 @@ class Command(BaseCommand):
             ("waits for approval: decide it in the admin's approvals inbox", waiting),
             ("stopped before a model call that would pass its token limit", over_budget),
             ("Support's own: completed (reads only; see it as sam or pat)", triaged),
+            *[("Support's schedule morning-digest, backfilled", each) for each in scheduled],
+            ("Support's trigger alertmanager: one run for an alert sent twice", alerted),
         ]:
             agent_run.refresh_from_db()
             self.stdout.write(f"{agent_run.pk}  {agent_run.status:<20} {label}")
