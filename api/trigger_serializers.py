@@ -14,12 +14,13 @@ list or a detail never shows it.
 
 from datetime import UTC, datetime
 
-from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import NON_FIELD_ERRORS, ObjectNotUpdated
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.exceptions import NotFound
 
 from agents.models import Agent, AgentVersion
 from api.serializers import StrictSerializer, TextField
@@ -214,6 +215,9 @@ class _StartsRunsSerializer(serializers.ModelSerializer):
             # The unique (agent, name): another request saved the name since
             # full_clean looked (the other constraints clean() checked).
             raise serializers.ValidationError({"name": [self._name_taken(self.built)]}) from None
+        except ObjectNotUpdated:
+            # Deleted by another request since it was read.
+            raise NotFound(f"no {self.kind} {self.built.pk}") from None
         return self.built
 
     def create(self, validated_data):

@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 
 from django import forms
 from django.contrib.admin.widgets import RelatedFieldWidgetWrapper
+from django.core.exceptions import NON_FIELD_ERRORS
 
 from agents.models import Agent, AgentVersion
 from console.display import moment
@@ -49,6 +50,14 @@ class AgentOwnedForm(forms.ModelForm):
         # Before the model's clean(): it checks the owner may start the runs.
         self.instance.owner = self.user
         super()._post_clean()
+
+    def _update_errors(self, errors):
+        # The owner is no field of the form (it is whoever saves): what the
+        # model says of it is said of the whole form.
+        if hasattr(errors, "error_dict") and "owner" in errors.error_dict:
+            owner = errors.error_dict.pop("owner")
+            errors.error_dict.setdefault(NON_FIELD_ERRORS, []).extend(owner)
+        super()._update_errors(errors)
 
 
 class AgentOwnedAdmin:

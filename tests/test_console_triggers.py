@@ -88,7 +88,8 @@ def alpha(two_teams, member):
         "team": alpha_team,
         "olga": olga,
         "viewer": member("vic", alpha_team, Role.VIEWER),
-        "agent": agent_of(alpha_team, olga, "alpha-agent"),
+        "agent": (agent := agent_of(alpha_team, olga, "alpha-agent")),
+        "schedule": hourly(agent, olga, "olgas-hourly"),
         "bravo_schedule": hourly(bravo_agent, bob, "bravo-hourly"),
         "bravo_trigger": EventTrigger.objects.create(
             name="bravo-alerts", agent=bravo_agent, input_template="${x}", owner=bob
@@ -252,3 +253,16 @@ def test_another_teams_schedule_and_trigger_are_missing_and_a_secret_is_the_chan
     assert own.secret in page and f"http://testserver/api/hooks/{own.path}/" in page
     seen = client_of(alpha["viewer"]).get(f"{TRIGGERS}{own.pk}/change/").content.decode()
     assert own.secret not in seen and "shown to its owner only" in seen
+
+
+def test_an_author_who_is_no_runner_is_told_saving_makes_them_the_owner(alpha, member):
+    """Whoever saves a schedule owns its runs: an author without the runner
+    role is refused on the form, naming the role, and nothing is stored."""
+    ada = client_of(member("ada", alpha["team"], Role.AUTHOR))
+    for page in (f"{SCHEDULES}add/", f"{SCHEDULES}{alpha['schedule'].pk}/change/"):
+        answer = ada.post(page, schedule_form(alpha["agent"], name="adas"))
+        assert answer.status_code == 200
+        errors = answer.context["adminform"].form.non_field_errors()
+        assert "ada may not start runs of this agent" in errors[0] and "runner role" in errors[0]
+    assert not Schedule.objects.filter(name="adas").exists()
+    assert Schedule.objects.get(pk=alpha["schedule"].pk).owner == alpha["olga"]

@@ -370,3 +370,20 @@ def test_a_pass_over_idle_schedules_costs_the_same_few_queries_however_many(oper
         return len(captured)
 
     assert queries_of_a_pass(5) == queries_of_a_pass(40) <= 4
+
+
+def test_a_slot_held_under_an_old_timing_is_let_go_when_the_timing_changes(queue, operator):
+    schedule = schedule_of(scripted_agent(), operator, overlap="buffer_one")
+    now = aligned()
+    since(schedule, now - timedelta(seconds=1))
+    fire_schedule(schedule.pk, now)
+    fire_schedule(schedule.pk, now + timedelta(seconds=2))  # held
+    retimed = Schedule.objects.get(pk=schedule.pk)
+    retimed.interval_seconds = 3600
+    retimed.save()
+    run_queued(AgentRun.objects.get(firing__schedule=schedule).pk)
+    fire_schedule(schedule.pk, now + timedelta(seconds=3))
+    assert [row[1:3] for row in outcomes(schedule)] == [
+        ("fired", ""),
+        ("skipped", "overlap: held, then the timing changed"),
+    ]

@@ -60,7 +60,7 @@ MISSED_ROWS = 1000
 FIRED_PER_PASS = 100
 #: A cron expression's slots counted when a downtime is measured, at most
 #: (an interval's are counted by arithmetic).
-COUNTED_AT_MOST = 5_000_000
+COUNTED_AT_MOST = 100_000
 _INSTANT = timedelta(microseconds=1)
 
 
@@ -161,20 +161,24 @@ def _record_missed(schedule: Schedule, after: datetime, until: datetime) -> int:
     if not kept:
         return 0
     kept.reverse()
+    # Slots a backfill (or another pass) recorded stand: the rows go to the others.
+    there = set(
+        Firing.objects.filter(schedule=schedule, slot__in=kept).values_list("slot", flat=True)
+    )
     older = count_between(schedule, after, kept[0] - _INSTANT, limit=COUNTED_AT_MOST)
     rows = [
         Firing(
             schedule=schedule, slot=slot, outcome=FiringOutcome.SKIPPED, reason=SkipReason.MISSED
         )
         for slot in kept
+        if slot not in there
     ]
+    if not rows:
+        return 0
+    # The oldest row inserted stands for the slots before it not kept.
     rows[0].covers = older + 1
-    # Another scheduler may have recorded some: theirs stand.
-    there = Firing.objects.filter(schedule=schedule, slot__in=kept).count()
     Firing.objects.bulk_create(rows, ignore_conflicts=True)
-    if there:
-        return 0  # another pass recorded them, and counted them
-    missed = older + len(kept)
+    missed = older + len(rows)
     metrics.skipped(schedule, SkipReason.MISSED, missed)
     logger.warning(
         "schedule=%s %d slot(s) missed up to %s: older than its catch-up window, not fired",
@@ -254,6 +258,11 @@ def _start_buffered(schedule_id: int) -> str | None:
             return "paused"
         firing = schedule.firings.filter(outcome=FiringOutcome.BUFFERED).first()
         if firing is None or _in_flight(schedule):
+            return None
+        if firing.slot <= schedule.active_since or not is_slot(schedule, firing.slot):
+            # Held under a timing the schedule no longer has (a change
+            # committed since): no longer owed.
+            let_go_of_held_slots(schedule.pk, "the timing changed")
             return None
         # The schedule's lock is held: no other scheduler is here.
         Firing.objects.filter(pk=firing.pk).update(outcome=FiringOutcome.FIRED)

@@ -161,7 +161,7 @@ class Schedule(models.Model):
         writing the row back whole would undo it. A slot held for
         ``buffer_one`` is let go when the policy changes (recorded as
         skipped), so it cannot fire long after its time."""
-        if self.pk is None:
+        if self._state.adding:
             self.active_since = self.active_since or timezone.now()
             return super().save(*args, **kwargs)
         before = (
@@ -169,16 +169,23 @@ class Schedule(models.Model):
             .values("cron", "interval_seconds", "time_zone", "overlap")
             .first()
         )
-        fields = set(kwargs.pop("update_fields", None) or DEFINITION_FIELDS) | {"updated_at"}
-        if before and (before["cron"], before["interval_seconds"], before["time_zone"]) != (
-            self.cron,
-            self.interval_seconds,
-            self.time_zone,
-        ):
+        given = kwargs.pop("update_fields", None)
+        fields = set(DEFINITION_FIELDS if given is None else given)
+        if not fields:
+            return None  # as Django's save(update_fields=[]): nothing
+        fields.add("updated_at")
+        retimed = before is not None and (
+            before["cron"],
+            before["interval_seconds"],
+            before["time_zone"],
+        ) != (self.cron, self.interval_seconds, self.time_zone)
+        if retimed:
             self.active_since = timezone.now()
             fields.add("active_since")
         super().save(*args, update_fields=sorted(fields), **kwargs)
-        if before and before["overlap"] != self.overlap:
+        if retimed:
+            let_go_of_held_slots(self.pk, "the timing changed")
+        elif before and before["overlap"] != self.overlap:
             let_go_of_held_slots(self.pk, "the overlap policy changed")
 
     def clean(self) -> None:
