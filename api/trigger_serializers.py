@@ -384,7 +384,7 @@ class EventTriggerDetailSerializer(EventTriggerSerializer):
 
     @extend_schema_field(TriggerEventSerializer(many=True))
     def get_last_events(self, trigger) -> list[dict]:
-        events = trigger.events.select_related("run").order_by("-received_at")[:LAST_SHOWN]
+        events = actions.recent_events(trigger, LAST_SHOWN)
         return TriggerEventSerializer(events, many=True).data
 
 

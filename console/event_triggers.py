@@ -16,6 +16,7 @@ from django.db.models import Max
 from console.display import moment, short_id, span
 from console.team_scope import ScopedRelatedFilter
 from console.trigger_forms import AgentOwnedAdmin, AgentOwnedForm
+from triggers import actions
 from triggers.models import EventTrigger, SignatureScheme
 from triggers.signatures import TOLERANCE_SECONDS
 
@@ -70,7 +71,7 @@ class EventTriggerAdmin(AgentOwnedAdmin, admin.ModelAdmin):
     list_select_related = ["agent", "owner"]
     search_fields = ["name", "agent__name"]
     fieldsets = [
-        (None, {"fields": ["name", "agent", "version", "owner", "enabled"]}),
+        (None, {"fields": ["name", "agent", "version", "owner_shown", "enabled"]}),
         (
             "The sender's events",
             {
@@ -111,7 +112,7 @@ def trigger_page_context(model_admin, request, trigger: EventTrigger) -> dict:
     """What ``templates/admin/triggers/eventtrigger/change_form.html``
     shows above the form: where events go and how they are signed (the
     secret only to who may change the trigger), and its last events."""
-    events = trigger.events.select_related("run").order_by("-received_at")[:RECENT_EVENTS]
+    events = actions.recent_events(trigger, RECENT_EVENTS)
     return {
         "trigger": trigger,
         "hook_url": request.build_absolute_uri(f"/api/hooks/{trigger.path}/"),

@@ -64,7 +64,7 @@ class ScheduleForm(AgentOwnedForm):
             "(3600: on the hour); blank with a cron expression",
             "time_zone": "the IANA time zone the cron expression is read in (Europe/Berlin)",
             "overlap": "what a slot does while the schedule's last run is still in flight",
-            "catchup_window_seconds": "after downtime, a missed slot at most this old is "
+            "catchup_window_seconds": "after downtime, a missed slot less than this old is "
             "fired; an older one is recorded as missed, not fired",
             "input_template": "the run's input; ${scheduled_time}, ${scheduled_date} and "
             "${schedule} are replaced (the slot, in the schedule's time zone)",
@@ -103,7 +103,7 @@ class ScheduleAdmin(AgentOwnedAdmin, admin.ModelAdmin):
     search_fields = ["name", "agent__name"]
     actions = ["pause_selected", "resume_selected"]
     fieldsets = [
-        (None, {"fields": ["name", "agent", "version", "owner"]}),
+        (None, {"fields": ["name", "agent", "version", "owner_shown"]}),
         (
             "When",
             {

@@ -12,6 +12,7 @@ never moves to another team here."""
 from zoneinfo import ZoneInfo
 
 from django import forms
+from django.contrib import admin
 from django.contrib.admin.widgets import RelatedFieldWidgetWrapper
 from django.core.exceptions import NON_FIELD_ERRORS
 
@@ -66,7 +67,11 @@ class AgentOwnedAdmin:
     not Django's links to add or change an agent from here (an agent's
     change is a new version: its own page)."""
 
-    readonly_fields = ["owner"]
+    readonly_fields = ["owner_shown"]
+
+    @admin.display(description="owner (whoever saves it: saving makes you its owner)")
+    def owner_shown(self, obj) -> str:
+        return obj.owner.get_username() if obj is not None and obj.owner_id else "you, once saved"
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change, **kwargs)

@@ -24,18 +24,16 @@ from django.utils import timezone
 
 from runs.models.vocabulary import ActionResult
 from runs.runtime.json_text import shown
-from teams import access
 from tools.effects import ToolEffect
 from tools.registry import effect_for
 from triggers import firing
-from triggers.models import Firing, FiringOutcome, Schedule, let_go_of_held_slots
+from triggers.models import Firing, Schedule, let_go_of_held_slots, may_start
 from triggers.questions import open_question
-from triggers.slots import slots_between
+from triggers.slots import next_slots, slots_between
 
 #: Slots one backfill may fire at most: it starts them in the request.
 BACKFILL_MAX_SLOTS = 1000
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-START_RUNS = "runs.add_agentrun"
 
 
 def _log(user, schedule: Schedule, message: str) -> None:
@@ -147,7 +145,7 @@ def backfill(schedule: Schedule, start: datetime, end: datetime, user) -> Action
             "too_many",
             f"the range holds more than {BACKFILL_MAX_SLOTS} slots: backfill a shorter one",
         )
-    if not access.may(user, START_RUNS, schedule.agent.team_id):
+    if not may_start(user, schedule.agent):
         return ActionResult(
             False,
             "forbidden",
@@ -191,23 +189,13 @@ def recent_firings(schedule: Schedule, count: int = 10):
     return schedule.firings.select_related("run").order_by("-slot")[:count]
 
 
+def recent_events(trigger, count: int = 20):
+    """The last events accepted, with their runs (the trigger's page)."""
+    return trigger.events.select_related("run").order_by("-received_at")[:count]
+
+
 def next_firing_times(schedule: Schedule, count: int = 5) -> list[datetime]:
+    """The next slots of a schedule not paused (none while it is)."""
     if schedule.paused_at is not None:
         return []
-    from triggers.slots import next_slots
-
     return next_slots(schedule, timezone.now(), count)
-
-
-__all__ = [
-    "BACKFILL_MAX_SLOTS",
-    "BackfillPreview",
-    "BackfillRefused",
-    "FiringOutcome",
-    "backfill",
-    "backfill_preview",
-    "next_firing_times",
-    "pause",
-    "recent_firings",
-    "resume",
-]

@@ -41,11 +41,17 @@ SCHEDULE_PLACEHOLDERS = ("scheduled_time", "scheduled_date", "schedule")
 START_RUNS = "runs.add_agentrun"
 
 
+def may_start(user, agent) -> bool:
+    """Whether ``user`` may submit runs of ``agent``: an active user with
+    the runner role in its team (what an owner and a backfiller need)."""
+    return user.is_active and access.may(user, START_RUNS, agent.team_id)
+
+
 def refuse_a_submitter_who_may_not_start(submitter, agent) -> None:
     """``StartForbidden`` naming the submitter when ``submitter`` (an owner,
     or who asked for a backfill) no longer holds the runner role in the
     agent's team, or is no active user: their runs are not started (G23)."""
-    if submitter.is_active and access.may(submitter, START_RUNS, agent.team_id):
+    if may_start(submitter, agent):
         return
     from agents.starting import StartForbidden
 
@@ -61,9 +67,7 @@ def _check_start(model) -> None:
     if model.version_id is not None and model.version.agent_id != model.agent_id:
         raise ValidationError({"version": "a version of the schedule's own agent"})
     if model.owner_id is not None and model.agent_id is not None:
-        if not model.owner.is_active or not access.may(
-            model.owner, START_RUNS, model.agent.team_id
-        ):
+        if not may_start(model.owner, model.agent):
             raise ValidationError(
                 {
                     "owner": f"{model.owner.get_username()} may not start runs of this agent, "
