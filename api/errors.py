@@ -25,6 +25,18 @@ class Conflict(exceptions.APIException):
         super().__init__(detail=detail, code=code)
 
 
+class BadRequest(exceptions.APIException):
+    """The request is well formed but what it asks is refused as wrong
+    (an edit's arguments, an answer, for the call they name): 400 with
+    the action's code."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "invalid"
+
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail=detail, code=code)
+
+
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "too_large"

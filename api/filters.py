@@ -15,6 +15,7 @@ from runs.models.vocabulary import (
     RunMode,
     RunStatus,
     TerminationReason,
+    WaitKind,
 )
 
 
@@ -80,6 +81,11 @@ class ApprovalFilter(django_filters.FilterSet):
     (``api.views.approvals.ApprovalOrder``)."""
 
     status = django_filters.ChoiceFilter(choices=ApprovalStatus.choices)
+    kind = django_filters.ChoiceFilter(
+        choices=WaitKind.choices,
+        help_text="approval: calls for an operator's decision; question: the agent's questions "
+        "to a person; deferred: calls another system completes",
+    )
     run = django_filters.UUIDFilter(field_name="run_id", help_text="the run's id")
     tool_name = django_filters.CharFilter(help_text="the tool called")
     decided_by = django_filters.CharFilter(

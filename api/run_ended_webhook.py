@@ -59,10 +59,12 @@ class RunEndedEventSerializer(serializers.Serializer):
 RUN_ENDED = OpenApiWebhook(
     name="run-ended",
     decorator=extend_schema(
-        summary="A run ended, or began to wait for approval",
+        summary="A run ended, or began to wait for approval or for input",
         description=(
             "POSTed to the run's `webhook` each time its status changes to completed, failed, "
-            "cancelled or waiting_for_approval, at least once (G19). Headers: `X-Nrllm-Event` "
+            "cancelled, waiting_for_approval or waiting_for_input (a person's answer to the "
+            "agent's question, or another system's completion of a deferred call: G24), at "
+            "least once (G19). Headers: `X-Nrllm-Event` "
             "(the event), `X-Nrllm-Event-Id` (its id: drop repeats), and with "
             "NRLLM_RUN_WEBHOOK_SECRET set `X-Nrllm-Signature-256`: `sha256=` and the hex "
             "HMAC-SHA256 of the body's exact bytes under the secret (docs/api.md shows how to "

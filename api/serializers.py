@@ -18,6 +18,7 @@ from runs.models.vocabulary import (
     RunStatus,
     SubmittedVia,
     TerminationReason,
+    WaitKind,
 )
 from spend.usage import money_text
 from tools.approval_policy import ApprovalPolicy, requires_approval
@@ -144,7 +145,9 @@ def with_run_relations(runs):
     """``runs`` fetching what ``RunSerializer`` shows of their relations
     once per page (the submitter, reconciliations, pending approvals),
     not once per run."""
-    pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).only("id", "run_id")
+    pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).only(
+        "id", "run_id", "kind"
+    )
     return runs.select_related(
         "team",
         "submitted_by",
@@ -209,6 +212,11 @@ def fired_by(run) -> dict | None:
     return None
 
 
+class WaitingForSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="the request's id: GET /api/approvals/{id}/")
+    kind = serializers.ChoiceField(choices=WaitKind.choices)
+
+
 class RunSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(
         slug_field="slug",
@@ -236,7 +244,13 @@ class RunSerializer(serializers.ModelSerializer):
     )
     pending_approvals = serializers.SerializerMethodField(
         help_text="ids of the calls a waiting_for_approval run waits for "
-        "(GET /api/approvals/{id}/); empty otherwise"
+        "(GET /api/approvals/{id}/); empty otherwise (waiting_for also lists a question or "
+        "a deferred call)"
+    )
+    waiting_for = serializers.SerializerMethodField(
+        help_text="what a waiting run (waiting_for_approval, waiting_for_input) waits for: "
+        "each pending request's id (GET /api/approvals/{id}/) and kind — approval, question "
+        "(POST answer/), deferred (another system completes it); empty otherwise"
     )
     tokens = serializers.IntegerField(
         source="total_tokens",
@@ -300,6 +314,7 @@ class RunSerializer(serializers.ModelSerializer):
             "rerun_from_sequence",
             "write_in_doubt",
             "pending_approvals",
+            "waiting_for",
             "created_at",
             "started_at",
             "finished_at",
@@ -338,16 +353,28 @@ class RunSerializer(serializers.ModelSerializer):
         return is_write_in_doubt(run)
 
     def get_pending_approvals(self, run) -> list[int]:
-        # Only a waiting run has pending requests (its release, expiry and
-        # cancel end them all), so no other run costs a query; a list
-        # prefetches them for its page (``PENDING_APPROVALS_ATTR``).
-        if run.status != RunStatus.WAITING_FOR_APPROVAL:
-            return []
-        prefetched = getattr(run, PENDING_APPROVALS_ATTR, None)
-        if prefetched is not None:
-            return [approval.pk for approval in prefetched]
-        pending = ApprovalRequest.objects.filter(run=run, status=ApprovalStatus.PENDING)
-        return list(pending.order_by("pk").values_list("pk", flat=True))
+        return [row.pk for row in pending_requests(run) if row.kind == WaitKind.APPROVAL]
+
+    @extend_schema_field(WaitingForSerializer(many=True))
+    def get_waiting_for(self, run) -> list[dict]:
+        return [{"id": row.pk, "kind": row.kind} for row in pending_requests(run)]
+
+
+def pending_requests(run) -> list[ApprovalRequest]:
+    """The requests a waiting run waits for, oldest first. Only a waiting
+    run has pending ones (its release, expiry and cancel end them all), so
+    no other run costs a query; a list prefetches them for its page
+    (``PENDING_APPROVALS_ATTR``)."""
+    if run.status not in RunStatus.waiting():
+        return []
+    prefetched = getattr(run, PENDING_APPROVALS_ATTR, None)
+    if prefetched is not None:
+        return prefetched
+    pending = ApprovalRequest.objects.filter(run=run, status=ApprovalStatus.PENDING)
+    rows = list(pending.order_by("pk").only("id", "run_id", "kind"))
+    # Read once for both fields that show them.
+    setattr(run, PENDING_APPROVALS_ATTR, rows)
+    return rows
 
 
 class StepSerializer(serializers.ModelSerializer):

@@ -8,6 +8,7 @@ from api.views import (
     approvals,
     audits,
     bulk,
+    completions,
     hooks,
     providers,
     reruns,
@@ -75,6 +76,18 @@ urlpatterns = [
         name="api-approval-approve",
     ),
     path("approvals/<str:pk>/deny/", approvals.ApprovalDeny.as_view(), name="api-approval-deny"),
+    path("approvals/<str:pk>/edit/", approvals.ApprovalEdit.as_view(), name="api-approval-edit"),
+    path(
+        "approvals/<str:pk>/answer/",
+        approvals.ApprovalAnswer.as_view(),
+        name="api-approval-answer",
+    ),
+    # Signed for the call, not logged in: the signature authenticates (G24).
+    path(
+        "completions/<str:key>/<str:signature>/",
+        completions.Completion.as_view(),
+        name="api-completion",
+    ),
     path("dead-letters/", audits.DeadLetterList.as_view(), name="api-dead-letters"),
     path("write-audits/", audits.WriteAuditList.as_view(), name="api-write-audits"),
     path(

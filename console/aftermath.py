@@ -22,7 +22,7 @@ from django.utils.safestring import SafeString
 
 from console.display import clock, cut, position_in_words, short_id
 from runs.models import AgentRun, RunStep
-from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind
+from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind, WaitKind
 
 #: Operator actions after which the run moves (reconcile and dismiss leave
 #: it where it is: their message says what they changed).
@@ -35,7 +35,8 @@ ERROR_CHARS = 240
 class Since:
     """An operator's last action on a run and what the run did after it."""
 
-    #: "requeue", "restart", "cancel", or "approval"/"denial" of a call.
+    #: "requeue", "restart", "cancel", "approval"/"denial" of a call, or
+    #: "answer" to the agent's question.
     action: str
     #: The call decided, in words ("call 1 of turn 3 (send_notification)").
     call: str
@@ -52,11 +53,12 @@ class Since:
 
 def last_action(run: AgentRun) -> RunStep | None:
     """The run's latest step of an operator action that moves it: a requeue,
-    restart or cancel, or an approval decision."""
+    restart or cancel, an approval decision, or an answer to its question."""
     return (
         run.steps.filter(
             Q(kind=StepKind.OPERATOR, result__action__in=MOVING_ACTIONS)
             | Q(kind=StepKind.APPROVAL, result__action__in=DECISIONS)
+            | Q(kind=StepKind.INPUT, result__action="answered")
         )
         .order_by("-sequence")
         .first()
@@ -79,6 +81,12 @@ def since(run: AgentRun, step: RunStep, *, with_error: bool = True) -> Since:
     if step.kind == StepKind.APPROVAL:
         call = f"{position_in_words(result.get('position', '?'))} ({step.tool_name})"
         action = "approval" if action == "approved" else "denial"
+    if step.kind == StepKind.INPUT:
+        call = f"{position_in_words(result.get('position', '?'))} ({step.tool_name})"
+        action = "answer"
+        # The answer is recorded with its call's outcome, the step after:
+        # that is no call the run made since.
+        step = answered_call(run, step)
     again = result.get("previous") == RunStatus.FAILED
     return Since(
         action=action,
@@ -87,6 +95,12 @@ def since(run: AgentRun, step: RunStep, *, with_error: bool = True) -> Since:
         at=step.created_at,
         story=story(run, step, again=again, with_error=with_error),
     )
+
+
+def answered_call(run: AgentRun, input_step: RunStep) -> RunStep:
+    """The tool step recorded with an answer's input step (the next one),
+    or the input step itself if there is none."""
+    return run.steps.filter(sequence=input_step.sequence + 1).first() or input_step
 
 
 def story(
@@ -117,6 +131,8 @@ def story(
         told = format_html("it is running: {} so far", work or "no model call yet")
     elif status == RunStatus.WAITING_FOR_APPROVAL:
         told = _waiting(run, work)
+    elif status == RunStatus.WAITING_FOR_INPUT:
+        told = _waiting_for_input(run, work)
     elif status == RunStatus.COMPLETED:
         told = format_html("it made {}, and completed", work) if work else "it completed"
     elif status == RunStatus.FAILED:
@@ -192,6 +208,29 @@ def _waiting(run: AgentRun, work: str) -> SafeString:
     )
 
 
+def _waiting_for_input(run: AgentRun, work: str) -> SafeString:
+    """ "it waits for an answer to its question — answer it", or for
+    another system to complete a deferred call (nothing to do here)."""
+    waiting = run.approvals.filter(status=ApprovalStatus.PENDING).order_by("position").first()
+    made = f"made {work}, and " if work else ""
+    inbox = f"{reverse('admin:runs_approvals')}?run={run.pk}"
+    if waiting is not None and waiting.kind == WaitKind.DEFERRED:
+        reference = f" ({waiting.reference})" if waiting.reference else ""
+        return format_html(
+            'it {}waits for another system to complete {}{} — <a href="{}" '
+            'class="inbox-link">see it</a>',
+            made,
+            waiting.tool_name,
+            reference,
+            inbox,
+        )
+    return format_html(
+        'it {}waits for an answer to its question — <a href="{}" class="answer-link">answer it</a>',
+        made,
+        inbox,
+    )
+
+
 # --- the message after an action ----------------------------------------------------
 
 #: What each moving action did, as a message's first words.
@@ -244,6 +283,22 @@ def after_decision(approval, detail: str) -> SafeString:
     if step is None or (step.result or {}).get("approval") != approval.pk:
         return what
     return format_html("{} Since then {}", what, story(run, step))
+
+
+def after_answer(question, detail: str) -> SafeString:
+    """The message after the agent's question was answered: the run, what
+    the answer did, and what the run did since, as read now."""
+    what = format_html(
+        "The question of run {} ({}): {}.",
+        run_named(question.run_id, colon=False),
+        position_in_words(question.position),
+        detail,
+    )
+    run = AgentRun.objects.filter(pk=question.run_id).first()
+    step = last_action(run) if run is not None else None
+    if step is None or (step.result or {}).get("request") != question.pk:
+        return what
+    return format_html("{} Since then {}", what, story(run, answered_call(run, step)))
 
 
 def run_named(run_id, *, colon: bool = True) -> SafeString:

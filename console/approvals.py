@@ -1,5 +1,12 @@
-"""The approvals inbox (G14): an operator page inside the admin, a thin
-adapter over ``runs.approvals.actions``.
+"""The approvals inbox (G14, G24): an operator page inside the admin, a
+thin adapter over ``runs.approvals.actions`` and ``runs.approvals.answers``.
+
+It lists what waits for someone outside the worker, each with what is
+asked and by which run: calls waiting for approval (and edits of them
+waiting for a second person), the agent's questions, and — apart, with no
+action — deferred calls waiting for another system. ``?kind=`` shows one
+kind, ``?run=`` one run. Its forms that take typed input (edit a call's
+arguments, answer a question) are ``console.inbox_forms``'.
 
 Seeing it needs ``runs.view_agentrun`` somewhere, and it lists the calls of
 the viewer's teams only (``approval_rows.visible``); deciding needs
@@ -16,19 +23,22 @@ open while the run moved on decides nothing, and says why.
 import logging
 import uuid
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.db import DatabaseError
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
 from console import aftermath, approval_rows
 from console.display import position_in_words
+from console.inbox_forms import InboxForms
 from console.live import live_context
 from console.paginator import BoundedCountPaginator
 from runs.approvals import actions as approval_actions
+from runs.models.vocabulary import WaitKind
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +52,9 @@ TEAM_REFUSALS = approval_actions.TEAM_GATE_CODES
 DECISIONS = {"approve": approval_actions.approve, "deny": approval_actions.deny}
 
 
-class ApprovalsInbox:
-    """Mixed into ``AgentRunAdmin``: the inbox and its decide endpoint."""
+class ApprovalsInbox(InboxForms):
+    """Mixed into ``AgentRunAdmin``: the inbox, its decide endpoint, and its
+    edit and answer forms (``InboxForms``)."""
 
     def approval_urls(self) -> list:
         view = self.admin_site.admin_view
@@ -54,6 +65,7 @@ class ApprovalsInbox:
                 view(self.decide_approval_view),
                 name="runs_decide_approval",
             ),
+            *self.inbox_form_urls(),
         ]
 
     def has_approve_permission(self, request, obj=None) -> bool:
@@ -61,26 +73,42 @@ class ApprovalsInbox:
 
     def approvals_view(self, request):
         """Pending calls oldest first, with what led to them and a form to
-        decide each; below, the decided ones. ``?run=<id>``: one run's."""
+        decide or answer each; the deferred calls apart; below, the decided
+        ones. ``?run=<id>``: one run's; ``?kind=``: one kind's."""
         if not self.has_view_permission(request):
             raise PermissionDenied
+        user = request.user
         run_id = _run_filter(request.GET.get("run", ""))
-        groups, pending_total = approval_rows.pending_groups(request.user, run_id)
-        decided = BoundedCountPaginator(
-            approval_rows.decided(request.user, run_id), DECIDED_PER_PAGE
-        )
+        kind = _kind_filter(request.GET.get("kind", ""))
+        for_people = [each for each in approval_rows.FOR_PEOPLE if kind in (None, each)]
+        groups, pending_total = ([], 0)
+        if for_people:
+            groups, pending_total = approval_rows.pending_groups(user, run_id, for_people)
+        deferred, deferred_total = ([], 0)
+        if kind in (None, WaitKind.DEFERRED):
+            deferred, deferred_total = approval_rows.deferred_rows(user, run_id)
+        counts = approval_rows.pending_counts(user, run_id)
+        decided = BoundedCountPaginator(approval_rows.decided(user, run_id, kind), DECIDED_PER_PAGE)
         return TemplateResponse(
             request,
             "admin/runs/approvals.html",
             {
-                **self._context(request, "Approvals"),
+                **self._context(request, "Approvals, questions and deferred calls"),
                 "groups": groups,
                 "pending_total": pending_total,
                 "pending_shown": sum(len(group["calls"]) for group in groups),
+                "deferred": deferred,
+                "deferred_total": deferred_total,
+                "kind_filter": kind,
+                "kind_links": _kind_links(run_id, kind, counts),
                 "decided_page": decided.get_page(request.GET.get("decided_page")),
+                "decided_query": _query(run_id, kind),
                 "run_filter": run_id,
                 "can_approve": self.has_approve_permission(request),
-                **live_context(pending_total > 0),
+                "second_person": settings.NRLLM_APPROVAL_SECOND_PERSON,
+                # Live while anything waits: a decision, an answer or a
+                # completion elsewhere changes what the page shows.
+                **live_context(counts["all"] > 0),
             },
         )
 
@@ -98,7 +126,12 @@ class ApprovalsInbox:
         if decision not in DECISIONS:
             raise BadRequest(f"decision must be one of {sorted(DECISIONS)}, not {decision!r}")
         # Another team's call is not there: the same answer as no call.
-        approval = approval_rows.decidable(request.user).filter(pk=approval_id).first()
+        # A question or a deferred call takes no decision: not found, as any.
+        approval = (
+            approval_rows.decidable(request.user)
+            .filter(pk=approval_id, kind=WaitKind.APPROVAL)
+            .first()
+        )
         if approval is None:
             self.message_user(request, "There is no such approval request.", messages.ERROR)
             return redirect(back)
@@ -153,6 +186,39 @@ class ApprovalsInbox:
                     messages.ERROR,
                 )
         return redirect(back)
+
+
+def _kind_filter(value: str):
+    if not value:
+        return None
+    if value not in WaitKind.values:
+        raise BadRequest(f"kind={value!r} is not one of {WaitKind.values}")
+    return WaitKind(value)
+
+
+def _query(run_id, kind, **more) -> str:
+    """The inbox's query string for its filters (and ``more``), "" for none."""
+    parts = {"run": run_id, "kind": kind, **more}
+    return urlencode({key: str(value) for key, value in parts.items() if value})
+
+
+def _kind_links(run_id, selected, counts: dict) -> list[dict]:
+    """The kind filter's choices: every kind and each one, with its count
+    of waiting calls, the link (keeping the run filter) and which is on."""
+    inbox = reverse("admin:runs_approvals")
+    choices = [(None, "all", counts["all"])] + [
+        (kind, words, counts[kind]) for kind, words in approval_rows.KIND_WORDS.items()
+    ]
+    return [
+        {
+            "kind": kind or "all",
+            "words": words,
+            "count": count,
+            "url": f"{inbox}?{query}" if (query := _query(run_id, kind)) else inbox,
+            "selected": kind == selected,
+        }
+        for kind, words, count in choices
+    ]
 
 
 def _run_filter(value: str):

@@ -50,8 +50,8 @@ _WHAT_IT_DOES = {
     "restart": "Each run is checked by the restart verdict; the safe ones run again from the "
     "beginning, replaying nothing they recorded, so a run that executed a "
     "non_idempotent_write is refused.",
-    "cancel": "A queued run or one waiting for approval is cancelled at once; a running one "
-    "stops at its next step boundary. A run that has ended cannot be cancelled.",
+    "cancel": "A queued run or one waiting (for approval or input) is cancelled at once; a "
+    "running one stops at its next step boundary. A run that has ended cannot be cancelled.",
 }
 
 

@@ -28,13 +28,20 @@ RECONCILE = "runs.reconcile_agentrun"
 #: A prompt on the write audits page: what the run was asked, in a line or two.
 PROMPT_CHARS = 120
 #: The statuses of runs not yet ended.
-LIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL)
+LIVE = (
+    RunStatus.QUEUED,
+    RunStatus.RUNNING,
+    RunStatus.WAITING_FOR_APPROVAL,
+    RunStatus.WAITING_FOR_INPUT,
+)
 
 
 def overview(now: datetime, user) -> dict:
     """The numbers of the overview's *Now* module, each with the link to
     exactly its rows: the runs waiting for approval (the calls waiting
-    are the header's count, ``pending_approvals``), writes in doubt, dead
+    are the header's count, ``pending_approvals``) and for input (a
+    question or a deferred call: the header's ``pending_questions`` and
+    ``pending_deferred``), writes in doubt, dead
     letters (open; made in the last 24 hours), running runs (and those
     whose lease expired: the reaper's next pass recovers them), queued
     runs (and the overdue ones: due more than
@@ -56,6 +63,7 @@ def overview(now: datetime, user) -> dict:
         queued=Count("pk", filter=Q(status=RunStatus.QUEUED)),
         overdue=Count("pk", filter=Q(status=RunStatus.QUEUED, available_at__lt=overdue_before)),
         waiting_for_approval=Count("pk", filter=Q(status=RunStatus.WAITING_FOR_APPROVAL)),
+        waiting_for_input=Count("pk", filter=Q(status=RunStatus.WAITING_FOR_INPUT)),
     )
     # Queued, and waiting for a slot under their team's cap (G22): no worker
     # is meant to take them before one of the team's runs ends.
@@ -81,6 +89,7 @@ def overview(now: datetime, user) -> dict:
             "waiting_for_approval": filtered_url(
                 runs_url, status__exact=RunStatus.WAITING_FOR_APPROVAL
             ),
+            "waiting_for_input": filtered_url(runs_url, status__exact=RunStatus.WAITING_FOR_INPUT),
             "writes_in_doubt": filtered_url(runs_url, write_in_doubt="yes"),
             "open_dead_letters": filtered_url(dead_letters_url, state="open"),
             "dead_letters_last_day": filtered_url(dead_letters_url, created_at__gte=day_ago),

@@ -25,7 +25,7 @@ def live_context(in_flight: bool) -> dict:
 
 
 def run_in_flight(run) -> bool:
-    """Queued, running or waiting for approval: it may still change."""
+    """Queued, running or waiting (for approval or input): it may still change."""
     return run.status in LIVE
 
 

@@ -9,6 +9,7 @@ and neither the numbers nor the header count.
 """
 
 from django.conf import settings
+from django.db.models import Count, Q
 from django.urls import reverse
 
 from console import figures as console
@@ -18,7 +19,7 @@ from console.overview_charts import charts, window_of
 from console.queue_dashboard import may_see_queue
 from console.spend_overview import spend_overview
 from runs.models import ApprovalRequest
-from runs.models.vocabulary import ApprovalStatus
+from runs.models.vocabulary import ApprovalStatus, WaitKind
 from spend.budgets import database_now
 from teams import access
 
@@ -26,10 +27,12 @@ VIEW_RUNS = "runs.view_agentrun"
 
 
 def header(request) -> dict:
-    """The calls waiting for approval, for the header of every page:
-    counted once per request (a view that builds another's context asks
-    ``each_context`` again; the index shows the same number), and only for
-    a user who may view runs — anyone else gets nothing, not even a zero."""
+    """The calls waiting for approval — and the agents' questions waiting
+    for an answer, the deferred calls waiting for another system (G24) —
+    for the header of every page: counted once per request, in one query
+    (a view that builds another's context asks ``each_context`` again; the
+    index shows the same numbers), and only for a user who may view runs —
+    anyone else gets nothing, not even a zero."""
     if not hasattr(request, "_nrllm_header"):
         context = {}
         user = getattr(request, "user", None)
@@ -38,10 +41,20 @@ def header(request) -> dict:
             # The calls of the runs the user sees (G22): another team's
             # waiting calls are not counted, as they are not listed.
             pending = access.scoped(ApprovalRequest.objects, user, VIEW_RUNS)
+            # The partial index approval_pending_idx holds exactly these rows.
+            counts = pending.filter(status=ApprovalStatus.PENDING).aggregate(
+                approvals=Count("pk", filter=Q(kind=WaitKind.APPROVAL)),
+                questions=Count("pk", filter=Q(kind=WaitKind.QUESTION)),
+                deferred=Count("pk", filter=Q(kind=WaitKind.DEFERRED)),
+            )
+            inbox = reverse("admin:runs_approvals")
             context = {
-                # The partial index approval_pending_idx holds exactly these rows.
-                "pending_approvals": pending.filter(status=ApprovalStatus.PENDING).count(),
-                "approvals_url": reverse("admin:runs_approvals"),
+                "pending_approvals": counts["approvals"],
+                "pending_questions": counts["questions"],
+                "pending_deferred": counts["deferred"],
+                "approvals_url": inbox,
+                "questions_url": f"{inbox}?kind={WaitKind.QUESTION}",
+                "deferred_url": f"{inbox}?kind={WaitKind.DEFERRED}",
             }
         request._nrllm_header = context
     return request._nrllm_header
@@ -62,7 +75,8 @@ def index_context(request) -> dict:
         "overview": True,
         "now": now,
         **numbers,
-        # Live while a run may still change (calls waiting: their runs wait).
+        # Live while a run may still change (calls waiting: their runs wait,
+        # for approval or for input).
         **live_context(any(numbers[status] for status in console.LIVE)),
         "charts": charts(now, window_of(request), user),
         "liveness": liveness(now),

@@ -56,8 +56,9 @@ class RunListColumns:
             '<span class="run-status status-{}" title="{}">{}</span>',
             run.status,
             " · ".join(part for part in (label, why_so(run)) if part),
-            # "waiting for approval" whole would widen the column for one status.
-            "waiting" if run.status == RunStatus.WAITING_FOR_APPROVAL else label,
+            # "waiting for approval" (or "for input") whole would widen the
+            # column for one status: its colour and the reason beside tell which.
+            "waiting" if run.status in RunStatus.waiting() else label,
         )
 
     @admin.display(description="by", ordering="submitted_by__username")
@@ -160,6 +161,9 @@ def why_so(run: AgentRun) -> str:
             parts.append("write in doubt")
     elif run.status == RunStatus.QUEUED and run.failure_class:
         parts = [f"retry after {run.failure_class}"]
+    elif run.status == RunStatus.WAITING_FOR_INPUT:
+        # Which of the two, and what is asked, is on its page and the inbox.
+        parts = ["for an answer or another system's completion"]
     elif run.status == RunStatus.RUNNING:
         if run.cancel_requested_at:
             parts = ["cancel requested"]

@@ -1,9 +1,9 @@
 """A run's page in the console (the admin's change view of a run), laid out
 for a laptop (issue #30): a summary first — status, error, tokens, how long
 it ran, its attempts, what it did since an operator's last action, and what
-an operator can do now (approve or deny a waiting call, requeue with the
-verdict beside the button) — then its fields in a compact grid, its
-approvals, attempts and steps.
+an operator can do now (approve, deny or edit a waiting call, answer the
+agent's question, requeue with the verdict beside the button) — then its
+fields in a compact grid, its approvals and questions, attempts and steps.
 
 A run that failed on a provider error records no step for the model call
 that failed (nothing came back to record): the page shows that call, from
@@ -173,7 +173,7 @@ def run_page_context(model_admin, request, run: AgentRun) -> dict:
     failed_call = failed_model_call(run)
     attempts = console.attempts(run)
     pending_calls = []
-    if run.status == RunStatus.WAITING_FOR_APPROVAL:
+    if run.status in RunStatus.waiting():
         groups, _ = approval_rows.pending_groups(request.user, run.pk)
         pending_calls = [call for group in groups for call in group["calls"]]
     visible = access.scoped(AgentRun.objects, request.user, VIEW_RUNS)

@@ -41,6 +41,7 @@ KIND_WORDS = {
     StepKind.REAPER: "reaper",
     StepKind.RESUME: "resumed",
     StepKind.APPROVAL: "approval",
+    StepKind.INPUT: "input",
     StepKind.LATE_RESULT: "late result",
 }
 #: Where a tool's name may break: after these, never inside a word.
@@ -118,10 +119,12 @@ def tool_name_html(name: str):
 
 
 def said(step: RunStep) -> str:
-    """A model turn, an approval, a resume or an operator step as a
-    sentence (its whole record behind it); "" for other kinds."""
+    """A model turn, an approval, an input, a resume or an operator step
+    as a sentence (its whole record behind it); "" for other kinds."""
     if step.kind == StepKind.APPROVAL:
         return approval_rows.approval_summary(step)
+    if step.kind == StepKind.INPUT:
+        return approval_rows.input_summary(step)
     if step.kind == StepKind.LLM:
         return approval_rows.step_row(step)["what"] + _answer(step)
     result = step.result if isinstance(step.result, dict) else {}

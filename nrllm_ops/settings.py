@@ -233,8 +233,19 @@ NRLLM_APPROVAL_REQUIRED_FOR = env_choice(
 )
 # How long a call waits for a decision before its run ends failed/approval_expired.
 NRLLM_APPROVAL_TIMEOUT_SECONDS = env_int("NRLLM_APPROVAL_TIMEOUT_SECONDS", 86400, minimum=1)
-# Four-eyes: the user who submitted a run may deny its calls but not approve them.
+# Four-eyes: the user who submitted a run may deny its calls but not approve them
+# (nor may the person who edited a call approve the edit, G24).
 NRLLM_APPROVAL_SECOND_PERSON = env_bool("NRLLM_APPROVAL_SECOND_PERSON", False)
+# How long the agent's question (ask_person) waits for an answer before its
+# result says nobody answered (G24).
+NRLLM_QUESTION_TIMEOUT_SECONDS = env_int("NRLLM_QUESTION_TIMEOUT_SECONDS", 86400, minimum=1)
+# How long a deferred tool's call waits for its completion, unless the tool
+# says (completion_timeout_seconds): then a non_idempotent_write is in doubt,
+# a read or an idempotent write runs again with its key (G24).
+NRLLM_COMPLETION_TIMEOUT_SECONDS = env_int("NRLLM_COMPLETION_TIMEOUT_SECONDS", 86400, minimum=1)
+# Where this deployment is reached from outside (https://ops.example.com):
+# a deferred call's completion URL starts with it. Empty: a path only.
+NRLLM_PUBLIC_URL = env_http_url("NRLLM_PUBLIC_URL").rstrip("/")
 # Posted (JSON) when a run starts to wait, through the SSRF-guarded HTTP
 # client of the tools (its host need not be in NRLLM_HTTP_ALLOWED_HOSTS; a
 # non-public address it resolves to must be); empty: no webhook. At most
@@ -372,6 +383,9 @@ SPECTACULAR_SETTINGS = {
         "ApprovalStatusEnum": "runs.models.vocabulary.ApprovalStatus",
         # Named for what it is: other resources may have a field "approval".
         "ApprovalPolicyEnum": "tools.approval_policy.ApprovalPolicy",
+        # Two choice sets in fields named "kind": a step's, a waiting call's (G24).
+        "StepKindEnum": "runs.models.vocabulary.StepKind",
+        "WaitKindEnum": "runs.models.vocabulary.WaitKind",
     },
 }
 

@@ -64,6 +64,8 @@ class DriftingModel:
         self.release = threading.Event()
         #: Requests received, by the turn they asked for (0: the first).
         self.requests_by_turn: Counter = Counter()
+        #: Every conversation it was sent, in order: what the model was told.
+        self.conversations: list[list[dict]] = []
 
     def fail_turn(self, turn: int, *replies: Reply) -> None:
         """The next requests for ``turn`` get ``replies`` (errors), one each."""
@@ -86,6 +88,7 @@ class DriftingModel:
         with self._lock:
             take = next(self._takes)
             self.requests_by_turn[turn] += 1
+            self.conversations.append(messages)
             failure = self._failures[turn].pop(0) if self._failures[turn] else None
             hold = turn in self._holds or turn in self._held_always
             self._holds.discard(turn)

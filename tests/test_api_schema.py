@@ -1,7 +1,8 @@
 """Schemathesis against our own OpenAPI schema: generated requests to every
 endpoint find no 5xx and no response that the schema does not describe;
-the approvals' endpoints again with calls that wait and one decided, so
-that their answers carry real requests and their ids name real ones; the
+the approvals' endpoints again with a call and a question that wait and a
+call decided, so that their answers carry real requests and their ids name
+real ones; the
 dead letters' with letters in the list, open and dismissed."""
 
 import pytest
@@ -83,14 +84,30 @@ def test_the_api_keeps_to_its_schema(case, authorization):
     case.call_and_validate(headers={"Authorization": authorization}, checks=CHECKS)
 
 
+#: A question the scripted model asks, with the shape its answer must have.
+ASKING = [
+    {
+        "calls": [
+            {
+                "name": "ask_person",
+                "arguments": {
+                    "question": "which host?",
+                    "answer_schema": {"type": "object", "required": ["host"]},
+                },
+            }
+        ]
+    },
+    {"answer": "asked"},
+]
 #: The approvals' endpoints, and the run detail that lists a run's pending ones.
 approvals_schema = schema.include(path_regex=r"^/api/(approvals/|runs/\{id\}/$)")
 
 
 @pytest.fixture
 def approvals_to_decide(operator, approvals, django_capture_on_commit_callbacks):
-    """A run that waits for a call submitted through the API, and a call
-    denied: the runs execute inline at the captured commits."""
+    """A run that waits for a call submitted through the API, one that
+    waits for the answer to its question, and a call denied: the runs
+    execute inline at the captured commits."""
     with django_capture_on_commit_callbacks(execute=True):
         waiting = enqueue(
             request_for("scripted", PLAN, TOOLS),
@@ -98,11 +115,20 @@ def approvals_to_decide(operator, approvals, django_capture_on_commit_callbacks)
             submitted_via=SubmittedVia.API,
         )
     with django_capture_on_commit_callbacks(execute=True):
+        asking = enqueue(request_for("scripted", ASKING, ["ask_person"]))
+    with django_capture_on_commit_callbacks(execute=True):
         denied_run = enqueue(request_for("scripted", PLAN, TOOLS))
     denied = ApprovalRequest.objects.get(run=denied_run)
     with django_capture_on_commit_callbacks(execute=True):
         assert approval_actions.deny(denied, operator, digest=denied.digest, note="no").ok
-    return {"run": waiting.pk, "ids": [ApprovalRequest.objects.get(run=waiting).pk, denied.pk]}
+    return {
+        "runs": [waiting.pk, asking.pk],
+        "ids": [
+            ApprovalRequest.objects.get(run=waiting).pk,
+            ApprovalRequest.objects.get(run=asking).pk,
+            denied.pk,
+        ],
+    }
 
 
 @pytest.mark.slow
@@ -112,17 +138,19 @@ def approvals_to_decide(operator, approvals, django_capture_on_commit_callbacks)
 def test_the_approvals_api_keeps_to_its_schema_with_calls_waiting(
     case, authorization, approvals_to_decide
 ):
-    """Two of three generated integer ids are replaced by a real request's
-    (the pending one, the decided one); the rest, and every malformed id,
-    stay as generated. No generated digest is the real one, so no decision
-    goes through: each is refused (400, 404 or 409) without a 500."""
+    """Three of four generated integer ids are replaced by a real request's
+    (the pending call, the pending question, the decided call); the rest,
+    and every malformed id, stay as generated. No generated digest is the
+    real one, so no decision, edit or answer goes through: each is refused
+    (400, 404 or 409) without a 500."""
     generated = case.path_parameters.get("id")
     if case.operation.path == "/api/runs/{id}/":
-        case.path_parameters["id"] = str(approvals_to_decide["run"])
-    elif isinstance(generated, int) and not isinstance(generated, bool) and generated % 3 < 2:
-        case.path_parameters["id"] = approvals_to_decide["ids"][generated % 3]
+        runs = approvals_to_decide["runs"]
+        case.path_parameters["id"] = str(runs[len(str(generated)) % len(runs)])
+    elif isinstance(generated, int) and not isinstance(generated, bool) and generated % 4 < 3:
+        case.path_parameters["id"] = approvals_to_decide["ids"][generated % 4]
     case.call_and_validate(headers={"Authorization": authorization}, checks=CHECKS)
-    assert ApprovalRequest.objects.filter(status="pending").count() == 1
+    assert ApprovalRequest.objects.filter(status="pending").count() == 2
 
 
 #: The tools' endpoints, with MCP tools in the list.

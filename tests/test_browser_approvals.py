@@ -1,6 +1,7 @@
 """The approvals inbox in a real browser (G14): an approver opens it from the
 overview, approves one call and denies another, and the run page shows the
-history. Saves the screenshots (docs/console.md) of both pages (`make screenshots`)."""
+history; a runner answers the agent's question there (G24). Saves the
+screenshots (docs/console.md) of both approval pages (`make screenshots`)."""
 
 import re
 
@@ -21,6 +22,7 @@ pytestmark = [
 ]
 
 TOOLS = ["search_notes", "send_notification"]
+QUESTION = "Which host is broken: db-1 or db-2?"
 
 
 @pytest.fixture
@@ -141,4 +143,47 @@ def test_an_approver_approves_one_call_and_denies_another(
 
 def test_screenshots_of_the_approval_pages_are_in_the_docs():
     names = {path.name for path in DOCS_SCREENSHOTS.glob("*.png")}
-    assert {"approvals-inbox.png", "approval-history.png"} <= names
+    assert {"approvals-inbox.png", "approval-history.png", "inbox-question.png"} <= names
+
+
+def test_a_runner_answers_the_agents_question_in_the_inbox(
+    live_server, approver, orm_beside_the_browser, screenshots
+):
+    """G24: the question and its schema are shown at a laptop's width, a
+    wrong answer comes back with the path it fails at, a right one runs
+    the run on to its end."""
+    schema = {
+        "type": "object",
+        "properties": {"host": {"type": "string", "pattern": "^db-[0-9]+$"}},
+        "required": ["host"],
+    }
+    asked = enqueue(
+        scripted(
+            call("ask_person", question=QUESTION, answer_schema=schema),
+            answer("Restarted it."),
+            tools=["ask_person"],
+            prompt="Restart the broken database",
+        )
+    )
+    (question,) = ApprovalRequest.objects.filter(run=asked)
+    base = live_server.url
+    with admin_page(base, "ada", viewport=(1366, 900)) as page:
+        page.goto(f"{base}/admin/runs/agentrun/approvals/?kind=question")
+        block = page.locator(f"#approval-{question.pk}")
+        expect(block.locator(".question-text")).to_have_text(QUESTION)
+        expect(block.locator(".answer-format")).to_have_text("JSON")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1366
+        page.screenshot(path=screenshots / "inbox-question.png")
+
+        block.locator("textarea[name=answer]").fill('{"host": "the second"}')
+        block.locator(".answer-button").click()
+        expect(page.locator(".errorlist")).to_contain_text("answer.host")
+        # (No query here: one made beside the browser's event loop opens a
+        # connection of its own that outlives the test.)
+
+        page.locator("textarea[name=answer]").fill('{"host": "db-2"}')
+        page.click(".answer-button")
+        expect(page.locator(".messagelist")).to_contain_text("answered; the run goes back")
+        expect(page.locator(f"#decided-{question.pk}")).to_contain_text("db-2")
+
+    assert fresh(asked).status == RunStatus.COMPLETED

@@ -33,10 +33,10 @@ def test_seed_demo_executes_the_scenarios_once_in_two_teams(settings, required_f
     backing_off.update(available_at=Now())
     with executing_in_embedded_worker():
         assert execute_due_runs(limit=10) == 1
-    # The ten stories; Support's schedule and trigger started three more.
+    # The twelve stories; Support's schedule and trigger started three more.
     stories = AgentRun.objects.filter(firing__isnull=True, trigger_event__isnull=True)
     runs = {run.prompt: run for run in stories}
-    assert len(runs) == 10
+    assert len(runs) == 12
     triggered = AgentRun.objects.exclude(pk__in=stories.values("pk"))
     assert sorted(
         (run.status, run.submitted_via, run.submitted_by.username, run.team.slug)
@@ -61,6 +61,8 @@ def test_seed_demo_executes_the_scenarios_once_in_two_teams(settings, required_f
         ("failed", "not_retryable", "AuditPersistenceFailed", 0),
         ("failed", "not_retryable", "ProviderError", 0),
         ("waiting_for_approval", "", "", 0),
+        ("waiting_for_approval", "", "", 0),
+        ("waiting_for_input", "", "", 0),
     ]
     # The write in doubt is dead-lettered with the run that was not retryable.
     assert sorted(DeadLetter.objects.values_list("run__error_type", "failure_class")) == [
@@ -90,7 +92,7 @@ def test_seed_demo_executes_the_scenarios_once_in_two_teams(settings, required_f
     ]
     # Two teams (G22): Support's one run, Operations' every other; three
     # members, one of them in both.
-    assert sorted(stories.values_list("team__slug", flat=True)) == ["ops"] * 9 + ["support"]
+    assert sorted(stories.values_list("team__slug", flat=True)) == ["ops"] * 11 + ["support"]
     assert seeded(seed_demo.TRIAGE).submitted_by.username == "sam"
     assert set(Membership.objects.values_list("user__username", "team__slug").distinct()) >= {
         ("olga", "ops"),
@@ -106,7 +108,7 @@ def test_seed_demo_executes_the_scenarios_once_in_two_teams(settings, required_f
 
     out = io.StringIO()
     call_command("seed_demo", stdout=out)
-    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 13
+    assert "not seeded again" in out.getvalue() and AgentRun.objects.count() == 15
     # The demo's model is priced: its runs' spend is known, and each run's is
     # the sum of its recorded turns.
     over_budget = seeded(seed_demo.OVER_BUDGET)
@@ -169,7 +171,23 @@ def test_seed_demo_leaves_one_run_waiting_and_decides_one_each_way_as_the_demo_a
     )
 
     # The stories that are not about approval had theirs decided the same way.
-    routine = ApprovalRequest.objects.exclude(run__in=[waiting, approved, denied])
+    # One question waits for an answer; one edited call for its approval.
+    asking = seeded(seed_demo.ASKING)
+    (question,) = asking.approvals.all()
+    assert (asking.status, question.kind, question.status) == (
+        "waiting_for_input",
+        "question",
+        "pending",
+    )
+    edited = seeded(seed_demo.EDITED)
+    replaced, edit = edited.approvals.order_by("pk")
+    assert (replaced.status, edit.status, edit.replaces_id) == ("replaced", "pending", replaced.pk)
+    assert (edit.arguments, edit.edited_by, edit.note) == (
+        seed_demo.EDITED_ARGUMENTS,
+        demo_approver,
+        seed_demo.EDITED_NOTE,
+    )
+    routine = ApprovalRequest.objects.exclude(run__in=[waiting, approved, denied, asking, edited])
     assert sorted(routine.values_list("run__prompt", "status", "decided_by__username")) == sorted(
         (scenario["prompt"], "approved", seed_demo.DEMO_APPROVER)
         for scenario in (seed_demo.COMPLETED, seed_demo.AUDIT_FAILED, seed_demo.RESUMED)

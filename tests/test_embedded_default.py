@@ -72,7 +72,7 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
         return printed
 
     first = set_up()
-    assert len(first) < 23, first  # a line per demo run above it, nothing of the runtime's log
+    assert len(first) < 25, first  # a line per demo run above it, nothing of the runtime's log
     password = kept.read_text().strip()
     assert first[-3] == f"password:   {password}  (generated now; kept in {kept})"
     # The demo's team members (G22) log in with the same password.
@@ -98,7 +98,9 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
                 env,
                 "SELECT run.prompt, approval.status || ' by ' || coalesce(user.username, '-') "
                 "FROM runs_approvalrequest approval JOIN runs_agentrun run ON run.id = "
-                "approval.run_id LEFT JOIN auth_user user ON user.id = approval.decided_by_id",
+                "approval.run_id LEFT JOIN auth_user user ON user.id = approval.decided_by_id "
+                # An edited call's request comes after the one it replaced.
+                "ORDER BY approval.id",
             )
         )
 
@@ -119,6 +121,9 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
         seed_demo.APPROVED["prompt"]: "approved by demo-approver",
         seed_demo.DENIED["prompt"]: "denied by demo-approver",
         seed_demo.WAITING["prompt"]: "pending by -",
+        # People in the loop (G24): a question, and an edit waiting for approval.
+        seed_demo.ASKING["prompt"]: "pending by -",
+        seed_demo.EDITED["prompt"]: "pending by -",
     }
     assert [sent(seed_demo.APPROVED), sent(seed_demo.DENIED), sent(seed_demo.WAITING)] == [1, 0, 0]
     # The demo run that failed once waits its backoff; the embedded worker,
@@ -139,6 +144,8 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
         ("failed", "not_retryable"),
         ("failed", "not_retryable"),
         ("waiting_for_approval", ""),
+        ("waiting_for_approval", ""),
+        ("waiting_for_input", ""),
     ]
     with embedded_worker(env) as worker:
         wait_until(
@@ -156,7 +163,8 @@ def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_
             "from django.contrib.auth import get_user_model\n"
             "from runs.approvals.actions import approve\n"
             "from runs.models import ApprovalRequest\n"
-            "approval = ApprovalRequest.objects.get(status='pending')\n"
+            "approval = ApprovalRequest.objects.get(status='pending', "
+            f"run__prompt={seed_demo.WAITING['prompt']!r})\n"
             "admin = get_user_model().objects.get(username='admin')\n"
             "print(approve(approval, admin, digest=approval.digest).code)",
             env=env,

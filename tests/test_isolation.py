@@ -30,6 +30,7 @@ from standardwebhooks.webhooks import Webhook
 
 from agents.models import Agent
 from agents.versions import save_agent
+from runs.approvals.completions import signature_for
 from runs.models import AgentRun, ApprovalRequest, DeadLetter, RunStep, WriteReconciliation
 from runs.models.vocabulary import ApprovalStatus, DeadLetterReason, RunStatus
 from runs.runtime import enqueue
@@ -77,6 +78,10 @@ OBJECT_OF_PARAMETER = {
     "trigger_id": "trigger",
     # A trigger's hook: reached without login, its signature the credential.
     "path": "hook_path",
+    # A deferred call's completion URL, as for a hook: the signature, made
+    # for the call's key, is the credential (G24).
+    "key": "completion_key",
+    "signature": "completion_signature",
 }
 #: The API's routes with ``pk``: whose pk it is.
 API_PK = {
@@ -90,6 +95,8 @@ API_PK = {
     "api-approval": "approval",
     "api-approval-approve": "approval",
     "api-approval-deny": "approval",
+    "api-approval-edit": "approval",
+    "api-approval-answer": "question",
     "api-write-audit-reconcile": "run",
     "api-schedule": "schedule",
     "api-schedule-pause": "schedule",
@@ -99,6 +106,12 @@ API_PK = {
 }
 #: Routes whose parameter names one team's object, by any converter.
 TEAM_OBJECT_PARAMETER = re.compile(r"<(?:\w+:)?(?:schedule_id|trigger_id)>")
+
+
+def asking_plan(words: str) -> list[dict]:
+    """A run's plan that asks a person a question (naming ``words``) and waits."""
+    question = {"question": f"which host, {words}?"}
+    return [{"calls": [{"name": "ask_person", "arguments": question}]}, {"answer": "asked"}]
 
 
 def named_routes(patterns=None, prefix="", namespace=""):
@@ -126,9 +139,10 @@ def model_admin_of(name: str | None):
 @pytest.fixture
 def bravo_world(member, approvals, django_capture_on_commit_callbacks):
     """Alpha and Bravo, each with an agent, a run waiting for a write's
-    approval, a dead letter and a reconciled write, a schedule that fired
-    the run that ended, an event trigger whose event started the waiting
-    run; Bravo's full of canaries."""
+    approval, a run waiting for the answer to its agent's question, a dead
+    letter and a reconciled write, a schedule that fired the run that
+    ended, an event trigger whose event started the waiting run; Bravo's
+    full of canaries."""
     alpha = Team.objects.create(name="Alpha", slug="alpha")
     bravo = Team.objects.create(name=f"Bravo {CANARY}", slug=f"bravo-{CANARY}")
     amy = member("amy", alpha)
@@ -153,6 +167,13 @@ def bravo_world(member, approvals, django_capture_on_commit_callbacks):
                 team=team,
             )
         approval = ApprovalRequest.objects.get(run=waiting, status=ApprovalStatus.PENDING)
+        with django_capture_on_commit_callbacks(execute=True):
+            asking = enqueue(
+                request_for("scripted", asking_plan(words), ["ask_person"]),
+                submitted_by=who,
+                team=team,
+            )
+        question = ApprovalRequest.objects.get(run=asking, status=ApprovalStatus.PENDING)
         with django_capture_on_commit_callbacks(execute=True):
             ended = enqueue(
                 request_for("scripted", [{"answer": f"output {words}"}], []),
@@ -200,6 +221,7 @@ def bravo_world(member, approvals, django_capture_on_commit_callbacks):
             "agent": agent,
             "run": fresh(waiting),
             "approval": approval,
+            "question": question,
             "schedule": schedule,
             "trigger": trigger,
         }
@@ -215,6 +237,10 @@ def sample(parameter: str, converter: str, objects: dict, pk_of: str | None) -> 
         return str(objects[kind].pk)
     if kind == "hook_path":
         return objects["trigger"].path
+    if kind == "completion_key":
+        return objects["approval"].idempotency_key
+    if kind == "completion_signature":
+        return signature_for(objects["approval"].idempotency_key)
     if kind == "run":
         return str(objects["run"].pk)
     if kind == "approval":
@@ -329,6 +355,10 @@ def post_bodies(world, model_admin, changelist: bool) -> list[dict]:
         "confirm": "yes",
         "note": "isolation",
         "digest": bravo["approval"].digest,
+        # An edit's arguments, an answer, a completion's result.
+        "arguments": {"recipient": "bravo", "message": "edited by Alpha"},
+        "answer": "answered by Alpha",
+        "result": "completed by Alpha",
         "outcome": "landed",
         "decision": "approve",
         "_selected_action": ids,
@@ -358,6 +388,8 @@ class Ghost:
         )
         self.name = "no-such-agent"
         self.path = "no-such-hook"
+        self.idempotency_key = "0" * 64
+        self.digest = "0" * 64
 
 
 def ghost_objects(model) -> dict:
@@ -365,6 +397,7 @@ def ghost_objects(model) -> dict:
     return {
         "run": run,
         "approval": Ghost(None),
+        "question": Ghost(None),
         "agent": Ghost(None),
         "schedule": Ghost(None),
         "trigger": Ghost(None),

@@ -16,6 +16,7 @@ from runs.models.vocabulary import (
     StepKind,
     SubmittedVia,
     TerminationReason,
+    WaitKind,
 )
 from runs.reaper.retention import delete_whole_runs
 from runs.runtime import run
@@ -35,6 +36,7 @@ def test_database_choices_match_the_enums():
             "queued",
             "running",
             "waiting_for_approval",
+            "waiting_for_input",
             "completed",
             "failed",
             "cancelled",
@@ -62,6 +64,7 @@ def test_database_choices_match_the_enums():
     assert choices(RunStep, "kind") == list(StepKind.values)
     assert choices(DeadLetter, "reason") == list(DeadLetterReason.values)
     assert choices(ApprovalRequest, "status") == list(ApprovalStatus.values)
+    assert choices(ApprovalRequest, "kind") == list(WaitKind.values)
     assert choices(AgentRun, "submitted_via") == list(SubmittedVia.values)
 
 

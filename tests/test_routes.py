@@ -3,7 +3,8 @@ credentials as its part of the site does — the console sends it to log in,
 the API answers 401 in its shape — and never with a 5xx or a page of
 content. The few with a rule of their own (the front page, which leads to
 the console; the API's entry, schema and docs, which need no credentials;
-a trigger's hook, whose credential is the event's signature; the probes
+a trigger's hook, whose credential is the event's signature; a deferred
+call's completion URL, whose credential is its signature; the probes
 and metrics) are named here: a route added elsewhere is held to
 its part's rule until it is."""
 
@@ -38,6 +39,8 @@ OWN_RULE = {
     "/api/docs/": (200, None),
     # A trigger's hook: no credentials but the event's signature, POST only.
     "/api/hooks/x/": (405, None),
+    # A deferred call's completion: no credentials but the URL's signature, POST only.
+    "/api/completions/x/x/": (405, None),
 }
 
 

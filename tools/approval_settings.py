@@ -27,7 +27,7 @@ from tools.approval_policy import (
 from tools.canonical import storable_text
 from tools.effects import ToolEffect
 from tools.models import ToolSetting
-from tools.registry import effect_for
+from tools.registry import effect_for, get_registry
 
 CHANGE_PERMISSION = "tools.change_toolsetting"
 #: Longer notes are refused, not cut: the log keeps what the operator wrote.
@@ -116,6 +116,14 @@ def set_approval_policy(
     if problem:
         return PolicyChange(False, "invalid", f"note {problem}")
     effect = effect_for(setting.name)  # a tool no longer registered fails closed (G1)
+    tool = get_registry().get(setting.name)
+    if policy == ApprovalPolicy.REQUIRED and getattr(tool, "never_needs_approval", False):
+        return PolicyChange(
+            False,
+            "invalid",
+            f"{setting.name!r} never waits for an approval: a person answers its calls "
+            "already (G24)",
+        )
     with reaching_disk():
         # Locked, so the check and the log's "before" see the value this
         # change replaces, not one a concurrent change already replaced.

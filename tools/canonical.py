@@ -77,3 +77,28 @@ def _journaled_float(number: float):
         # which JSON reads back as an integer.
         return int(Decimal(written))
     return number
+
+
+#: The deepest JSON a value a person or another system sends (an edit's
+#: arguments, an answer, a completion) may be: the checks and the journal
+#: walk it recursively, and a value thousands of levels deep, which the
+#: parser reads, would overflow Python's stack there (a 500).
+MAX_JSON_DEPTH = 64
+
+
+def nested_deeper_than(value, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON) has objects or arrays more than
+    ``limit`` levels deep; walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False

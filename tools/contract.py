@@ -8,6 +8,14 @@ have taken effect without the tool being able to tell, raises
 ``ToolOutcomeUnknown``. A write tool may also say where an operator checks
 whether a call of it took effect (``where_to_check``), for the console to
 show beside a write in doubt.
+
+A tool may hand its call to another system instead of finishing it
+(``deferred = True``, G24): its ``run`` passes ``context.completion_url``
+on (in a ticket it opens, say) and returns ``Deferred``; the run waits
+until that system POSTs the call's result to the URL. The effect still
+rules: a ``non_idempotent_write`` not completed by its deadline is in
+doubt, never retried; a read or an idempotent write is run again with the
+same key (and the same URL).
 """
 
 import hashlib
@@ -50,6 +58,33 @@ class ToolContext:
     attempt: int
     #: The call's time limit (the tool's ``timeout_seconds``), if it has one.
     timeout_seconds: float | None = None
+    #: For a deferred tool: where the system the call is handed to POSTs
+    #: its result (signed, bound to the call's key; the same for every
+    #: attempt at the call). "" for any other tool.
+    completion_url: str = ""
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """What a deferred tool's ``run`` returns once it has handed the call on:
+    the run waits for the completion (G24). ``reference``: what the other
+    system calls it (a ticket's number), shown to operators."""
+
+    reference: str = ""
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the built-in ``ask_person`` returns: the run waits for a person's
+    answer, checked against ``answer_schema`` (a JSON Schema) when given."""
+
+    text: str
+    answer_schema: dict | None = None
+
+
+#: What a tool's ``run`` returns to make its run wait for someone outside
+#: the worker instead of finishing the call.
+WAITING_RESULTS = (Deferred, Question)
 
 
 @dataclass(frozen=True)
@@ -87,6 +122,11 @@ class Tool:
     #: the call, and the call is stopped when it runs out. None: no limit of
     #: its own, and the ordinary lease covers the call.
     timeout_seconds: ClassVar[float | None] = None
+    #: The tool hands its calls to another system that completes them
+    #: (``Deferred``), and the longest it waits for a completion (None:
+    #: ``NRLLM_COMPLETION_TIMEOUT_SECONDS``).
+    deferred: ClassVar[bool] = False
+    completion_timeout_seconds: ClassVar[float | None] = None
 
     def time_limit(self) -> float | None:
         return self.timeout_seconds

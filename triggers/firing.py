@@ -53,7 +53,7 @@ from triggers.templates import TemplateError, render
 logger = logging.getLogger(__name__)
 
 #: A run in flight, for the overlap policy: waiting for a person counts.
-IN_FLIGHT = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_FOR_APPROVAL)
+IN_FLIGHT = (RunStatus.QUEUED, RunStatus.RUNNING, *RunStatus.waiting())
 #: Missed slots recorded one by one at most; older ones are counted.
 MISSED_ROWS = 1000
 #: Slots a pass fires for one schedule at most (the rest, next pass).

@@ -30,11 +30,14 @@ from django.db import transaction
 from runs import transitions
 from runs.models import AgentRun, ApprovalRequest
 from runs.models.metrics import APPROVAL_DECISION_SECONDS, APPROVAL_DECISIONS
-from runs.models.vocabulary import ActionResult, ApprovalStatus, RunStatus
+from runs.models.vocabulary import ActionResult, ApprovalStatus, RunStatus, WaitKind
 from runs.queue.dispatch import dispatch_or_fail
 from runs.transitions import DecisionOutcome
 from teams import access
 from teams.models import Team
+from tools.canonical import MAX_JSON_DEPTH, as_journaled, nested_deeper_than
+from tools.registry import get_registry
+from tools.validation import argument_errors
 
 APPROVE_PERMISSION = "runs.approve_write"
 #: Starting a run: who may release a write must hold it in the write's team.
@@ -99,8 +102,9 @@ def may_release_write(user, team: Team, tool_name: str) -> ActionResult | None:
     - ``not_runner``: they could not start a run with it themselves (no
       runner role in the team).
 
-    Whatever lets a person's decision send a write on — an approval, and an
-    answer to the agent's question later — passes this one gate. An
+    Whatever lets a person's decision send a write on — an approval, an
+    edit (G24) — passes this one gate. (An answer to the agent's question
+    sends no write on by itself: it takes the runner role, ``answers``.) An
     approval is judged again inside its transaction, under locks on the
     team's row and the approver's memberships in it
     (``teams.access.held_still``): a change of the team's tools or a
@@ -130,7 +134,7 @@ def may_release_write(user, team: Team, tool_name: str) -> ActionResult | None:
 def may_decide(approval: ApprovalRequest, operator) -> ActionResult | None:
     """Why ``operator`` may not decide ``approval`` at all, not even deny it
     (or None)."""
-    facts = _RunFacts.of(approval)
+    facts = RunFacts.of(approval)
     if facts is None:
         return _GONE
     return may_decide_in(operator, facts.team)
@@ -139,13 +143,13 @@ def may_decide(approval: ApprovalRequest, operator) -> ActionResult | None:
 def may_approve(approval: ApprovalRequest, operator) -> ActionResult | None:
     """Why ``operator`` may not approve ``approval`` (or None): the gate of
     the write it releases (``may_release_write``), then four-eyes."""
-    facts = _RunFacts.of(approval)
+    facts = RunFacts.of(approval)
     if facts is None:
         return _GONE
     return _approval_refused(approval, operator, facts)
 
 
-def _approval_refused(approval, operator, facts: "_RunFacts") -> ActionResult | None:
+def _approval_refused(approval, operator, facts: "RunFacts") -> ActionResult | None:
     refused = may_release_write(operator, facts.team, approval.tool_name)
     if refused is not None:
         return refused
@@ -156,13 +160,26 @@ def _approval_refused(approval, operator, facts: "_RunFacts") -> ActionResult | 
             "you submitted this run: another operator must approve its calls "
             "(NRLLM_APPROVAL_SECOND_PERSON); you may deny them",
         )
+    if settings.NRLLM_APPROVAL_SECOND_PERSON and approval.edited_by_id == operator.pk:
+        return ActionResult(
+            False,
+            "second_person_required",
+            "you edited this call: another approver must approve your edit "
+            "(NRLLM_APPROVAL_SECOND_PERSON); you may deny it or edit it again",
+        )
     return None
 
 
 _GONE = ActionResult(False, "not_found", "no such approval request")
+_NOT_AN_APPROVAL = ActionResult(
+    False,
+    "not_an_approval",
+    "this call waits for an answer or a completion, not for an approval: it is not "
+    "approved, denied or edited",
+)
 
 
-class _RunFacts:
+class RunFacts:
     """What the gate reads of an approval's run: its team (set at insert,
     never changed: a database trigger refuses it) and its submitter (set
     once, at insert). So a row the caller joined is as good as one read now."""
@@ -172,7 +189,7 @@ class _RunFacts:
         self.submitted_by_id = submitted_by_id
 
     @classmethod
-    def of(cls, approval: ApprovalRequest) -> "_RunFacts | None":
+    def of(cls, approval: ApprovalRequest) -> "RunFacts | None":
         if ApprovalRequest.run.is_cached(approval):
             # Joined by the caller (the inbox lists its calls so).
             run = approval.run
@@ -195,9 +212,11 @@ class _RunFacts:
 def _decide(
     approval: ApprovalRequest, operator, *, approved: bool, digest: str, note: str
 ) -> ActionResult:
-    facts = _RunFacts.of(approval)
+    facts = RunFacts.of(approval)
     if facts is None:
         return _GONE
+    if approval.kind != WaitKind.APPROVAL:
+        return _NOT_AN_APPROVAL
     # Judged first without locks (most refusals end here); a denial
     # executes nothing, so the approver role in the run's team is enough.
     if approved:
@@ -214,7 +233,7 @@ def _decide(
             # taking the tool away, or the approver's removal, committed
             # since the check above is seen here, and one not yet committed
             # waits for this decision.
-            facts = _RunFacts(access.held_still(operator, facts.team.pk), facts.submitted_by_id)
+            facts = RunFacts(access.held_still(operator, facts.team.pk), facts.submitted_by_id)
             refused = _approval_refused(approval, operator, facts)
             if refused is not None:
                 return refused
@@ -228,14 +247,10 @@ def _decide(
         )
         if decided.outcome is DecisionOutcome.STALE:
             return _why_stale(approval.pk, digest)
-        LogEntry.objects.log_actions(
-            operator.pk,
-            AgentRun.objects.filter(pk=approval.run_id),
-            CHANGE,
-            change_message=(
-                f"{word.title()} {approval.tool_name} at {approval.position}. {note}".strip()
-            ),
-            single_object=True,
+        log_on_run(
+            operator,
+            approval.run_id,
+            f"{word.title()} {approval.tool_name} at {approval.position}. {note}".strip(),
         )
         transaction.on_commit(lambda: _count(word, decided.waited_seconds))
         if decided.dispatch_count is not None:
@@ -246,6 +261,89 @@ def _decide(
     if decided.outcome is DecisionOutcome.RELEASED:
         return ActionResult(True, word, f"{word}; the run goes back to the queue")
     return ActionResult(True, word, f"{word}; the run still waits for its other calls")
+
+
+def edit(
+    approval: ApprovalRequest, operator, *, digest: str, arguments, note: str = ""
+) -> ActionResult:
+    """Replace the waiting call ``approval`` names (as the editor saw it,
+    ``digest``) with the same tool and ``arguments`` (G24). The edit is a
+    new call: its own key and digest, waiting for its own approval — never
+    the editor's under four-eyes. The editor must be able to make the write
+    themselves (``may_release_write``), and the arguments must fit the
+    tool's schema (``invalid_arguments``, naming each field). On success
+    ``made`` is the new request."""
+    facts = RunFacts.of(approval)
+    if facts is None:
+        return _GONE
+    if approval.kind != WaitKind.APPROVAL:
+        return _NOT_AN_APPROVAL
+    refused = may_release_write(operator, facts.team, approval.tool_name)
+    if refused is not None:
+        return refused
+    tool = get_registry().get(approval.tool_name)
+    if tool is None:
+        return ActionResult(
+            False,
+            "tool_gone",
+            f"the tool {approval.tool_name!r} is no longer registered: its call cannot be "
+            "edited; you may deny it",
+        )
+    if nested_deeper_than(arguments):
+        return ActionResult(
+            False, "invalid_arguments", f"(arguments): nested more than {MAX_JSON_DEPTH} levels"
+        )
+    arguments = as_journaled(arguments)
+    problems = argument_errors(tool.parameters, arguments) if tool.parameters else []
+    if not isinstance(arguments, dict):
+        problems = ["(arguments): must be a JSON object"]
+    if problems:
+        return ActionResult(False, "invalid_arguments", "; ".join(problems))
+    if arguments == approval.arguments:
+        return ActionResult(
+            False, "unchanged", "these are the call's arguments as they stand: nothing to edit"
+        )
+    with transaction.atomic():
+        facts = RunFacts(access.held_still(operator, facts.team.pk), facts.submitted_by_id)
+        refused = may_release_write(operator, facts.team, approval.tool_name)
+        if refused is not None:
+            return refused
+        edited = transitions.edit_approval(
+            approval.pk,
+            digest=digest,
+            arguments=arguments,
+            operator=operator,
+            note=note,
+            timeout_seconds=settings.NRLLM_APPROVAL_TIMEOUT_SECONDS,
+        ).request
+        if edited is None:
+            return _why_stale(approval.pk, digest)
+        log_on_run(
+            operator,
+            approval.run_id,
+            f"Edited {approval.tool_name} at {approval.position}: it waits for approval "
+            f"as request {edited.pk}. {note}".strip(),
+        )
+        transaction.on_commit(lambda: APPROVAL_DECISIONS.labels("edited").inc())
+    who = (
+        "another approver"
+        if settings.NRLLM_APPROVAL_SECOND_PERSON
+        else "an approver (you may, too)"
+    )
+    return ActionResult(
+        True, "edited", f"edited; the edited call waits for {who} to approve it", made=edited
+    )
+
+
+def log_on_run(user, run_id, message: str) -> None:
+    """The admin log entry of a person's action on a run's call (G11)."""
+    LogEntry.objects.log_actions(
+        user.pk,
+        AgentRun.objects.filter(pk=run_id),
+        CHANGE,
+        change_message=message,
+        single_object=True,
+    )
 
 
 def _count(outcome: str, waited_seconds: float) -> None:
@@ -271,6 +369,6 @@ def _why_stale(approval_id, digest: str) -> ActionResult:
             "the digest is not this call's as it stands: the page was old or the run "
             "moved on; look at the call again",
         )
-    if approval.run.status != RunStatus.WAITING_FOR_APPROVAL:
+    if approval.run.status not in RunStatus.waiting():
         return ActionResult(False, "not_waiting", f"the run is {approval.run.status}")
     return ActionResult(False, "expired", "this request has expired")

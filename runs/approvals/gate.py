@@ -8,9 +8,12 @@ written with the request when the run parks).
 
 An attempt that resumes the turn (``Decisions``) executes an approved call
 as it was approved — the journal's turn, never one asked again — and tells
-the model of a denied one instead of running it.
+the model of a denied one instead of running it. A call a person edited
+(G24) executes with the arguments that were approved, under their key, and
+the model is told so in its result.
 """
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,9 +32,14 @@ def denial_message(operator_name: str, note: str) -> str:
 @dataclass(frozen=True)
 class Decision:
     approved: bool
+    #: The key of the call as the model asked for it (an edit's request
+    #: holds its own besides).
     idempotency_key: str
     #: For a denial, what the model is told.
     message: str = ""
+    #: An approved edit: the arguments it runs with, and who edited them.
+    edited_arguments: object = None
+    edited_by: str = ""
 
 
 class Decisions:
@@ -49,18 +57,28 @@ class Decisions:
             run_id=run_id,
             turn_sequence=turn_sequence,
             status__in=[ApprovalStatus.APPROVED, ApprovalStatus.DENIED],
-        ).values_list("position", "status", "idempotency_key", "note", "decided_by__username")
-        return cls(
-            turn_sequence,
-            {
-                position: Decision(
-                    status == ApprovalStatus.APPROVED,
-                    key,
-                    "" if status == ApprovalStatus.APPROVED else denial_message(who or "?", note),
-                )
-                for position, status, key, note, who in rows
-            },
+        ).values_list(
+            "position",
+            "status",
+            "idempotency_key",
+            "asked_key",
+            "note",
+            "decided_by__username",
+            "replaces_id",
+            "arguments",
+            "edited_by__username",
         )
+        decisions = {}
+        for position, status, key, asked, note, who, replaces, arguments, editor in rows:
+            approved = status == ApprovalStatus.APPROVED
+            decisions[position] = Decision(
+                approved,
+                asked or key,
+                "" if approved else denial_message(who or "?", note),
+                edited_arguments=arguments if replaces is not None and approved else None,
+                edited_by=(editor or "?") if replaces is not None else "",
+            )
+        return cls(turn_sequence, decisions)
 
     def for_call(self, turn_sequence: int | None, position: str, key: str) -> Decision | None:
         if turn_sequence is None or turn_sequence != self.turn_sequence:
@@ -91,10 +109,12 @@ class ApprovalGate:
         self.decisions = decisions or Decisions()
 
     def review(self, calls: Sequence, turn_sequence: int | None) -> tuple[dict, list]:
-        """For ``calls`` (``PlannedCall``s of one turn): the denied ones
-        (position → what the model is told) and the ones that wait
-        (``WaitingCall``s). A call decided for this turn is never asked
-        again: approved, it runs; denied, it does not."""
+        """For ``calls`` (``PlannedCall``s of one turn): the ones not to run
+        as asked (position → what the model is told of a denied call, or
+        the ``PlannedCall`` an approved edit runs instead) and the ones that
+        wait (``WaitingCall``s). A call decided for this turn is never asked
+        again: approved, it runs (as edited, if it was); denied, it does not.
+        A tool that never needs approval (``ask_person``) never waits."""
         if not (self.by_policy or self.by_request or self.decisions.turn_sequence):
             return {}, []  # the common case: nothing needs approval
         denied, waiting = {}, []
@@ -105,6 +125,14 @@ class ApprovalGate:
             if decision is not None:
                 if not decision.approved:
                     denied[call.position] = decision.message
+                elif decision.edited_arguments is not None:
+                    denied[call.position] = dataclasses.replace(
+                        call,
+                        arguments=decision.edited_arguments,
+                        edited_by=decision.edited_by,
+                    )
+                continue
+            if getattr(call.tool, "never_needs_approval", False):
                 continue
             if name in self.by_policy or name in self.by_request:
                 waiting.append(

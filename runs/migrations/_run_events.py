@@ -3,7 +3,7 @@ migration 0026 and, on SQLite, the migrate signals (``runs.apps``).
 
 ``nrllm_run_event``: after an UPDATE that sets a run's status, for each
 row whose status changed to ``completed``, ``failed``, ``cancelled`` or
-``waiting_for_approval`` and that has a ``webhook_url``, insert the event
+``waiting_for_approval``, ``waiting_for_input`` (G24) and that has a ``webhook_url``, insert the event
 with what the body will say. It is part of the statement that changed the
 status, so the event commits with it or not at all, whichever code path
 wrote it (the ORM's, the reaper's bulk UPDATE, the raw SQL of
@@ -26,7 +26,7 @@ dropped before every ``migrate`` and created again after it
 
 RUN_EVENT = "nrllm_run_event"
 DEAD_LETTER = "nrllm_run_event_dead_letter"
-ENDED = ("completed", "failed", "cancelled", "waiting_for_approval")
+ENDED = ("completed", "failed", "cancelled", "waiting_for_approval", "waiting_for_input")
 #: The models whose tables the triggers name.
 MODELS = ("AgentRun", "RunEvent", "DeadLetter")
 

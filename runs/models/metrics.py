@@ -128,7 +128,7 @@ class RunStateCollector:
     def collect(self):
         from runs.models import AgentRun, ApprovalRequest, DeadLetter, ProviderCircuit
         from runs.models.selectors import writes_in_doubt
-        from runs.models.vocabulary import ApprovalStatus
+        from runs.models.vocabulary import ApprovalStatus, WaitKind
 
         runs = GaugeMetricFamily(
             "nrllm_runs", "Runs by status and termination reason", labels=["status", "reason"]
@@ -146,11 +146,24 @@ class RunStateCollector:
             "Ended runs with a write in doubt not reconciled (G10: runs.models.selectors)",
             value=writes_in_doubt(AgentRun.objects.all()).count(),
         )
+        pending = dict(
+            ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING)
+            .values_list("kind")
+            .annotate(n=Count("pk"))
+        )
         yield GaugeMetricFamily(
             "nrllm_approvals_pending",
             "Calls waiting for an operator's approval",
-            value=ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING).count(),
+            value=pending.get(WaitKind.APPROVAL, 0),
         )
+        waiting = GaugeMetricFamily(
+            "nrllm_inputs_pending",
+            "Calls waiting for a person's answer or another system's completion (G24)",
+            labels=["kind"],
+        )
+        for kind in (WaitKind.QUESTION, WaitKind.DEFERRED):
+            waiting.add_metric([kind.value], pending.get(kind, 0))
+        yield waiting
         circuits = GaugeMetricFamily(
             "nrllm_circuit_open", "1 when a provider circuit is not closed", labels=["key", "state"]
         )

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import models
 
 from runs.models.vocabulary import (
+    LIVE_REQUEST_STATUSES,
     ApprovalStatus,
     DeadLetterReason,
     FailureClass,
@@ -21,6 +22,7 @@ from runs.models.vocabulary import (
     StepKind,
     SubmittedVia,
     TerminationReason,
+    WaitKind,
 )
 from spend.models import MONEY
 from teams.models import DEFAULT_TEAM_ID
@@ -349,17 +351,24 @@ class WriteReconciliation(models.Model):
 
 
 class ApprovalRequest(models.Model):
-    """One call that waits for an operator's decision (G14), bound to it: the
+    """One call that waits for someone outside the worker, bound to it: the
     turn that asked for it, its place, tool, arguments and idempotency key,
-    and a digest of them that a decision must carry.
+    and a digest of them that a decision must carry. ``kind`` says for what:
+    an operator's approval (G14), a person's answer to the agent's question,
+    or another system's completion of a deferred call (G24).
 
     Written once by the park (``pending``), then once by the decision, the
-    expiry or the cancel; a second decision of the same call matches nothing.
+    edit, the answer, the expiry or the cancel; a second decision of the
+    same call matches nothing. An edit never changes a request: it marks it
+    ``replaced`` and inserts the edited call as a new one.
     """
 
     TEAM_FIELD = "run__team"
 
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="approvals")
+    kind = models.CharField(
+        max_length=16, choices=WaitKind.choices, default=WaitKind.APPROVAL, db_default="approval"
+    )
     #: The attempt that asked and parked the run.
     lease_token = models.PositiveIntegerField()
     #: The llm step whose turn asked for the call, and the call's place in
@@ -371,6 +380,22 @@ class ApprovalRequest(models.Model):
     effect = models.CharField(max_length=32, choices=EFFECT_CHOICES)
     arguments = models.JSONField(null=True, blank=True)
     idempotency_key = models.CharField(max_length=64)
+    #: The idempotency key of the call as the model asked for it: the same
+    #: as ``idempotency_key``, but for an edit (whose key is its arguments').
+    #: A resumed attempt finds a decision by it (``runs.approvals.gate``).
+    asked_key = models.CharField(max_length=64, blank=True, default="")
+    #: The request this one replaced with edited arguments, and who edited.
+    replaces = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    edited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    #: A question's answer, or a deferred call's completion, as recorded (the
+    #: call's tool step holds what the model was told).
+    answer = models.JSONField(null=True, blank=True)
+    #: A deferred call: what the other system calls it (``Deferred.reference``).
+    reference = models.CharField(max_length=200, blank=True, default="")
     #: sha256 of all of the above with the run's id (``runs.transitions.approvals.digest``).
     digest = models.CharField(max_length=64)
     #: ``policy`` (the tool's) or ``request`` (the run's request asked).
@@ -390,17 +415,13 @@ class ApprovalRequest(models.Model):
         ordering = ["requested_at", "position"]
         constraints = [
             # One live request per call of a turn: a second approval of the
-            # same call is impossible. An expired or withdrawn one does not
-            # count, so a run requeued after it may ask again.
+            # same call is impossible. An expired, withdrawn or replaced one
+            # does not count, so a run requeued after it may ask again, and
+            # an edit's new request takes its original's place. Per kind: a
+            # deferred write, approved, then waits for its completion too.
             models.UniqueConstraint(
-                fields=["run", "turn_sequence", "position"],
-                condition=models.Q(
-                    status__in=[
-                        ApprovalStatus.PENDING,
-                        ApprovalStatus.APPROVED,
-                        ApprovalStatus.DENIED,
-                    ]
-                ),
+                fields=["run", "turn_sequence", "position", "kind"],
+                condition=models.Q(status__in=list(LIVE_REQUEST_STATUSES)),
                 name="approval_one_live_per_call",
             )
         ]
@@ -417,6 +438,12 @@ class ApprovalRequest(models.Model):
                 name="approval_expiry_idx",
             ),
             models.Index(fields=["-decided_at"], name="approval_decided_idx"),
+            # A deferred call's completion finds its request by the call's key.
+            models.Index(
+                fields=["idempotency_key"],
+                condition=models.Q(kind=WaitKind.DEFERRED),
+                name="approval_deferred_key_idx",
+            ),
         ]
 
     def __str__(self) -> str:

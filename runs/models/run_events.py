@@ -24,6 +24,7 @@ EVENT_TYPES = [
     ("run.failed", "run.failed"),
     ("run.cancelled", "run.cancelled"),
     ("run.waiting_for_approval", "run.waiting_for_approval"),
+    ("run.waiting_for_input", "run.waiting_for_input"),
 ]
 
 

@@ -19,6 +19,11 @@ class RunStatus(models.TextChoices):
     #: approval (G14). It holds no lease and no worker. wait_for_approval
     #: writes it; decide_approval, expire_approvals and cancel end it.
     WAITING_FOR_APPROVAL = "waiting_for_approval"
+    #: Not terminal: a call of its turn waits for a person's answer (the
+    #: ``ask_person`` tool) or for another system to complete it (a
+    #: deferred tool), G24. No lease, no worker, as for an approval.
+    #: wait_for_input writes it; answer_call, expire_waits and cancel end it.
+    WAITING_FOR_INPUT = "waiting_for_input"
     COMPLETED = "completed"  # settle, finish
     # settle, dead_letter, fail_dispatch, reap_dead_letter, reap_abandoned, expire_approvals
     FAILED = "failed"
@@ -27,6 +32,13 @@ class RunStatus(models.TextChoices):
     @classmethod
     def terminal(cls) -> set[str]:
         return {cls.COMPLETED, cls.FAILED, cls.CANCELLED}
+
+    @classmethod
+    def waiting(cls) -> tuple[str, str]:
+        """The statuses of a run parked for someone outside the worker: it
+        holds no lease, the reaper's lease checks leave it alone, a cancel
+        ends it at once."""
+        return (cls.WAITING_FOR_APPROVAL, cls.WAITING_FOR_INPUT)
 
 
 class TerminationReason(models.TextChoices):
@@ -55,6 +67,9 @@ class TerminationReason(models.TextChoices):
     #: Another model call would have passed the run's limit
     #: (``max_total_tokens``, ``max_cost``) or its submitter's budget (G17).
     BUDGET_EXHAUSTED = "budget_exhausted"
+    #: A deferred ``non_idempotent_write`` was not completed by its
+    #: deadline: it was handed on, so it is in doubt (G13, G24), never retried.
+    COMPLETION_EXPIRED = "completion_expired"
 
 
 class FailureClass(models.TextChoices):
@@ -96,6 +111,10 @@ class StepKind(models.TextChoices):
     #: A call that needs approval was asked for (the run waits), or an
     #: operator decided it, or it expired or was withdrawn (G14).
     APPROVAL = "approval"
+    #: A call waits for a person's answer or another system's completion,
+    #: or got it, or its wait expired (G24). The call's outcome is its
+    #: ``tool`` step, recorded with it.
+    INPUT = "input"
     #: A write the run stopped counting on at its time limit finished after
     #: all, in a worker thread that could not stop it: what it returned (G15).
     LATE_RESULT = "late_result"
@@ -112,6 +131,8 @@ class DeadLetterReason(models.TextChoices):
     DISPATCH_FAILED = "dispatch_failed"
     #: Stopped before a model call that would have gone over a limit (G17).
     BUDGET_EXHAUSTED = "budget_exhausted"
+    #: A deferred ``non_idempotent_write`` not completed by its deadline (G24).
+    COMPLETION_EXPIRED = "completion_expired"
 
 
 class Resolution(models.TextChoices):
@@ -135,6 +156,32 @@ class ApprovalStatus(models.TextChoices):
     DENIED = "denied"  # decide_approval: the model is told; the call never executes
     EXPIRED = "expired"  # expire_approvals: nobody decided in time; the run failed
     WITHDRAWN = "withdrawn"  # cancel: the run was cancelled while it waited
+    #: edit_approval: a person edited the call; a new request (``replaces``
+    #: naming this one) waits for its own approval (G24).
+    REPLACED = "replaced"
+    #: answer_call: a question answered, or a deferred call completed; its
+    #: outcome is the call's tool step.
+    ANSWERED = "answered"
+
+
+#: The requests that hold their call's place: one per call of a turn.
+LIVE_REQUEST_STATUSES = (
+    ApprovalStatus.PENDING,
+    ApprovalStatus.APPROVED,
+    ApprovalStatus.DENIED,
+    ApprovalStatus.ANSWERED,
+)
+
+
+class WaitKind(models.TextChoices):
+    """What a waiting call waits for (``ApprovalRequest.kind``)."""
+
+    #: An operator's approval (G14): the run waits ``waiting_for_approval``.
+    APPROVAL = "approval"
+    #: A person's answer to the agent's question (``ask_person``, G24).
+    QUESTION = "question"
+    #: Another system's completion of a deferred tool's call (G24).
+    DEFERRED = "deferred"
 
 
 class SubmittedVia(models.TextChoices):
@@ -162,3 +209,5 @@ class ActionResult:
     #: ``changed`` / ``not_cancellable`` / ``nothing_to_reconcile`` / ...
     code: str
     detail: str
+    #: What the action made, when the caller shows it (an edit's new request).
+    made: object = None

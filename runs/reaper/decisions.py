@@ -16,6 +16,8 @@ CANCEL = "cancelled"
 ABANDON = "abandoned"
 REDISPATCH = "redispatched"
 EXPIRE = "approval_expired"
+#: A question or a deferred call waited past its expiry (G24).
+EXPIRE_INPUT = "input_expired"
 
 
 @dataclass(frozen=True)

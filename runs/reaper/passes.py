@@ -29,10 +29,10 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 
 from runs import transitions
-from runs.models import AgentRun, HeldRun
+from runs.models import AgentRun, ApprovalRequest, HeldRun
 from runs.models.last_passes import REAPER, WRITE_EVERY_SECONDS, LastPass
 from runs.models.metrics import APPROVAL_DECISIONS, REAPER_DECISIONS
-from runs.models.vocabulary import RunMode, RunStatus, StepKind
+from runs.models.vocabulary import ApprovalStatus, RunMode, RunStatus, StepKind, WaitKind
 from runs.queue.dispatch import dispatch_many_or_fail, dispatch_or_fail, job_id_for, live_job_ids
 from runs.queue.held_runs import wake_held_runs
 from runs.reaper.decisions import (
@@ -40,6 +40,7 @@ from runs.reaper.decisions import (
     CANCEL,
     DEAD_LETTER,
     EXPIRE,
+    EXPIRE_INPUT,
     REDISPATCH,
     REQUEUE,
     ReapDecision,
@@ -74,7 +75,7 @@ class ReapReport:
         return sum(1 for outcome in self.decisions.values() if outcome.startswith(action))
 
     def summary(self) -> str:
-        actions = (REQUEUE, DEAD_LETTER, CANCEL, ABANDON, REDISPATCH, EXPIRE)
+        actions = (REQUEUE, DEAD_LETTER, CANCEL, ABANDON, REDISPATCH, EXPIRE, EXPIRE_INPUT)
         counts = ", ".join(f"{action} {self.count(action)}" for action in actions)
         return f"{counts}, left to a live worker {self.lost_races}, {self.webhooks.summary()}"
 
@@ -121,6 +122,7 @@ def reap_stale_runs(
     # After the reaping: a reaped attempt's reservations are dead now (G21).
     report.reservations_released = release_dead(AgentRun._meta.db_table)
     _expire_approvals(as_of, report)
+    _expire_input_waits(as_of, report)
     if settings.REDIS_URL:
         # Without Redis no queued run has a job to lose: the embedded worker
         # executes every queued run once it is due.
@@ -235,6 +237,43 @@ def _expire_approvals(as_of, report: ReapReport) -> None:
         report.decisions[run_id] = f"{EXPIRE}: nobody decided in time"
         REAPER_DECISIONS.labels(EXPIRE).inc()
         logger.warning("reaper: run=%s failed: its approval request expired", run_id)
+
+
+def _expire_input_waits(as_of, report: ReapReport) -> None:
+    """End the waits for an answer or a completion past their expiry (G24),
+    each in a transaction of its own: a question's result says nobody
+    answered, a deferred read or idempotent write goes back to the queue to
+    run again with its key, a deferred non-idempotent write is in doubt."""
+    now = as_of if as_of is not None else db_time()
+    overdue = ApprovalRequest.objects.filter(
+        status=ApprovalStatus.PENDING,
+        kind__in=[WaitKind.QUESTION, WaitKind.DEFERRED],
+        expires_at__lte=now,
+    ).values_list("pk", "run_id")
+    for request_id, run_id in overdue[:CHUNK_SIZE]:
+        with transaction.atomic():
+            what, answered = transitions.expire_input_wait(
+                request_id, as_of=as_of, max_requeues=settings.NRLLM_MAX_REQUEUES
+            )
+            if answered.outcome is transitions.AnswerOutcome.RELEASED:
+                release = (str(run_id), answered.dispatch_count, answered.team_id)
+                transaction.on_commit(
+                    lambda release=release: dispatch_or_fail(
+                        release[0], dispatch_count=release[1], team_id=release[2]
+                    )
+                )
+        if what:
+            report.decisions[str(run_id)] = f"{EXPIRE_INPUT}: {_INPUT_EXPIRY[what]}"
+            REAPER_DECISIONS.labels(EXPIRE_INPUT).inc()
+            logger.warning("reaper: run=%s %s", run_id, _INPUT_EXPIRY[what])
+
+
+_INPUT_EXPIRY = {
+    "question": "its question expired unanswered; the model is told",
+    "retry": "its deferred call was not completed in time; it runs again with its key",
+    "retries_exhausted": "its deferred call was not completed in time, too often; failed",
+    "in_doubt": "its deferred non-idempotent write was not completed in time: in doubt",
+}
 
 
 def _redispatch_lost_jobs(as_of, batch_size: int, report: ReapReport) -> None:

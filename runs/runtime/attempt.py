@@ -27,7 +27,7 @@ from runs.queue.held_runs import wake_held_runs
 from runs.run_webhooks import deliver_new_events_of
 from runs.runtime import heartbeat, rate_limit, spans
 from runs.runtime.budget_watch import BudgetWatch
-from runs.runtime.errors import AwaitingApproval, LeaseLost, RunCancelled
+from runs.runtime.errors import AwaitingApproval, AwaitingInput, LeaseLost, RunCancelled
 from runs.runtime.execution import LeasedExecution
 from runs.runtime.failed_attempts import (
     dead_letter_unreplayable,
@@ -247,6 +247,15 @@ def execute_attempt(
                 # refused: settled as ``finish`` settles, so a pending cancel
                 # still wins (G9).
                 execution.finish_without_steps(outcome.output)
+        except AwaitingInput as waiting:
+            traced.ended(spans.AttemptEnd.WAITING_FOR_INPUT)
+            logger.info(
+                "run=%s waits for %s of %s",
+                lease.run_id,
+                waiting.request.kind,
+                waiting.request.tool_name,
+            )
+            return
         except AwaitingApproval as waiting:
             traced.ended(spans.AttemptEnd.WAITING_FOR_APPROVAL)
             logger.info(

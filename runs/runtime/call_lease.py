@@ -13,6 +13,7 @@ from django.db import DatabaseError
 
 from ground.database import release_connection
 from runs import transitions
+from runs.approvals.completions import completion_url
 from runs.runtime.errors import LeaseLost, RunCancelled
 from runs.runtime.heartbeat import Heartbeat
 from runs.runtime.loop import PlannedCall
@@ -76,6 +77,7 @@ class CallLease:
             idempotency_key=key,
             attempt=self.lease.token,
             timeout_seconds=limit,
+            completion_url=completion_url(key) if call.tool.deferred else "",
         )
 
     def _heartbeat_after_unrecorded_step(self) -> None:

@@ -88,6 +88,16 @@ class AwaitingApproval(Exception):
         self.approvals = approvals
 
 
+class AwaitingInput(Exception):
+    """The run is parked ``waiting_for_input`` (G24): a call waits for a
+    person's answer or another system's completion. The attempt is over;
+    its lease is released and nothing is settled."""
+
+    def __init__(self, request):
+        super().__init__(f"{request.tool_name} waits for {request.kind}")
+        self.request = request
+
+
 class BudgetExhausted(Exception):
     """Another model call would go over the run's limit or its submitter's
     budget (G17). Checked before the call, never during a tool: the run

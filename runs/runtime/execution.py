@@ -18,17 +18,19 @@ crash can lose is a tail of read and model steps that no write depends on.
 
 import logging
 
+from django.conf import settings
 from django.db import DatabaseError
 
 from runs import transitions
 from runs.approvals.gate import ApprovalGate
 from runs.models import metrics
-from runs.models.vocabulary import StepKind
+from runs.models.vocabulary import RunStatus, StepKind, WaitKind
 from runs.runtime.budget_watch import BudgetWatch
 from runs.runtime.call_lease import CallLease
 from runs.runtime.errors import (
     AuditPersistenceFailed,
     AwaitingApproval,
+    AwaitingInput,
     LeaseLost,
     RunCancelled,
     StepsNotDurable,
@@ -41,9 +43,10 @@ from runs.runtime.step_ledger import (
     record_late_result,
     withdraw_unstarted_fence,
 )
-from runs.transitions import FinishOutcome, Lease, RecordOutcome
+from runs.transitions import FinishOutcome, Lease, RecordOutcome, WaitingCall
 from spend.call_size import CallSize
-from tools.contract import ToolContext, idempotency_key_for
+from tools.canonical import storable_text
+from tools.contract import Question, ToolContext, idempotency_key_for
 
 logger = logging.getLogger(__name__)
 
@@ -317,6 +320,53 @@ class LeasedExecution(CallLease):
             requests = self.ledger.park(waiting, turn_sequence, turn)
             raise AwaitingApproval(requests)
         return denied
+
+    def wait_for_input(self, call: PlannedCall, event: StepEvent, waiting) -> None:
+        """Park the run for ``call``'s answer (``Question``) or completion
+        (``Deferred``), the steps before it recorded with the park (G24),
+        and raise ``AwaitingInput``. A deferred write's hand-off ran under
+        its fence: the park is its record, and if the park cannot be
+        recorded the write's audit failed (G2) — the fence stays."""
+        question = isinstance(waiting, Question)
+        tool = call.tool
+        if question:
+            timeout = settings.NRLLM_QUESTION_TIMEOUT_SECONDS
+        else:
+            timeout = tool.completion_timeout_seconds or settings.NRLLM_COMPLETION_TIMEOUT_SECONDS
+        waiting_call = WaitingCall(
+            position=call.position,
+            tool_name=tool.name,
+            effect=tool.effect.value,
+            arguments=call.arguments,
+            idempotency_key=event.idempotency_key,
+            required_by="",
+            kind=WaitKind.QUESTION if question else WaitKind.DEFERRED,
+            reference="" if question else storable_text(str(waiting.reference))[:200],
+        )
+        self._renewed_for = None
+        self.between_operations()
+        try:
+            (request,) = self.ledger.park(
+                [waiting_call],
+                None,
+                [],
+                status=RunStatus.WAITING_FOR_INPUT,
+                timeout_seconds=timeout,
+            )
+        except (StepsNotDurable, DatabaseError) as error:
+            if not tool.effect.is_write:
+                raise
+            metrics.AUDIT_FAILURES.labels(tool.effect.value).inc()
+            raise AuditPersistenceFailed(
+                f"the deferred {tool.effect} tool {tool.name!r} handed its call on but the "
+                f"wait for its completion could not be recorded: {error}",
+                call={
+                    "tool": tool.name,
+                    "arguments": call.arguments,
+                    "idempotency_key": event.idempotency_key,
+                },
+            ) from error
+        raise AwaitingInput(request)
 
     def record_request(self, request: dict) -> None:
         """The first step of an interactive run: what it was asked to do."""

@@ -192,7 +192,9 @@ def read_journal(
             )
         if effect:  # the tool was planned: its code ran (or an old attempt replayed it)
             position = f"{len(turns)}.{len(outcomes)}"
-            if key != idempotency_key_for(run_key, position, call.name, call.arguments):
+            if key != idempotency_key_for(
+                run_key, position, call.name, call.arguments
+            ) and not _edited_as(run_key, turn_sequence, position, key):
                 raise JournalUnreplayable(
                     f"step {sequence} records the outcome of another call than the one the "
                     f"model turn at step {turn_sequence} asked for at its place {position}",
@@ -326,16 +328,50 @@ def _check_calls_to_go_live(last, turn_number, run_key, requested, registered, d
             key = idempotency_key_for(run_key, position, call.name, call.arguments)
             if _denied(run_key, turn_sequence, position, key):
                 continue  # denied: it never ran, in any attempt (G14)
+            arguments, key = _as_approved(run_key, turn_sequence, position, call.arguments, key)
             raise JournalUnreplayable(
                 f"step {turn_sequence}: the model turn asked for the {effect} tool "
                 f"{call.name!r}, whose outcome is not recorded and which {why}",
                 write={
                     "effect": effect.value,
                     "tool": call.name,
-                    "arguments": call.arguments,
+                    "arguments": arguments,
                     "idempotency_key": key,
                 },
             )
+
+
+def _edited_as(run_id, turn_sequence: int, position: str, key: str) -> bool:
+    """Whether a person edited the call at ``position`` of the turn into the
+    call with ``key`` and it was approved (G24): its outcome is the edited
+    call's, which ran in the model's call's place. Asked only when a key
+    differs from the model's call's, so a journal without edits asks nothing."""
+    return ApprovalRequest.objects.filter(
+        run_id=run_id,
+        turn_sequence=turn_sequence,
+        position=position,
+        idempotency_key=key,
+        replaces__isnull=False,
+        status=ApprovalStatus.APPROVED,
+    ).exists()
+
+
+def _as_approved(run_id, turn_sequence: int, position: str, arguments, key: str) -> tuple:
+    """The arguments and key the call at ``position`` would run with: a
+    person's approved edit's (G24), or the model's as asked."""
+    edit = (
+        ApprovalRequest.objects.filter(
+            run_id=run_id,
+            turn_sequence=turn_sequence,
+            position=position,
+            asked_key=key,
+            replaces__isnull=False,
+            status=ApprovalStatus.APPROVED,
+        )
+        .values_list("arguments", "idempotency_key")
+        .first()
+    )
+    return edit if edit is not None else (arguments, key)
 
 
 def _denied(run_id, turn_sequence: int, position: str, key: str) -> bool:
@@ -345,6 +381,6 @@ def _denied(run_id, turn_sequence: int, position: str, key: str) -> bool:
         run_id=run_id,
         turn_sequence=turn_sequence,
         position=position,
-        idempotency_key=key,
+        asked_key=key,
         status=ApprovalStatus.DENIED,
     ).exists()

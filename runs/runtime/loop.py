@@ -23,13 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from runs.models.edit_notice import told_of_edit
 from runs.models.vocabulary import StepKind, TerminationReason
 from runs.providers import Provider
 from runs.providers.base import ToolCall, Turn
 from runs.runtime import spans
 from runs.runtime.errors import WriteOutcomeUnknown
 from tools.canonical import NAME_LIMIT, as_journaled, storable_text
-from tools.contract import Tool, ToolContext, ToolError, ToolOutcomeUnknown
+from tools.contract import WAITING_RESULTS, Tool, ToolContext, ToolError, ToolOutcomeUnknown
 from tools.deadline import ToolTimeout, call_within
 from tools.effects import ToolEffect
 from tools.validation import argument_errors
@@ -44,6 +45,9 @@ class PlannedCall:
     tool: Tool
     arguments: Any
     position: str
+    #: A person edited the model's call (G24): who. It runs with
+    #: ``arguments`` (theirs), and the model is told so with its result.
+    edited_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,11 @@ class LoopObserver(Protocol):
         *,
         turn_sequence: int | None,
         turn_event: StepEvent | None,
-    ) -> Mapping[str, str]: ...
+    ) -> Mapping[str, "str | PlannedCall"]: ...
+
+    def wait_for_input(self, call: PlannedCall, event: StepEvent, waiting: Any) -> None:
+        """``call`` returned ``waiting`` (a ``Question`` or ``Deferred``):
+        park the run until it is answered. Always raises."""
 
 
 def tool_spec(tool: Tool) -> dict:
@@ -171,7 +179,8 @@ def run_agent_loop(
         if live:
             # Before anything of the turn runs: the gate raises if a call
             # waits for approval (having recorded the turn), and names the
-            # calls an operator denied, which are answered with the denial.
+            # calls an operator denied, which are answered with the denial,
+            # and those a person edited, which run as edited.
             denied = observer.gate(
                 live, turn_sequence=recorded.sequence if recorded else None, turn_event=event
             )
@@ -335,6 +344,10 @@ def _execute_call(call: PlannedCall, observer: LoopObserver, call_id: str) -> St
         if tool.effect.is_write:
             raise _outcome_unknown(tool, context, error) from error
         raise
+    if isinstance(result, WAITING_RESULTS):
+        # A question for a person, or a call handed to another system: the
+        # run waits, and the answer becomes this call's outcome (G24).
+        observer.wait_for_input(call, event, result)
     # What the model is told and what the journal records, alike.
     result = as_journaled(result)
     try:
@@ -343,4 +356,14 @@ def _execute_call(call: PlannedCall, observer: LoopObserver, call_id: str) -> St
         event.error = storable_text(f"tool {name!r} returned a result that is not JSON: {error}")
     else:
         event.result = result
+    return _told_of_edit(call, event)
+
+
+def _told_of_edit(call: PlannedCall, event: StepEvent) -> StepEvent:
+    """The model is told that a person edited its call, and what it ran
+    with; the step records what the model was told (G24)."""
+    if call.edited_by:
+        event.result, event.error = told_of_edit(
+            call.edited_by, call.arguments, event.result, event.error
+        )
     return event

@@ -142,6 +142,12 @@ def parse_run_request(data) -> RunRequest:
         raise InvalidRunRequest(
             f"require_approval: {shown(not_offered)} not among the run's tools {shown(list(tools))}"
         )
+    never = [name for name in require_approval if _never_needs_approval(registry, name)]
+    if never:
+        raise InvalidRunRequest(
+            f"require_approval: {shown(never)} never waits for an approval: a question is "
+            "answered by a person already (G24)"
+        )
 
     cap = settings.NRLLM_MAX_ITERATIONS
     max_iterations = data.get("max_iterations", cap)
@@ -254,6 +260,11 @@ def _unstorable_at(value, path: str = "") -> str | None:
 
 #: A stored request is one ``RunRequest.as_json`` wrote: every field present.
 _STORED_SCHEMA = {**_REQUEST_SCHEMA, "required": ["prompt", "tools", "provider", "max_iterations"]}
+
+
+def _never_needs_approval(registry, name: str) -> bool:
+    tool = registry.get(name)
+    return bool(getattr(tool, "never_needs_approval", False))
 
 
 def parse_stored_request(data) -> RunRequest:

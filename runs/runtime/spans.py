@@ -40,6 +40,7 @@ class AttemptEnd(StrEnum):
     COMPLETED = "completed"
     MAX_ITERATIONS = "max_iterations"
     WAITING_FOR_APPROVAL = "waiting_for_approval"
+    WAITING_FOR_INPUT = "waiting_for_input"
     CANCELLED = "cancelled"
     #: The run was no longer this attempt's: it settled nothing (G5).
     LEASE_LOST = "lease_lost"
@@ -53,7 +54,12 @@ class AttemptEnd(StrEnum):
 #: Ends that are no failure of the attempt: their span's status stays unset.
 _FINE_ENDS = frozenset(
     str(end)
-    for end in (AttemptEnd.COMPLETED, AttemptEnd.WAITING_FOR_APPROVAL, AttemptEnd.CANCELLED)
+    for end in (
+        AttemptEnd.COMPLETED,
+        AttemptEnd.WAITING_FOR_APPROVAL,
+        AttemptEnd.WAITING_FOR_INPUT,
+        AttemptEnd.CANCELLED,
+    )
 )
 
 

@@ -76,8 +76,8 @@ def run(
     team=None,
 ) -> AgentRun:
     """Execute an ``interactive`` run inline, under a lease, and return it:
-    ended, or ``waiting_for_approval`` (a worker finishes it once its calls
-    are decided, G14)."""
+    ended, or ``waiting_for_approval`` / ``waiting_for_input`` (a worker
+    finishes it once its calls are decided or answered, G14, G24)."""
     run_request = under_team_rules(parse_run_request(request_data), team)
     check_spend_at_enqueue(run_request, submitted_by, team_id=_team_id(team))
     lease = transitions.begin_interactive(

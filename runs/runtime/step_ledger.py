@@ -32,7 +32,7 @@ from django.db import DatabaseError
 
 from runs import transitions
 from runs.models import metrics
-from runs.models.vocabulary import StepKind
+from runs.models.vocabulary import RunStatus, StepKind
 from runs.runtime.errors import LeaseLost, RunCancelled, StepsNotDurable, WriteNotDurable
 from runs.transitions import Lease, NextCall, ParkOutcome, RecordOutcome
 from spend.recording import turns_spend
@@ -298,11 +298,21 @@ class StepLedger:
         if spend:
             metrics.count_spend(self.model, spend)
 
-    def park(self, waiting: list, turn_sequence: int | None, turn: list[dict]) -> list:
+    def park(
+        self,
+        waiting: list,
+        turn_sequence: int | None,
+        turn: list[dict],
+        *,
+        status: str = RunStatus.WAITING_FOR_APPROVAL,
+        timeout_seconds: float | None = None,
+    ) -> list:
         """Write the unwritten steps and ``turn`` (a live turn's step, or
-        none) with the run's park for approval of ``waiting`` (G14), in one
-        statement; returns the approval requests. Raises as a record would
-        when it cannot: ``StepsNotDurable``, ``LeaseLost``, ``RunCancelled``."""
+        none) with the run's park for approval of ``waiting`` (G14) — or,
+        with ``status`` ``waiting_for_input``, for a person's answer or a
+        completion (G24) — in one transaction; returns the requests. Raises
+        as a record would when it cannot: ``StepsNotDurable``,
+        ``LeaseLost``, ``RunCancelled``."""
         if self.in_doubt and not self.resolve_doubt():
             raise StepsNotDurable(
                 "the run cannot wait for approval while it cannot tell whether its "
@@ -310,12 +320,13 @@ class StepLedger:
             )
         for _ in range(2):  # again after the database had lost steps that go again first
             steps = [*self.unwritten, *turn]
-            outcome, requests = transitions.wait_for_approval(
+            outcome, requests = transitions.park(
                 self.lease,
                 steps,
                 waiting,
+                status=status,
                 turn_sequence=turn_sequence,
-                timeout_seconds=settings.NRLLM_APPROVAL_TIMEOUT_SECONDS,
+                timeout_seconds=timeout_seconds or settings.NRLLM_APPROVAL_TIMEOUT_SECONDS,
                 recorded=self.recorded,
                 settle_reservations=self.tally is not None and self.tally.reserving,
             )

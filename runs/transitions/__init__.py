@@ -17,6 +17,8 @@ from runs.transitions.approvals import (
     ParkOutcome,
     WaitingCall,
     decide_approval,
+    edit_approval,
+    park,
     wait_for_approval,
 )
 from runs.transitions.common import Lease, db_time, recover_connection, steps_lost
@@ -29,6 +31,12 @@ from runs.transitions.ending import (
     finish,
     requeue_for_retry,
     settle,
+)
+from runs.transitions.input_waits import (
+    Answered,
+    AnswerOutcome,
+    answer_call,
+    expire_input_wait,
 )
 from runs.transitions.kept_leases import keep_leases
 from runs.transitions.lease import (
@@ -99,6 +107,12 @@ __all__ = [
     "dead_letter",
     "decide_approval",
     "expire_approvals",
+    "edit_approval",
+    "park",
+    "AnswerOutcome",
+    "Answered",
+    "answer_call",
+    "expire_input_wait",
     "fail_dispatch",
     "finish",
     "hand_back",

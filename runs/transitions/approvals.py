@@ -8,8 +8,13 @@
   queue, in one transaction: if the step is refused, nothing is decided
   and the run stays waiting (fail-closed, as write audits are, G2).
 
+- ``edit_approval``: a person edits a waiting call's arguments: the call is
+  ``replaced`` and the edited one is a new request, with its own key and
+  digest, waiting for its own approval (G24).
+
 A wait that ends without a decision (expired, cancelled), and decisions a
-stopped run never used, are ``unused_approvals``'.
+stopped run never used, are ``unused_approvals``'. Waits for a person's
+answer or a deferred call's completion are ``input_waits``'.
 
 Lock order, everywhere: the run's row, then its approval rows.
 """
@@ -24,8 +29,8 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from ground.commits import reaching_disk
-from runs.models import AgentRun, ApprovalRequest
-from runs.models.vocabulary import ApprovalStatus, RunMode, RunStatus, StepKind
+from runs.models import AgentRun, ApprovalRequest, RunStep
+from runs.models.vocabulary import ApprovalStatus, RunMode, RunStatus, StepKind, WaitKind
 from runs.transitions.common import (
     Lease,
     append_steps,
@@ -37,6 +42,7 @@ from runs.transitions.common import (
     update_returning,
 )
 from runs.transitions.steps import add_spend_through_the_orm, usage_totals
+from tools.contract import idempotency_key_for
 
 
 class ParkOutcome(enum.Enum):
@@ -58,7 +64,10 @@ class WaitingCall:
     effect: str
     arguments: object
     idempotency_key: str
-    required_by: str  # "policy" or "request"
+    required_by: str  # "policy" or "request"; "" for a question or a deferred call
+    kind: str = WaitKind.APPROVAL
+    #: A deferred call's reference (``Deferred.reference``).
+    reference: str = ""
 
 
 def digest(request: ApprovalRequest) -> str:
@@ -84,6 +93,10 @@ def digest(request: ApprovalRequest) -> str:
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+#: ``digest``, for where a parameter of that name hides it.
+digest_of = digest
+
+
 def wait_for_approval(
     lease: Lease,
     steps: list[dict],
@@ -104,13 +117,42 @@ def wait_for_approval(
     ``recorded``: as ``record_steps``'. ``settle_reservations``: the
     attempt reserved before its calls, and this settles them (G21).
     """
+    return park(
+        lease,
+        steps,
+        calls,
+        status=RunStatus.WAITING_FOR_APPROVAL,
+        turn_sequence=turn_sequence,
+        timeout_seconds=timeout_seconds,
+        recorded=recorded,
+        settle_reservations=settle_reservations,
+    )
+
+
+def park(
+    lease: Lease,
+    steps: list[dict],
+    calls: list[WaitingCall],
+    *,
+    status: str,
+    turn_sequence: int | None,
+    timeout_seconds: float,
+    recorded: int | None = None,
+    settle_reservations: bool = False,
+) -> tuple[ParkOutcome, list[ApprovalRequest]]:
+    """``wait_for_approval``, for a run parked in ``status`` (either of
+    ``RunStatus.waiting()``). A call waiting for input is one the loop
+    reached mid-turn: ``turn_sequence`` None then means the run's last
+    model turn, wherever it is among the steps."""
     with reaching_disk():
         rows = update_returning(
             owned_run_holding(lease, recorded).filter(cancel_requested_at__isnull=True),
             ("step_count",),
-            status=RunStatus.WAITING_FOR_APPROVAL,
+            status=status,
             lease_owner="",
             lease_expires_at=None,
+            # A deferred write's hand-off ran under its fence; the park's
+            # step is its record, and its wait's end settles its outcome.
             pending_effect="",
             pending_call=None,
             step_count=F("step_count") + len(steps) + 1,
@@ -126,11 +168,12 @@ def wait_for_approval(
             return ParkOutcome.LEASE_LOST, []
         (step_count,) = rows[0]
         if turn_sequence is None:
-            turn_sequence = step_count - 1  # the turn: the last of ``steps``
+            turn_sequence = _turn_of(lease.run_id, steps, first=step_count - len(steps))
         requested_at = _database_now(lease.run_id)
         requests = [
             ApprovalRequest(
                 run_id=lease.run_id,
+                kind=call.kind,
                 lease_token=lease.token,
                 turn_sequence=turn_sequence,
                 position=call.position,
@@ -138,6 +181,8 @@ def wait_for_approval(
                 effect=call.effect,
                 arguments=call.arguments,
                 idempotency_key=call.idempotency_key,
+                asked_key=call.idempotency_key,
+                reference=call.reference,
                 required_by=call.required_by,
                 status=ApprovalStatus.PENDING,
                 requested_at=requested_at,
@@ -148,37 +193,66 @@ def wait_for_approval(
         for request in requests:
             request.digest = digest(request)
         waiting_step = {
-            "kind": StepKind.APPROVAL,
+            "kind": StepKind.APPROVAL
+            if status == RunStatus.WAITING_FOR_APPROVAL
+            else StepKind.INPUT,
             "result": {
                 "action": "requested",
                 "turn_sequence": turn_sequence,
                 "calls": [
                     {
+                        "kind": request.kind,
                         "position": request.position,
                         "tool": request.tool_name,
                         "effect": request.effect,
                         "idempotency_key": request.idempotency_key,
                         "digest": request.digest,
                         "required_by": request.required_by,
+                        **({"reference": request.reference} if request.reference else {}),
                     }
                     for request in requests
                 ],
                 "expires_at": requests[0].expires_at.isoformat(),
             },
         }
+        if status != RunStatus.WAITING_FOR_APPROVAL:
+            # The call waiting for input is the step's: a deferred write's
+            # hand-off is recorded here (G2), with its key.
+            (call,) = calls
+            waiting_step.update(
+                tool_name=call.tool_name,
+                effect=call.effect,
+                arguments=call.arguments,
+                idempotency_key=call.idempotency_key,
+            )
         append_steps(lease.run_id, lease.token, [*steps, waiting_step])
         add_spend_through_the_orm(
             lease.run_id, steps, lease_token=lease.token if settle_reservations else None
         )
         ApprovalRequest.objects.bulk_create(requests)
     log_change(
-        "wait_for_approval",
+        "wait_for_approval" if status == RunStatus.WAITING_FOR_APPROVAL else "wait_for_input",
         lease.run_id,
         lease_token=lease.token,
         turn=turn_sequence,
         calls=len(requests),
     )
     return ParkOutcome.PARKED, requests
+
+
+def _turn_of(run_id, steps: list[dict], *, first: int) -> int:
+    """The sequence of the run's last model turn, among ``steps`` (numbered
+    from ``first``) or recorded before them: the loop runs only the calls
+    of its newest turn, so a call that waits is one of that turn's."""
+    for offset in range(len(steps) - 1, -1, -1):
+        if steps[offset]["kind"] == StepKind.LLM:
+            return first + offset
+    return (
+        RunStep.objects.filter(run_id=run_id, kind=StepKind.LLM, sequence__lt=first)
+        .order_by("-sequence")
+        .values_list("sequence", flat=True)
+        .first()
+    )
 
 
 def _database_now(run_id):
@@ -242,6 +316,7 @@ def decide_approval(
             return Decided(DecisionOutcome.STALE)
         decided = ApprovalRequest.objects.filter(
             pk=approval_id,
+            kind=WaitKind.APPROVAL,
             status=ApprovalStatus.PENDING,
             digest=digest,
             expires_at__gt=Now(),
@@ -301,3 +376,92 @@ def _released() -> dict:
         "dispatch_count": F("dispatch_count") + 1,
         "available_at": db_time(),
     }
+
+
+@dataclass(frozen=True)
+class Edited:
+    """What ``edit_approval`` did: the new request, or None when nothing
+    matched (``DecisionOutcome.STALE``'s cases)."""
+
+    request: ApprovalRequest | None
+
+
+def edit_approval(
+    approval_id: int, *, digest: str, arguments, operator, note: str, timeout_seconds: float
+) -> Edited:
+    """Replace a waiting call with the same tool and ``arguments`` (checked
+    by the caller against the tool's schema), guarded by the digest the
+    editor saw: the call is marked ``replaced`` and the edited call inserted
+    as a new pending request — its own idempotency key (its arguments'),
+    its own digest, its own expiry — with an ``approval`` step saying who
+    changed what. The run keeps waiting: the edit approves nothing (G24).
+    All or nothing; raises DatabaseError when the database refused any of it."""
+    with reaching_disk():
+        run_id = (
+            ApprovalRequest.objects.filter(pk=approval_id).values_list("run_id", flat=True).first()
+        )
+        if run_id is None:
+            return Edited(None)
+        waiting = (
+            AgentRun.objects.select_for_update()
+            .filter(pk=run_id, status=RunStatus.WAITING_FOR_APPROVAL)
+            .values_list("pk", flat=True)
+        )
+        if not waiting:
+            return Edited(None)
+        replaced = ApprovalRequest.objects.filter(
+            pk=approval_id,
+            kind=WaitKind.APPROVAL,
+            status=ApprovalStatus.PENDING,
+            digest=digest,
+            expires_at__gt=Now(),
+        ).update(status=ApprovalStatus.REPLACED, decided_by=operator, decided_at=Now(), note=note)
+        if not replaced:
+            return Edited(None)
+        original = ApprovalRequest.objects.get(pk=approval_id)
+        requested_at = _database_now(run_id)
+        edited = ApprovalRequest(
+            run_id=run_id,
+            kind=WaitKind.APPROVAL,
+            lease_token=original.lease_token,
+            turn_sequence=original.turn_sequence,
+            position=original.position,
+            tool_name=original.tool_name,
+            effect=original.effect,
+            arguments=arguments,
+            idempotency_key=idempotency_key_for(
+                str(run_id), original.position, original.tool_name, arguments
+            ),
+            asked_key=original.asked_key or original.idempotency_key,
+            replaces=original,
+            edited_by=operator,
+            required_by=original.required_by,
+            status=ApprovalStatus.PENDING,
+            requested_at=requested_at,
+            expires_at=requested_at + timedelta(seconds=timeout_seconds),
+            note=note,
+        )
+        edited.digest = digest_of(edited)
+        edited.save(force_insert=True)
+        AgentRun.objects.filter(pk=run_id).update(step_count=F("step_count") + 1)
+        step = {
+            "kind": StepKind.APPROVAL,
+            "tool_name": original.tool_name,
+            "arguments": arguments,
+            "result": {
+                "action": "edited",
+                "operator": operator.get_username(),
+                "note": note,
+                "approval": original.pk,
+                "replaced_by": edited.pk,
+                "position": original.position,
+                "turn_sequence": original.turn_sequence,
+                "arguments_before": original.arguments,
+                "idempotency_key_before": original.idempotency_key,
+                "idempotency_key": edited.idempotency_key,
+                "digest": edited.digest,
+            },
+        }
+        append_steps(run_id, None, [step])
+    log_change("edit_approval", run_id, approval=approval_id, replaced_by=edited.pk)
+    return Edited(edited)

@@ -326,8 +326,8 @@ class CancelOutcome(enum.Enum):
 
 @reaching_disk()
 def cancel(run_id) -> CancelOutcome:
-    """Cancel a run: at once if queued or waiting for approval (its pending
-    approvals are withdrawn with it); by fence if running (G9)."""
+    """Cancel a run: at once if queued or waiting (for approval or input: its
+    pending requests are withdrawn with it); by fence if running (G9)."""
     queued = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED)
     if queued.update(**ending_changes(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
         log_change("cancel", run_id, status=RunStatus.CANCELLED)
@@ -336,7 +336,7 @@ def cancel(run_id) -> CancelOutcome:
         # The run's row first, then its approvals (the order decide_approval
         # locks in): a decision racing this cancel either comes first and
         # releases the run, or finds it cancelled and its request withdrawn.
-        waiting = AgentRun.objects.filter(pk=run_id, status=RunStatus.WAITING_FOR_APPROVAL)
+        waiting = AgentRun.objects.filter(pk=run_id, status__in=RunStatus.waiting())
         if waiting.update(**ending_changes(RunStatus.CANCELLED, TerminationReason.CANCELLED)):
             withdrawn = withdraw_approvals(run_id)
             transaction.on_commit(lambda: APPROVAL_DECISIONS.labels("withdrawn").inc(withdrawn))
@@ -353,7 +353,7 @@ def cancel(run_id) -> CancelOutcome:
         return CancelOutcome.NOT_FOUND
     if status == RunStatus.RUNNING:
         return CancelOutcome.ALREADY_REQUESTED
-    if status in (RunStatus.QUEUED, RunStatus.WAITING_FOR_APPROVAL):
+    if status in (RunStatus.QUEUED, *RunStatus.waiting()):
         # Claimed and requeued (or parked) between our updates: once more.
         return cancel(run_id)
     return CancelOutcome.TERMINAL

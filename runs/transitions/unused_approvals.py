@@ -17,8 +17,15 @@ from django.db.models.functions import Coalesce, Now
 
 from ground.commits import reaching_disk
 from runs.models import AgentRun, ApprovalRequest, RunStep
-from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind, TerminationReason
+from runs.models.vocabulary import (
+    ApprovalStatus,
+    RunStatus,
+    StepKind,
+    TerminationReason,
+    WaitKind,
+)
 from runs.transitions.common import ending_changes, log_change, update_returning
+from tools.effects import ToolEffect
 
 
 def expire_approvals(as_of=None) -> tuple[list[str], int]:
@@ -71,9 +78,38 @@ def withdraw_approvals(run_id) -> int:
     decisions already made for the turn go with them
     (``void_unused_decisions``)."""
     void_unused_decisions([run_id])
+    _fence_handed_on_writes(run_id)
     return ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalStatus.PENDING).update(
         status=ApprovalStatus.WITHDRAWN, decided_at=Now()
     )
+
+
+def _fence_handed_on_writes(run_id) -> None:
+    """A deferred ``non_idempotent_write`` handed on and not completed when
+    its run is cancelled may still take effect: it stands on the run's
+    fence, a write in doubt an operator reconciles before any requeue runs
+    it again (G10, G24). A deferred read or idempotent write runs again
+    with its key, which is safe."""
+    handed_on = (
+        ApprovalRequest.objects.filter(
+            run_id=run_id,
+            status=ApprovalStatus.PENDING,
+            kind=WaitKind.DEFERRED,
+            effect=ToolEffect.NON_IDEMPOTENT_WRITE,
+        )
+        .values("tool_name", "arguments", "idempotency_key")
+        .first()
+    )
+    if handed_on is not None:
+        call = {
+            "effect": ToolEffect.NON_IDEMPOTENT_WRITE.value,
+            "tool": handed_on["tool_name"],
+            "arguments": handed_on["arguments"],
+            "idempotency_key": handed_on["idempotency_key"],
+        }
+        AgentRun.objects.filter(pk=run_id).update(
+            pending_effect=ToolEffect.NON_IDEMPOTENT_WRITE, pending_call=call
+        )
 
 
 def void_unused_decisions(run_ids) -> int:

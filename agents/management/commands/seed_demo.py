@@ -5,7 +5,9 @@ approval policy (``NRLLM_APPROVAL_REQUIRED_FOR=non_idempotent_write``) each
 ``send_notification`` waits for an operator: the demo decides those calls
 through ``runs.approvals.actions``, as an operator does in the admin, under
 a user of its own (``DEMO_APPROVER``), and leaves one waiting for whoever
-opens the admin. Without Redis the demo executes its runs itself, inline
+opens the admin. People in the loop (G24): one run asks a person a question
+and waits for the answer, and one call the demo approver edited waits for
+its own approval. Without Redis the demo executes its runs itself, inline
 (``executing_in_caller``): each decision executes the run on.
 
 The scripted model of the demo reports tokens as a real one would, and the
@@ -49,6 +51,14 @@ from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
 from agents.management.commands._demo_log import told_by_the_summary
+from agents.management.commands._demo_people import (  # noqa: F401 (the tests name them here)
+    ASKING,
+    EDITED,
+    EDITED_ARGUMENTS,
+    EDITED_NOTE,
+    edit_as_the_demo_approver,
+)
+from agents.management.commands._demo_requests import notifying, with_usage
 from agents.models import Agent
 from agents.starting import enqueue, run
 from agents.versions import save_agent
@@ -92,27 +102,7 @@ DEMO_PRICE = {
 }
 
 
-def _with_usage(request: dict) -> dict:
-    """``request`` with the tokens each answer reports: a prompt that grows
-    with the conversation, its earlier part served from the cache."""
-    turns, prompt = [], 420
-    for turn in request["provider"]["turns"]:
-        if "error" not in turn:
-            cached = prompt - 420 if prompt > 420 else 0
-            turn = {
-                **turn,
-                "usage": {
-                    "prompt_tokens": prompt,
-                    "completion_tokens": 85,
-                    "cached_tokens": cached,
-                },
-            }
-            prompt += 160
-        turns.append(turn)
-    return {**request, "provider": {**request["provider"], "turns": turns}}
-
-
-COMPLETED = _with_usage(
+COMPLETED = with_usage(
     {
         "prompt": "Update the release notes and tell the team.",
         "tools": ["read_note", "upsert_note", "send_notification"],
@@ -138,7 +128,7 @@ COMPLETED = _with_usage(
     }
 )
 
-AUDIT_FAILED = _with_usage(
+AUDIT_FAILED = with_usage(
     {
         "prompt": "Notify on-call that the nightly job failed.",
         "tools": ["send_notification"],
@@ -162,7 +152,7 @@ AUDIT_FAILED = _with_usage(
     }
 )
 
-NOT_RETRYABLE = _with_usage(
+NOT_RETRYABLE = with_usage(
     {
         "prompt": "Summarise the incident notes.",
         "tools": ["search_notes"],
@@ -176,7 +166,7 @@ NOT_RETRYABLE = _with_usage(
     }
 )
 
-RESUMED = _with_usage(
+RESUMED = with_usage(
     {
         "prompt": "Tell the team the deploy is done, then confirm.",
         "tools": ["send_notification"],
@@ -197,7 +187,7 @@ RESUMED = _with_usage(
     }
 )
 
-CANCELLED = _with_usage(
+CANCELLED = with_usage(
     {
         "prompt": "Post the weekly digest to the webhook.",
         "tools": ["post_webhook"],
@@ -206,41 +196,20 @@ CANCELLED = _with_usage(
 )
 
 
-def _notifying(prompt: str, notification: dict, answer: str, *, read: dict | None = None) -> dict:
-    """A run that may read a note, sends one notification, then answers.
-    It asks for the notification's approval itself (``require_approval``),
-    so the approval stories are told whatever NRLLM_APPROVAL_REQUIRED_FOR
-    says; under the shipped policy the policy requires it anyway."""
-    turns = [{"tool_calls": [{"name": "read_note", "arguments": read}]}] if read else []
-    turns += [
-        {"tool_calls": [{"name": "send_notification", "arguments": notification}]},
-        # After a denial too: the model is told, and its next turn answers.
-        {"content": answer},
-    ]
-    return _with_usage(
-        {
-            "prompt": prompt,
-            "tools": (["read_note"] if read else []) + ["send_notification"],
-            "require_approval": ["send_notification"],
-            "provider": {"kind": "scripted", "turns": turns},
-        }
-    )
-
-
-WAITING = _notifying(
+WAITING = notifying(
     "Tell on-call the database failover starts at 22:00 UTC.",
     {"recipient": "oncall@example.org", "message": "Database failover starts at 22:00 UTC."},
     "On-call knows the failover starts at 22:00 UTC.",
 )
 
-APPROVED = _notifying(
+APPROVED = notifying(
     "Tell the team incident 42 is resolved.",
     {"recipient": "team@example.org", "message": "Incident 42 (disk full on db-2) is resolved."},
     "The team knows incident 42 is resolved.",
     read={"slug": "incident-42"},
 )
 
-DENIED = _notifying(
+DENIED = notifying(
     "Announce the v2 release to every customer.",
     {"recipient": "customers@example.org", "message": "v2 is out: leases and fences."},
     "I did not announce v2: an operator denied the notification.",
@@ -249,7 +218,7 @@ DENIED = _notifying(
 #: Stops before its third model call: two turns spent 1,170 tokens, and the
 #: next, which sends the whole conversation again and may be answered in up
 #: to 256 tokens, could pass 1,600.
-OVER_BUDGET = _with_usage(
+OVER_BUDGET = with_usage(
     {
         "prompt": "Search every incident note and summarise them all.",
         "tools": ["search_notes"],
@@ -268,7 +237,7 @@ OVER_BUDGET = _with_usage(
 )
 
 #: Support's agent: it reads the incident notes and answers, nothing more.
-TRIAGE = _with_usage(
+TRIAGE = with_usage(
     {
         "prompt": "What do we know about incident 42?",
         "tools": ["read_note", "search_notes"],
@@ -523,6 +492,11 @@ class Command(BaseCommand):
         definition = {k: v for k, v in on_call.items() if k != "prompt"}
         save_agent("on-call", {**definition, "instructions": ON_CALL_V2}, create=False)
         over_budget = enqueue({**OVER_BUDGET, "team": "ops"})
+        # People in the loop (G24): a question left for an answer, and a
+        # call the demo approver edited, left for a second approval.
+        asking = enqueue({**ASKING, "team": "ops"})
+        edited = enqueue({**EDITED, "team": "ops"})
+        edit_as_the_demo_approver(edited, approver)
 
         for label, agent_run in [
             ("completed (reads and writes)", completed),
@@ -537,6 +511,8 @@ class Command(BaseCommand):
             ("denied: never sent; the model was told why", denied),
             ("waits for approval: decide it in the admin's approvals inbox", waiting),
             ("stopped before a model call that would pass its token limit", over_budget),
+            ("asks a person: answer it in the admin's inbox", asking),
+            ("edited by the demo approver: the edit waits for its own approval", edited),
             ("Support's own: completed (reads only; see it as sam or pat)", triaged),
             *[("Support's schedule morning-digest, backfilled", each) for each in scheduled],
             ("Support's trigger alertmanager: one run for an alert sent twice", alerted),
