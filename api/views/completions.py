@@ -17,12 +17,10 @@ import re
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from api.serializers import ErrorSerializer
-from api.views.hooks import JsonWhateverAccepted
+from api.views.hooks import SignedPost
 from runs.approvals import answers
 from runs.approvals.completions import is_signed
 from tools.canonical import MAX_JSON_DEPTH, nested_deeper_than
@@ -63,7 +61,7 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-class Completion(APIView):
+class Completion(SignedPost):
     """Complete a call that a deferred tool handed to your system: POST its
     result, `{"result": <any JSON>}`, or a failure, `{"error": "<text>"}`,
     to the URL the tool passed on (signed for that call). `200` with status
@@ -75,13 +73,6 @@ class Completion(APIView):
     on a moment ago and its wait is not recorded yet, and expired or
     withdrawn when its wait has ended; `400` naming what is wrong with the
     body. Nothing is stored for any refusal."""
-
-    authentication_classes = []
-    permission_classes = []
-    throttle_classes = []
-    renderer_classes = [JSONRenderer]
-    content_negotiation_class = JsonWhateverAccepted
-    http_method_names = ["post", "options"]
 
     @extend_schema(
         request={"application/json": OpenApiTypes.OBJECT},

@@ -67,7 +67,20 @@ _SIGNATURE_HEADERS = [
 ]
 
 
-class Hook(APIView):
+# No docstring (drf-spectacular would show it for the views below): a POST
+# another system makes, authenticated by a signature — of its body or of
+# its URL — never by a user's token or session, so no CSRF, no throttle,
+# and whatever it says it accepts, the answer is JSON.
+class SignedPost(APIView):
+    authentication_classes = []
+    permission_classes = []
+    throttle_classes = []
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = JsonWhateverAccepted
+    http_method_names = ["post", "options"]
+
+
+class Hook(SignedPost):
     """Send an event to a trigger: a JSON object, signed with the trigger's
     secret by its scheme (Standard Webhooks, or GitHub's
     `X-Hub-Signature-256`). `202` with the run it started; `200` with the
@@ -76,13 +89,6 @@ class Hook(APIView):
     signature is `401`, a body lacking a field the trigger's templates name
     `400` naming it, a disabled trigger `409`, past its events per minute
     `429` with `Retry-After` — and nothing is stored for any of them."""
-
-    authentication_classes = []
-    permission_classes = []
-    throttle_classes = []
-    renderer_classes = [JSONRenderer]
-    content_negotiation_class = JsonWhateverAccepted
-    http_method_names = ["post", "options"]
 
     @extend_schema(
         request={"application/json": OpenApiTypes.OBJECT},

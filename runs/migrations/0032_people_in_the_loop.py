@@ -14,6 +14,15 @@ def asked_keys(apps, schema_editor):
     requests.objects.filter(asked_key="").update(asked_key=F("idempotency_key"))
 
 
+def inputs_withdrawn(apps, schema_editor):
+    """Back to 0031, whose constraint allows one live request per call of
+    any kind: the waits for an answer or a completion (0031 has none) are
+    withdrawn first, so a deferred call's wait beside its approval does not
+    stop the way back."""
+    requests = apps.get_model("runs", "ApprovalRequest")
+    requests.objects.exclude(kind="approval").filter(status="pending").update(status="withdrawn")
+
+
 def triggers_again(apps, schema_editor):
     """The run-event trigger with ``waiting_for_input`` among its statuses
     (on SQLite ``runs.apps`` creates them after every migrate)."""
@@ -104,6 +113,6 @@ class Migration(migrations.Migration):
             name='event_type',
             field=models.CharField(choices=[('run.completed', 'run.completed'), ('run.failed', 'run.failed'), ('run.cancelled', 'run.cancelled'), ('run.waiting_for_approval', 'run.waiting_for_approval'), ('run.waiting_for_input', 'run.waiting_for_input')], max_length=32),
         ),
-        migrations.RunPython(asked_keys, migrations.RunPython.noop),
+        migrations.RunPython(asked_keys, inputs_withdrawn),
         migrations.RunPython(triggers_again, migrations.RunPython.noop),
     ]
