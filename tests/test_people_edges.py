@@ -13,6 +13,8 @@ from django.test import Client
 from runs.approvals import actions as approval_actions
 from runs.approvals import completions
 from runs.models import AgentRun, ApprovalRequest
+from runs.models.faults import approval_requests_refused
+from runs.models.selectors import is_write_in_doubt
 from runs.models.vocabulary import ApprovalStatus, RunStatus, StepKind
 from runs.runtime import enqueue
 from runs.runtime.run_request import InvalidRunRequest
@@ -122,3 +124,24 @@ def test_a_completion_url_survives_a_secret_key_rotation(settings):
     assert not completions.is_signed("b" * 64, signed)
     settings.SECRET_KEY_FALLBACKS = []
     assert not completions.is_signed(key, signed)
+
+
+@pytest.mark.parametrize("model", ["scripted", "drifting"], indirect=True)
+def test_a_hand_off_whose_wait_cannot_be_recorded_is_a_failed_audit_in_doubt(model, settings):
+    """G2, G24: the deferred write was handed on; the database refuses its
+    park. The run fails, never retried, with the call on its fence — a
+    write in doubt — and nothing of the wait stored."""
+    settings.NRLLM_TOOLS = [*settings.NRLLM_TOOLS, *DEFERRED_TOOLS]
+    settings.NRLLM_APPROVAL_REQUIRED_FOR = "none"
+    name = "scripted" if model is None else "drifting"
+    plan = [{"calls": [OPEN_TICKET]}, {"answer": "done {take}"}]
+    with approval_requests_refused():
+        agent_run = enqueue(request_for(name, plan, ["open_ticket"]))
+
+    agent_run = fresh(agent_run)
+    (hand_off,) = hand_offs(agent_run.pk)
+    assert (agent_run.status, agent_run.error_type) == ("failed", "AuditPersistenceFailed")
+    assert agent_run.pending_call["idempotency_key"] == hand_off.idempotency_key
+    assert is_write_in_doubt(agent_run) and agent_run.requeue_count == 0
+    assert not ApprovalRequest.objects.filter(run=agent_run).exists()
+    assert not agent_run.steps.filter(kind=StepKind.INPUT).exists()

@@ -98,17 +98,14 @@ def test_retries_exhausted_fails_with_a_dead_letter_and_an_event(deferred):
     assert len(hand_offs(agent_run.pk)) == 2
 
 
-def test_many_overdue_waits_are_all_expired_within_a_few_passes(deferred, monkeypatch):
-    from runs.reaper import passes
-
-    monkeypatch.setattr(passes, "CHUNK_SIZE", 3)
+def test_many_overdue_waits_are_all_expired_within_a_few_passes(deferred):
     plan = [{"calls": [ASK]}, {"answer": "ok"}]
     runs = [enqueue(request_for("scripted", plan, ["ask_person"])) for _ in range(7)]
     assert all(fresh(r).status == RunStatus.WAITING_FOR_INPUT for r in runs)
-    first = reap_stale_runs(as_of=later(2 * 86400))
+    first = reap_stale_runs(as_of=later(2 * 86400), batch_size=3)
     assert sum("expired unanswered" in d for d in first.decisions.values()) == 3
-    reap_stale_runs(as_of=later(2 * 86400))
-    reap_stale_runs(as_of=later(2 * 86400))
+    reap_stale_runs(as_of=later(2 * 86400), batch_size=3)
+    reap_stale_runs(as_of=later(2 * 86400), batch_size=3)
     assert all(fresh(r).status == RunStatus.COMPLETED for r in runs), [
         fresh(r).status for r in runs
     ]

@@ -205,6 +205,12 @@ class RunFacts:
         team_id, submitted_by_id = row
         return cls(Team.objects.get(pk=team_id), submitted_by_id)
 
+    def held_still(self, operator) -> "RunFacts":
+        """These facts with the team's row and ``operator``'s memberships in
+        it locked (``teams.access.held_still``): a release judged on them
+        is judged on what commits before it."""
+        return RunFacts(access.held_still(operator, self.team.pk), self.submitted_by_id)
+
     def is_submitter(self, operator) -> bool:
         return self.submitted_by_id is not None and self.submitted_by_id == operator.pk
 
@@ -233,7 +239,7 @@ def _decide(
             # taking the tool away, or the approver's removal, committed
             # since the check above is seen here, and one not yet committed
             # waits for this decision.
-            facts = RunFacts(access.held_still(operator, facts.team.pk), facts.submitted_by_id)
+            facts = facts.held_still(operator)
             refused = _approval_refused(approval, operator, facts)
             if refused is not None:
                 return refused
@@ -304,7 +310,7 @@ def edit(
             False, "unchanged", "these are the call's arguments as they stand: nothing to edit"
         )
     with transaction.atomic():
-        facts = RunFacts(access.held_still(operator, facts.team.pk), facts.submitted_by_id)
+        facts = facts.held_still(operator)
         refused = may_release_write(operator, facts.team, approval.tool_name)
         if refused is not None:
             return refused

@@ -122,7 +122,7 @@ def reap_stale_runs(
     # After the reaping: a reaped attempt's reservations are dead now (G21).
     report.reservations_released = release_dead(AgentRun._meta.db_table)
     _expire_approvals(as_of, report)
-    _expire_input_waits(as_of, report)
+    _expire_input_waits(as_of, batch_size, report)
     if settings.REDIS_URL:
         # Without Redis no queued run has a job to lose: the embedded worker
         # executes every queued run once it is due.
@@ -239,18 +239,20 @@ def _expire_approvals(as_of, report: ReapReport) -> None:
         logger.warning("reaper: run=%s failed: its approval request expired", run_id)
 
 
-def _expire_input_waits(as_of, report: ReapReport) -> None:
+def _expire_input_waits(as_of, batch_size: int, report: ReapReport) -> None:
     """End the waits for an answer or a completion past their expiry (G24),
     each in a transaction of its own: a question's result says nobody
     answered, a deferred read or idempotent write goes back to the queue to
-    run again with its key, a deferred non-idempotent write is in doubt."""
+    run again with its key, a deferred non-idempotent write is in doubt.
+    At most ``batch_size`` a pass, the longest overdue first; the next pass
+    takes the rest."""
     now = as_of if as_of is not None else db_time()
     overdue = ApprovalRequest.objects.filter(
         status=ApprovalStatus.PENDING,
         kind__in=[WaitKind.QUESTION, WaitKind.DEFERRED],
         expires_at__lte=now,
     ).values_list("pk", "run_id")
-    for request_id, run_id in overdue[:CHUNK_SIZE]:
+    for request_id, run_id in overdue.order_by("expires_at")[:batch_size]:
         with transaction.atomic():
             what, answered = transitions.expire_input_wait(
                 request_id, as_of=as_of, max_requeues=settings.NRLLM_MAX_REQUEUES
