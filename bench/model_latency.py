@@ -54,7 +54,10 @@ class ModelServer:
             raise RuntimeError("the bench's model server did not start")
 
     def stats(self) -> dict:
-        """When each request was answered and refused (a limited server's)."""
+        """The client connections open now and the most open at once
+        (``connections_open``, ``connections_most``; from each one's first
+        model request), and a limited server's moments each request was answered
+        and refused (``answered``, ``refused``)."""
         import json
         import urllib.request
 
@@ -262,44 +265,29 @@ def wait_for_workers(count: int) -> None:
         time.sleep(0.2)
 
 
-#: The worker classes measured on the real workload, one run in flight per
-#: process; and the concurrent one, many per process on Django's pool.
+#: The worker classes measured here, one run in flight per process. The
+#: concurrent one, many per process, is measured in steady state with runs
+#: arriving paced (``bench.steady_state``, #52).
 LATENCY_WORKER_CLASSES = ("runs.worker.Worker", "runs.worker.SimpleWorker")
 CONCURRENT_WORKER = "runs.worker.ConcurrentWorker"
-#: The issue's targets (#28), per run: worker CPU and PSS per run in flight,
-#: and the share of the ideal with 200 runs in flight on 2 processes.
+#: The issue's targets (#28), per run: worker CPU and PSS per run in flight.
 CPU_MS_PER_RUN_AT_MOST = 20
 PSS_MB_PER_RUN_AT_MOST = 3
-CONCURRENT_RATIO_AT_LEAST = 0.8
 
 
-def model_latency_figures(
-    worker_env: dict, processes: int, concurrent: tuple[int, int], workloads: list
-) -> list[dict]:
-    """A round per worker kind and ``(latency, runs per slot)`` of
-    ``workloads``: ``processes`` workers of each one-run class, and
-    ``concurrent`` = (processes, runs in flight each) of the concurrent one."""
-    kinds = [(worker_class, processes, 1, {}) for worker_class in LATENCY_WORKER_CLASSES]
-    concurrent_processes, concurrency = concurrent
-    pool = {
-        "NRLLM_WORKER_CONCURRENCY": str(concurrency),
-        # Django's pool: a connection serves statements, not model waits.
-        "DATABASE_POOL_MAX_SIZE": str(max(4, concurrency // 5)),
-        "DATABASE_CONN_MAX_AGE": "0",
-    }
-    kinds.append((CONCURRENT_WORKER, concurrent_processes, concurrency, pool))
+def model_latency_figures(worker_env: dict, processes: int, workloads: list) -> list[dict]:
+    """A round per one-run worker class and ``(latency, runs per slot)`` of
+    ``workloads``, on ``processes`` workers."""
     return [
         model_latency_round(
             worker_env,
             worker_class=worker_class,
-            processes=kind_processes,
+            processes=processes,
             latency=latency,
-            runs=runs_per_slot * kind_processes * concurrency,
-            concurrency=concurrency,
-            env=env,
+            runs=runs_per_slot * processes,
         )
         for latency, runs_per_slot in workloads
-        for worker_class, kind_processes, concurrency, env in kinds
+        for worker_class in LATENCY_WORKER_CLASSES
     ]
 
 
@@ -308,17 +296,11 @@ def latency_rows(figures: list[dict]) -> list[dict]:
     run cost and waited."""
     rows = []
     for figure in figures:
-        concurrency = figure.get("concurrency", 1)
-        each = f", up to {concurrency} runs in flight each" if concurrency > 1 else ""
         where = (
-            f"{figure['processes']} rqworkers ({figure['worker_class']}{each}), a model "
+            f"{figure['processes']} rqworkers ({figure['worker_class']}), a model "
             f"answering in {figure['latency_seconds']:g} s, {figure['runs']} two-turn runs"
         )
         steady = figure.get("steady_runs_per_second")
-        # The target is the ideal's own premise, every slot in flight: the
-        # steady state's, when measured (the whole round adds the slots
-        # filling and draining, which more runs per slot would dilute).
-        target = {"target": CONCURRENT_RATIO_AT_LEAST} if concurrency > 1 else {}
         rows.append(
             {
                 "figure": f"runs waiting on a model: {where} "
@@ -327,11 +309,10 @@ def latency_rows(figures: list[dict]) -> list[dict]:
                 "value": f"{figure['runs_per_second']:.2f} runs/s",
                 "baseline": f"{figure['ideal_runs_per_second']:.2f} runs/s ideal",
                 "ratio": figure["ratio_to_ideal"],
-                **({} if steady else target),
             }
         )
         if steady:
-            slots = figure["processes"] * concurrency
+            slots = figure["processes"]
             rows.append(
                 {
                     "figure": f"the same runs in steady state ({where}): while every slot freed "
@@ -342,7 +323,6 @@ def latency_rows(figures: list[dict]) -> list[dict]:
                     "value": f"{steady:.2f} runs/s",
                     "baseline": f"{figure['ideal_runs_per_second']:.2f} runs/s ideal",
                     "ratio": figure["steady_ratio_to_ideal"],
-                    **target,
                 }
             )
         rows.append(

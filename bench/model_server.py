@@ -7,6 +7,13 @@ provider's limit: a token bucket of a second of ``RPM`` answers 429 with
 ``Retry-After: 1`` past it, and ``GET /stats`` tells when each request was
 answered and refused (the bench's rate-limited row).
 
+``GET /stats`` answers on every server with the client connections open now
+and the most open at once since it started (``connections_open``,
+``connections_most``): how many connections the workers' model clients
+hold, which caps the runs waiting on the model at once (the steady-state
+rows, ``bench.steady_state``). A connection counts from its first model
+request: the bench's own looks at ``/stats`` are not counted.
+
 It runs as a process of its own (``python -m bench.model_server LATENCY``
 prints its base URL), as a real model does, and spends as little CPU as it
 can: one asyncio thread serves every connection and keeps it open between
@@ -59,11 +66,35 @@ class Limit:
         self.refused.append(now)
         return False
 
-    def stats(self) -> bytes:
-        return json.dumps({"answered": self.answered, "refused": self.refused}).encode()
+    def stats(self) -> dict:
+        return {"answered": self.answered, "refused": self.refused}
 
 
 REFUSED = json.dumps({"error": {"message": "rate limit reached", "type": "requests"}}).encode()
+
+#: The listen backlog: thousands of clients may connect at once (4,000 runs
+#: in flight), past asyncio's default of 100. The kernel caps it at
+#: ``net.core.somaxconn``.
+BACKLOG = 8192
+
+
+class Connections:
+    """Client connections open now, and the most open at once: counted in
+    the one event-loop thread, so plain integers."""
+
+    def __init__(self):
+        self.open = 0
+        self.most = 0
+
+    def opened(self) -> None:
+        self.open += 1
+        self.most = max(self.most, self.open)
+
+    def closed(self) -> None:
+        self.open -= 1
+
+    def stats(self) -> dict:
+        return {"connections_open": self.open, "connections_most": self.most}
 
 
 def _reply(body: bytes) -> bytes:
@@ -73,7 +104,10 @@ def _reply(body: bytes) -> bytes:
     return ANSWER if told else CALL
 
 
-async def _serve(latency: float, limit: Limit | None, reader, writer) -> None:
+async def _serve(
+    latency: float, limit: Limit | None, connections: Connections, reader, writer
+) -> None:
+    counted = False
     try:
         while True:
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
@@ -84,9 +118,13 @@ async def _serve(latency: float, limit: Limit | None, reader, writer) -> None:
             body = await reader.readexactly(length)
             close = "connection: close" in head
             if head.startswith("get /stats"):
-                writer.write(_response("200 OK", limit.stats() if limit else b"{}", close))
+                stats = {**connections.stats(), **(limit.stats() if limit else {})}
+                writer.write(_response("200 OK", json.dumps(stats).encode(), close))
                 await writer.drain()
                 continue
+            if not counted:
+                connections.opened()
+                counted = True
             if limit is not None and not limit.admits():
                 writer.write(_response("429 Too Many Requests", REFUSED, close))
                 await writer.drain()
@@ -103,13 +141,19 @@ async def _serve(latency: float, limit: Limit | None, reader, writer) -> None:
     except (asyncio.IncompleteReadError, ConnectionError):
         pass  # the client went away
     finally:
+        if counted:
+            connections.closed()
         writer.close()
 
 
 async def main(latency: float, per_minute: int | None = None) -> None:
     limit = Limit(per_minute) if per_minute else None
+    connections = Connections()
     server = await asyncio.start_server(
-        lambda reader, writer: _serve(latency, limit, reader, writer), "127.0.0.1", 0, backlog=1024
+        lambda reader, writer: _serve(latency, limit, connections, reader, writer),
+        "127.0.0.1",
+        0,
+        backlog=BACKLOG,
     )
     port = server.sockets[0].getsockname()[1]
     print(f"http://127.0.0.1:{port}/v1", flush=True)

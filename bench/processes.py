@@ -1,5 +1,6 @@
 """What the bench reads of worker processes in ``/proc``: CPU time, PSS,
-their children (work horses), and how fast the host runs Python now."""
+their children (work horses), and how fast the host runs Python now; and
+of the whole host, its busy CPU time."""
 
 import os
 import time
@@ -67,3 +68,22 @@ def idle_cpu_seconds(pids: set[int]) -> float:
         quiet = quiet + 1 if now - previous < 0.05 else 0
         previous = now
     return previous
+
+
+#: ``/proc/stat``'s CPU fields the host was busy in: user, nice, system, irq,
+#: softirq. Idle and iowait are waiting; steal is time the hypervisor gave
+#: another guest, not this host's work; guest and guest_nice are already
+#: counted in user and nice.
+_BUSY_FIELDS = (0, 1, 2, 5, 6)
+_STEAL_FIELD = 7
+
+
+def host_cpu_seconds() -> tuple[float, float]:
+    """The whole host's busy CPU time since boot, every process's (the
+    database's, Redis's, the model server's, the bench's own), and the time
+    stolen from it by the hypervisor, both summed over its CPUs."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    busy = sum(fields[index] for index in _BUSY_FIELDS)
+    steal = fields[_STEAL_FIELD] if len(fields) > _STEAL_FIELD else 0
+    return busy / _CLOCK_TICKS, steal / _CLOCK_TICKS

@@ -29,10 +29,16 @@ SIZES = {
         "scale_runs": 1_000_000,
         "steps_per_run": 10,
         "latency_processes": 20,
-        # (processes, runs in flight each) of runs.worker.ConcurrentWorker.
-        "latency_concurrent": (2, 100),
         # (model latency, runs per slot): 5 per slot at 1 s, 3 at 5 s.
         "latency_workloads": [(1.0, 5), (5.0, 3)],
+        # runs.worker.ConcurrentWorker in steady state (#52): (runs in flight,
+        # model latency) on 2 processes, each window whole run lengths (2 L),
+        # at least three and 30 s: 30 s, 60 s and 120 s, the three rows some 6 min.
+        "steady": {
+            "rows": [(200, 1.0), (1000, 10.0), (4000, 20.0)],
+            "processes": 2,
+            "window_at_least": 30,
+        },
         "recovery_runs": 20,
         "recovery_overrides": None,
         "recovery_model_seconds": 60,
@@ -52,8 +58,8 @@ SIZES = {
         "scale_runs": 2000,
         "steps_per_run": 10,
         "latency_processes": 1,
-        "latency_concurrent": (1, 4),
         "latency_workloads": [(0.2, 2)],
+        "steady": {"rows": [(8, 0.3)], "processes": 2, "window_at_least": 3},
         "recovery_runs": 2,
         "recovery_overrides": {"NRLLM_LEASE_SECONDS": "2", "NRLLM_REAPER_INTERVAL_SECONDS": "1"},
         "recovery_model_seconds": 6,
@@ -112,6 +118,7 @@ def main(argv=None) -> int:
             "scale",
             "rate_limited",
             "fairness",
+            "steady",
         ],
         help="measure only these figures and print them (results files untouched)",
     )
@@ -134,6 +141,7 @@ def main(argv=None) -> int:
     from bench.rate_limited import rate_limited_figure, rate_limited_rows
     from bench.recovery import recovery_after_sigkill
     from bench.resume import resume_figures
+    from bench.steady_state import steady_state_figures
     from bench.steps import step_figures
     from bench.table import SIMPLE_WORKER, markdown, results_table
     from bench.team_fairness import team_fairness, team_fairness_rows
@@ -162,10 +170,7 @@ def main(argv=None) -> int:
 
         settings.REDIS_URL = redis_url
         figures = model_latency_figures(
-            worker_env,
-            size["latency_processes"],
-            size["latency_concurrent"],
-            size["latency_workloads"],
+            worker_env, size["latency_processes"], size["latency_workloads"]
         )
         recovery = recovery_after_sigkill(
             worker_env,
@@ -174,6 +179,13 @@ def main(argv=None) -> int:
             model_seconds=size["recovery_model_seconds"],
         )
         print(json.dumps({"latency": figures, "recovery": recovery}, indent=2))
+        return 0
+    if args.only == "steady":
+        from django.conf import settings
+
+        settings.REDIS_URL = redis_url
+        steady = steady_state_figures(worker_env, **size["steady"])
+        print(json.dumps(steady, indent=2, default=str))
         return 0
     if args.only == "rate_limited":
         from django.conf import settings
@@ -234,11 +246,10 @@ def main(argv=None) -> int:
     fairness = team_fairness(*size["fairness"], worker_env, workers=size["queue_workers"])
     _part("runs waiting on a model")
     latency = model_latency_figures(
-        worker_env,
-        size["latency_processes"],
-        size["latency_concurrent"],
-        size["latency_workloads"],
+        worker_env, size["latency_processes"], size["latency_workloads"]
     )
+    _part("the concurrent worker in steady state")
+    steady = steady_state_figures(worker_env, **size["steady"])
     _part("recovery after a SIGKILL, shipped defaults")
     recovery = recovery_after_sigkill(
         worker_env,
@@ -253,7 +264,16 @@ def main(argv=None) -> int:
 
     table = (
         results_table(
-            steps, baseline, flushless, resume, queue, flushless_queue, latency, recovery, peer
+            steps,
+            baseline,
+            flushless,
+            resume,
+            queue,
+            flushless_queue,
+            latency,
+            steady,
+            recovery,
+            peer,
         )
         + rate_limited_rows(rate_limited)
         + team_fairness_rows(fairness)
@@ -270,6 +290,7 @@ def main(argv=None) -> int:
         "through_the_queue": queue,
         "through_the_queue_not_waiting_for_the_flush": flushless_queue,
         "waiting_on_a_model": latency,
+        "steady_state": steady,
         "recovery_after_sigkill": recovery,
         "under_a_provider_limit": rate_limited,
         "fairness_across_teams": fairness,

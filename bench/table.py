@@ -1,8 +1,15 @@
 """The bench's results table: a row per figure, next to its baseline and
 target, and the markdown of ``bench/results.md``."""
 
-from bench.model_latency import latency_rows
+from bench.model_latency import CONCURRENT_WORKER, latency_rows
 from bench.recovery import recovery_row
+from bench.steady_state import (
+    ARRIVALS_TO_IDEAL,
+    CPU_GROWTH_AT_MOST,
+    PSS_LOOK_SECONDS,
+    PSS_MB_PER_RUN_AT_MOST,
+    RATIO_AT_LEAST,
+)
 
 TARGETS = {
     "read step / baseline": 0.7,
@@ -22,7 +29,7 @@ AT_MOST = {
 
 
 def results_table(
-    steps, baseline, flushless, resume, queue, flushless_queue, latency, recovery, peer
+    steps, baseline, flushless, resume, queue, flushless_queue, latency, steady, recovery, peer
 ) -> list[dict]:
     """The rows of the table, in the order ``bench/results.md`` shows them."""
     table = _step_rows(steps, baseline, "")
@@ -65,6 +72,7 @@ def results_table(
         }
     )
     table += latency_rows(latency)
+    table += steady_state_rows(steady)
     table.append(recovery_row(recovery))
     table.append(
         {
@@ -99,6 +107,97 @@ def results_table(
         }
     )
     return table
+
+
+def steady_state_rows(figures: list[dict]) -> list[dict]:
+    """The concurrent worker in steady state (``bench.steady_state``), a row
+    per figure and runs in flight. The worker CPU per run of the row with
+    the most runs in flight is set against the fewest's (its ratio, within
+    ``CPU_GROWTH_AT_MOST``), and its PSS per run is the one judged: the
+    issue's targets are at 4,000 against 200."""
+    if not figures:
+        return []
+    fewest = min(figures, key=lambda figure: figure["in_flight"])
+    most = max(figures, key=lambda figure: figure["in_flight"])
+    rows = []
+    for figure in figures:
+        where = (
+            f"{figure['in_flight']:,} runs in flight on {figure['processes']} rqworkers "
+            f"({CONCURRENT_WORKER}, {figure['concurrency']:,} slots each, a database pool of "
+            f"{figure['database_pool_per_process']} each), a model answering in "
+            f"{figure['latency_seconds']:g} s; two-turn runs arriving at {ARRIVALS_TO_IDEAL:g}× "
+            f"the ideal; the {figure['window_seconds']:.0f} s window from "
+            f"{figure['window_opens_after_seconds']:g} s after the first arrival, "
+            f"{figure['ended_in_window']:,} runs ended in it"
+        )
+        by_run_length = ", ".join(f"{rate:.1f}" for rate in figure["runs_per_second_by_run_length"])
+        rows.append(
+            {
+                "figure": f"steady state: {where} (runs/s by run length: {by_run_length}; "
+                f"{figure['arrived_per_second_in_window']:.1f} arrivals/s in the window, "
+                f"{figure['waiting_at_open']:,} runs waiting for a slot as it opened and "
+                f"{figure['waiting_at_close']:,} as it closed; "
+                f"{figure['lapsed_by_close']:,} stopped without ending, their lease lapsed, "
+                f"{figure['requeued']:,} requeued after a failed attempt; enqueue to start p50 "
+                f"{figure['enqueue_to_start_p50_s']:.2f} s, p99 "
+                f"{figure['enqueue_to_start_p99_s']:.2f} s, that backlog included; "
+                "ideal = runs in flight / two turns' latency)",
+                "value": f"{figure['runs_per_second']:.2f} runs/s",
+                "baseline": f"{figure['ideal_runs_per_second']:.2f} runs/s ideal",
+                "ratio": figure["ratio_to_ideal"],
+                "target": RATIO_AT_LEAST,
+            }
+        )
+        growth = {}
+        if figure is not fewest:
+            growth = {
+                "baseline": f"{fewest['worker_cpu_ms_per_run']:.1f} ms at "
+                f"{fewest['in_flight']:,} in flight",
+                "ratio": figure["worker_cpu_ms_per_run"] / fewest["worker_cpu_ms_per_run"],
+            }
+            if figure is most:
+                growth["at_most"] = f"{CPU_GROWTH_AT_MOST:g}"
+        rows.append(
+            {
+                "figure": f"worker CPU per run in steady state ({where}: the workers' user and "
+                "system time over the window / runs ended in it; the host's speed then: a "
+                f"fixed Python loop in {figure['host_loop_ms']:.0f} ms)",
+                "value": f"{figure['worker_cpu_ms_per_run']:.1f} ms",
+                **growth,
+            }
+        )
+        rows.append(
+            {
+                "figure": f"host CPU per run in steady state ({where}: the whole host's busy CPU "
+                "over the window / runs ended in it, PostgreSQL, Redis, the model server and "
+                f"the bench's enqueuing included, the bench process's own "
+                f"{figure['bench_cpu_ms_per_run']:.1f} ms; the host busy "
+                f"{figure['host_busy_share']:.0%} of its {figure['host_cpus']} CPUs; "
+                f"{figure['host_steal_ms_per_run']:.1f} ms stolen by the hypervisor left out)",
+                "value": f"{figure['host_cpu_ms_per_run']:.1f} ms",
+            }
+        )
+        pss = figure["pss_mb_per_run"]
+        rows.append(
+            {
+                "figure": f"PSS per run in flight in steady state ({where}: the workers' PSS / "
+                f"their runs running, the median of {figure['pss_looks']} looks every "
+                f"{PSS_LOOK_SECONDS:g} s over the window, "
+                f"{figure['running_at_looks_median']:,.0f} running at the median)",
+                "value": f"{pss:.2f} MB" if pss is not None else "not measured",
+                **({"at_most": f"{PSS_MB_PER_RUN_AT_MOST:g} MB"} if figure is most else {}),
+            }
+        )
+        rows.append(
+            {
+                "figure": f"most model connections open at once in steady state ({where}: the "
+                "model server's count of its clients' connections, from its start to the "
+                "window's close)",
+                "value": f"{figure['most_model_connections']:,}",
+                "baseline": f"{figure['in_flight']:,} runs in flight",
+            }
+        )
+    return rows
 
 
 def _spread(values: list) -> str:

@@ -11,9 +11,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 #: The pool a process on PostgreSQL gets when DATABASE_POOL_MAX_SIZE is not
 #: set: a connection per five runs in flight of a concurrent worker at its
-#: default NRLLM_WORKER_CONCURRENCY (100), the share the bench measured at
-#: 0.82 of the ideal with a model answering in 1 s (a run holds its
-#: connection only for its statements). A web process or a SimpleWorker
+#: default NRLLM_WORKER_CONCURRENCY (100) — a run holds its connection only
+#: for its statements, so the share falls as slots grow: the bench's
+#: steady state gives 2,000 slots 40 (docs/operations.md, sizing). A web process or a SimpleWorker
 #: borrows one at a time and finds it open for its next request or job; a
 #: forking worker's horse opens a pool of its own (runs/worker.py).
 DEFAULT_POOL_MAX_SIZE = 20
@@ -71,6 +71,9 @@ def database_from_url(
         # unless the server closed it (``closed_by_the_server``). A run that
         # finds the pool exhausted for ``pool_timeout`` seconds fails as a
         # database error would: a connection failure, retryable (G8).
+        # Django's backend, but a pool it has opened is not opened again
+        # before every connection it lends (``ground.pooled_postgresql``).
+        database["ENGINE"] = "ground.pooled_postgresql"
         options["pool"] = {
             "min_size": 1,
             "max_size": pool_max_size,

@@ -11,8 +11,8 @@ checked them at start-up).
 The OTLP exporter holds a pool of HTTP connections. A forked child (RQ's
 work horse, a gunicorn worker forked from a master that loaded the app)
 must not send over its parent's sockets, so each process builds its own
-(``PerProcessExporter``), as ``runs.providers.openai_chat`` does with its
-client; the SDK itself restarts the batch thread in the child.
+(``PerProcessExporter``), as ``runs.providers.openai_clients`` does with its
+clients; the SDK itself restarts the batch thread in the child.
 """
 
 import os

@@ -71,6 +71,25 @@ def test_the_bench_produces_every_figure(tmp_path):
     flushless_queue = results["through_the_queue_not_waiting_for_the_flush"]["worker_classes"]
     assert set(flushless_queue) == {"runs.worker.SimpleWorker"}
     assert flushless_queue["runs.worker.SimpleWorker"]["ratio"] > 0
+    # The one-run classes wait on a model here; the concurrent worker in
+    # steady state, paced, below.
+    latency_classes = {figure["worker_class"] for figure in results["waiting_on_a_model"]}
+    assert latency_classes == {"runs.worker.Worker", "runs.worker.SimpleWorker"}
+    (steady,) = results["steady_state"]
+    assert (steady["in_flight"], steady["processes"], steady["concurrency"]) == (8, 2, 4)
+    # Whole run lengths: 3 s of 0.6 s runs, each run length's rate kept.
+    assert steady["window_seconds"] >= 3 and len(steady["runs_per_second_by_run_length"]) == 5
+    assert steady["ended_in_window"] > 0 and steady["ratio_to_ideal"] > 0
+    assert steady["worker_cpu_ms_per_run"] > 0 and steady["host_cpu_ms_per_run"] > 0
+    assert steady["bench_cpu_ms_per_run"] >= 0 and 0 < steady["host_busy_share"] <= 1.05
+    assert steady["pss_looks"] > 0 and steady["pss_mb_per_run"] > 0
+    assert steady["started_in_window"] > 0 and steady["enqueue_to_start_p99_s"] >= 0
+    # Eight runs in flight: none stops without ending, none is requeued.
+    assert steady["lapsed_by_close"] == steady["requeued"] == 0
+    # The model server counts its clients' connections: at most one a run
+    # waiting on it.
+    assert 0 < steady["most_model_connections"] <= steady["in_flight"]
+    assert "steady state: 8 runs in flight" in (tmp_path / "results.md").read_text()
     limited = results["under_a_provider_limit"]
     assert limited["completed"] == limited["runs"] and limited["answered_per_second"] > 0
     assert "rate held under a provider's limit" in (tmp_path / "results.md").read_text()

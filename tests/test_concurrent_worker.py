@@ -313,6 +313,77 @@ def test_a_late_outcome_kept_from_an_abandoned_tool_thread_leaves_no_connection_
     assert wait_until(lambda: connections_open() == before, 5)
 
 
+def test_every_job_in_flight_gets_its_rq_heartbeat_in_batches(workers, queue):
+    """The jobs' RQ heartbeats (which keep each in RQ's started registry)
+    go many to a round trip, and every job in flight gets its own: five
+    runs waiting on a model, beaten two to a pipeline every second."""
+    from rq.job import Job
+
+    from runs.queue.dispatch import job_id_for
+
+    runs = [
+        enqueue(scripted_request(f"beat {n}", [{"answer": "ok", "delay_seconds": 30}], []))
+        for n in range(5)
+    ]
+    workers.start(
+        **{
+            **CONCURRENT,
+            "NRLLM_WORKER_CONCURRENCY": 5,
+            "NRLLM_WORKER_CLASS": "tests.quick_beats_worker.QuickBeats",
+        }
+    )
+    assert wait_until(lambda: running() == 5, 30)
+    jobs = [job_id_for(run.pk, AgentRun.objects.get(pk=run.pk).dispatch_count) for run in runs]
+
+    def beats() -> list:
+        return [Job.fetch(job_id, connection=queue.connection).last_heartbeat for job_id in jobs]
+
+    first = beats()
+    # Beaten every second; the runs wait on their model for 30 s.
+    assert wait_until(lambda: all(now > then for now, then in zip(beats(), first, strict=True)), 15)
+    assert running() == 5
+
+
+def test_a_tools_thread_serves_call_after_call_in_a_fresh_context_and_again_once_abandoned():
+    """Tool calls off the main thread run in threads kept between calls
+    (a thread started per call cost its starter a wait for the GIL): never
+    more threads than calls at once, a hung one abandoned serving again once
+    its call ends, and no context variable of one call seen by the next."""
+    import contextvars
+
+    from tools.deadline import ToolTimeout, call_within
+
+    left = contextvars.ContextVar("left", default=None)
+    served, release, hung_ended = [], threading.Event(), threading.Event()
+
+    def quick():
+        served.append((threading.get_ident(), left.get()))
+        left.set("by the last call")
+        return "ok"
+
+    def hung():
+        release.wait(10)
+        hung_ended.set()
+
+    def calls():
+        for _ in range(5):
+            assert call_within(5, "quick", quick) == "ok"
+        with pytest.raises(ToolTimeout):
+            call_within(0.05, "hung", hung)
+        assert call_within(5, "quick", quick) == "ok"  # the hung one's thread is busy
+        release.set()
+        assert hung_ended.wait(5)
+        for _ in range(20):
+            assert call_within(5, "quick", quick) == "ok"
+
+    caller = threading.Thread(target=calls)
+    caller.start()
+    caller.join()
+    assert len(served) == 26 and {value for _, value in served} == {None}
+    assert len({ident for ident, _ in served[:5]}) == 1
+    assert len({ident for ident, _ in served}) <= 2
+
+
 def test_a_redis_outage_lets_the_runs_in_flight_finish_and_the_worker_waits_for_redis(
     workers, settings, own_redis
 ):

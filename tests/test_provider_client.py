@@ -1,4 +1,4 @@
-"""The openai provider's client is built once per process and configuration
+"""The openai provider's clients are built once per process and configuration
 and shared by every run and thread; a forked work horse inherits one its
 parent built but never used, and builds its own when the parent used it;
 a worker loads what runs need before it forks, opening no connection."""
@@ -9,8 +9,9 @@ import threading
 import pytest
 from django.db import connection
 
-from runs.providers import openai_chat
-from runs.providers.openai_chat import OpenAIChatProvider, shared_client
+from runs.providers import openai_clients
+from runs.providers.openai_chat import OpenAIChatProvider
+from runs.providers.openai_clients import shared_clients
 from runs.runtime import enqueue, run
 from runs.workers.preload import load_for_runs
 from tests.fake_openai import Reply, completion
@@ -20,11 +21,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SPEC = {"kind": "openai", "model": "fake-model"}
 
 
+def _ask(clients) -> dict:
+    """A chat completion sent through ``clients`` as the provider sends one."""
+    return clients.post("/chat/completions", body={"model": "m", "messages": []}, cast_to=object)
+
+
 @pytest.fixture(autouse=True)
 def no_clients_yet():
-    openai_chat._clients.clear()
+    openai_clients._clients.clear()
     yield
-    openai_chat._clients.clear()
+    openai_clients._clients.clear()
 
 
 def test_runs_share_one_client_per_configuration(fake_openai, settings):
@@ -32,8 +38,8 @@ def test_runs_share_one_client_per_configuration(fake_openai, settings):
     first = run({"prompt": "p", "provider": SPEC})
     second = run({"prompt": "p", "provider": SPEC})
     assert (first.output, second.output) == ("one", "two")
-    assert len(openai_chat._clients) == 1
-    client = shared_client()
+    assert len(openai_clients._clients) == 1
+    client = shared_clients()
     assert OpenAIChatProvider(SPEC).client is client
 
     settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS = 7  # another configuration
@@ -46,9 +52,9 @@ def test_threads_asking_at_once_get_the_same_client_and_their_answers(fake_opena
 
     def ask():
         start.wait()
-        client = shared_client()
+        client = shared_clients()
         clients.append(client)
-        answers.append(client.chat.completions.create(model="m", messages=[]))
+        answers.append(_ask(client))
 
     threads = [threading.Thread(target=ask) for _ in range(8)]
     for thread in threads:
@@ -82,33 +88,30 @@ def test_a_horse_sends_through_its_own_client_when_its_parent_used_one(fake_open
     """The parent sends through its client; a child forked then builds a
     client of its own and sends through it; the parent sends again: every
     request is answered."""
-    client = shared_client()
+    client = shared_clients()
 
     def ask():
-        return client.chat.completions.create(model="m", messages=[])
+        return _ask(client)
 
     ask()
     assert _in_a_child(
-        lambda: (
-            shared_client() is not client
-            and bool(shared_client().chat.completions.create(model="m", messages=[]).choices)
-        )
+        lambda: shared_clients() is not client and bool(_ask(shared_clients())["choices"])
     )
-    assert ask().choices, "the parent's connection survived its child"
+    assert ask()["choices"], "the parent's connection survived its child"
     assert len(fake_openai.requests) == 3
 
 
 def test_a_horse_inherits_a_client_its_parent_built_and_never_used(fake_openai):
-    openai_chat.built_client()
-    [(built, used_by)] = openai_chat._clients.values()
+    openai_clients.built_clients()
+    [(built, used_by)] = openai_clients._clients.values()
     assert used_by is None
-    assert _in_a_child(lambda: shared_client() is built)
+    assert _in_a_child(lambda: shared_clients() is built)
 
 
 def test_a_horse_builds_its_own_client_when_its_parent_used_one(fake_openai):
-    used = shared_client()
-    assert not _in_a_child(lambda: shared_client() is used)
-    assert shared_client() is used  # the parent keeps its own
+    used = shared_clients()
+    assert not _in_a_child(lambda: shared_clients() is used)
+    assert shared_clients() is used  # the parent keeps its own
 
 
 @pytest.mark.worker
@@ -130,5 +133,5 @@ def test_a_worker_loads_the_sdk_and_the_client_before_it_forks_and_opens_no_conn
     connection.close()
     load_for_runs()
     assert connection.connection is None, "loading opened a database connection"
-    [(_, used_by)] = openai_chat._clients.values()
+    [(_, used_by)] = openai_clients._clients.values()
     assert used_by is None and fake_openai.requests == [], "loading sent a request"

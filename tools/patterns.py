@@ -84,17 +84,35 @@ def deadline(seconds: float = PATTERN_SECONDS):
         _deadline.reset(token)
 
 
+#: How long a match may hold the GIL before it is matched again with the
+#: GIL released, until the bound. Nearly every match ends in microseconds;
+#: releasing the GIL for every one cost each the wait to take it back —
+#: 0.5 ms in a worker whose runs keep the GIL busy, against 5 µs held. The
+#: time is the wall clock's: a slice of a few milliseconds ran out whenever
+#: a busy host took the CPU from the thread mid-match, so it is 20 ms, the
+#: most a backtracking pattern holds the other runs up.
+HOLDING_THE_GIL_SECONDS = 0.02
+
+
 def search(pattern: str, string: str):
     """``re.search(pattern, string)``, bounded; raises ``PatternTooSlow``."""
     if not isinstance(pattern, str):
         return re.search(pattern, string)  # bytes: no schema holds one
     compiled = translated(pattern)
     until = _deadline.get()
-    remaining = PATTERN_SECONDS if until is None else until - time.monotonic()
+    started = time.monotonic()
+    remaining = PATTERN_SECONDS if until is None else until - started
     if remaining <= 0:
         raise PatternTooSlow(pattern)
     try:
-        # ``concurrent``: the GIL is released while it matches.
+        return compiled.search(string, timeout=min(remaining, HOLDING_THE_GIL_SECONDS))
+    except TimeoutError:
+        remaining -= time.monotonic() - started
+        if remaining <= 0:
+            raise PatternTooSlow(pattern) from None
+    try:
+        # A long match (or a backtracking one): the GIL is released while
+        # it goes on, so every other run of the process goes on too.
         return compiled.search(string, timeout=remaining, concurrent=True)
     except TimeoutError:
         raise PatternTooSlow(pattern) from None

@@ -9,25 +9,23 @@ module: it costs a process about 40 MB, which a worker serving other
 providers (or the web process validating requests) need not carry. A
 worker loads it once, before its work horses fork (``runs.workers.preload.load_for_runs``).
 
-One client per process and configuration (``shared_client``): its HTTP pool
-and TLS context serve every run and thread; building them per run cost more
-CPU than the run's own statements.
+One set of clients per process and configuration (``openai_clients``): its
+pools of connections, sized to the worker's slots, and its TLS context serve
+every run and thread; building them per run cost more CPU than the run's own
+statements.
 """
 
 import json
-import os
-import threading
 import time
 
 from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 
 from ground.database import release_connection
 from runs.models.vocabulary import FailureClass
 from runs.providers import circuit
 from runs.providers.base import ProviderError, Turn
 from runs.providers.openai_answer import MalformedAnswer, turn_of, unparsed
+from runs.providers.openai_clients import shared_clients
 
 
 class OpenAIChatProvider:
@@ -69,7 +67,7 @@ class OpenAIChatProvider:
             # JSON Schema's integer includes 40.0: whole, for the API and the reservation.
             self.options["max_tokens"] = int(self.options["max_tokens"])
         self.circuit_key = f"{settings.NRLLM_OPENAI_BASE_URL} {self.model}"
-        self.client = shared_client()
+        self.client = shared_clients()
         #: How long one call may take by its client's timeouts (the SDK's
         #: retries are off): the heartbeat keeps the lease that long (G16).
         self.call_seconds = (
@@ -129,88 +127,3 @@ class OpenAIChatProvider:
 #: The request options ``chat.completions.create`` sends: the API key as a
 #: bearer token.
 _BEARER_AUTH = {"security": {"bearer_auth": True}}
-
-#: Configuration → (client, the process that first sent a request with it).
-_clients: dict[tuple, tuple] = {}
-_clients_lock = threading.Lock()
-#: Clients a forked child inherited in use: kept referenced, never closed or
-#: collected here, since closing one would take a lock of its pool that a
-#: thread of the parent may have held at the fork.
-_inherited: list = []
-
-
-def _configuration() -> tuple:
-    return (
-        settings.NRLLM_OPENAI_BASE_URL,
-        settings.NRLLM_OPENAI_API_KEY,
-        settings.NRLLM_OPENAI_READ_TIMEOUT_SECONDS,
-        settings.NRLLM_OPENAI_CONNECT_TIMEOUT_SECONDS,
-    )
-
-
-def shared_client():
-    """The process's ``openai.OpenAI`` for the configured endpoint, key and
-    timeouts, built on first use; its HTTP pool is locked, and it keeps no
-    state of a request, so runs and threads share it.
-
-    A forked work horse keeps a client its parent built but never sent a
-    request with (no connection open yet: the TLS context and the SDK's
-    modules are what it saves). One another process used is never this
-    process's: it is set aside (``_inherited``) and a new one built, so a
-    child never shares its parent's sockets, whether or not the fork ran
-    Python's at-fork hooks.
-    """
-    key = _configuration()
-    entry = _clients.get(key)
-    if entry is None or entry[1] != os.getpid():
-        with _clients_lock:
-            entry = _clients.get(key)
-            if entry is None:
-                entry = (_new_client(*key), None)
-            elif entry[1] not in (None, os.getpid()):
-                _inherited.append(entry[0])
-                entry = (_new_client(*key), None)
-            # Sending a request is near: from here on its pool is this process's.
-            entry = _clients[key] = (entry[0], os.getpid())
-    return entry[0]
-
-
-def built_client() -> None:
-    """Build the configured client, and load what its first request needs,
-    without sending anything: work horses forked afterwards inherit it
-    (``runs.workers.preload.load_for_runs``)."""
-    from runs.providers import openai_failures  # noqa: F401  (a failed call's mapping)
-
-    key = _configuration()
-    with _clients_lock:
-        if key not in _clients:
-            _clients[key] = (_new_client(*key), None)
-
-
-def _new_client(base_url, api_key, read_timeout, connect_timeout):
-    import openai
-
-    return openai.OpenAI(
-        base_url=base_url,
-        api_key=api_key,
-        max_retries=0,
-        timeout=openai.Timeout(read_timeout, connect=connect_timeout),
-    )
-
-
-def _after_fork() -> None:
-    # The lock may have been held by a thread the child does not have. (The
-    # clients the parent used are set aside by ``shared_client`` itself.)
-    global _clients_lock
-    _clients_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
-
-@receiver(setting_changed)
-def _forget_clients(setting, **kwargs):
-    # Tests change the endpoint per test: the clients of the old one go.
-    if setting.startswith("NRLLM_OPENAI_"):
-        with _clients_lock:
-            _clients.clear()

@@ -93,10 +93,8 @@ class ServerSession:
 
 async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncExitStack):
     """What the SDK's ``Client`` connects to, its resources on ``stack``."""
-    import httpx2
     from mcp import StdioServerParameters
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
     from tools.mcp import limits
 
@@ -114,14 +112,24 @@ async def _transport(transport: Stdio | StreamableHttp, stack: contextlib.AsyncE
                 cwd=transport.cwd,
             )
         )
-    # The SDK's create_mcp_http_client, with a transport that caps JSON bodies.
-    http_client = await stack.enter_async_context(
-        httpx2.AsyncClient(
-            headers=transport.headers(),
-            timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
-            transport=limits.CappedJsonBodies(httpx2.AsyncHTTPTransport()),
-        )
-    )
+    http_client = await stack.enter_async_context(http_client_of(transport))
     return streamable_http_client(
         transport.url, http_client=http_client, max_sse_event_size=limits.MESSAGE_BYTES
+    )
+
+
+def http_client_of(transport: StreamableHttp):
+    """The HTTP client of a session over streamable HTTP: the SDK's
+    ``create_mcp_http_client``, with a transport that caps JSON bodies, over
+    a connection for every run in flight (``pooled_http``)."""
+    import httpx2
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+    from tools.mcp import limits
+    from tools.mcp.pooled_http import PooledTransport, session_connections
+
+    return httpx2.AsyncClient(
+        headers=transport.headers(),
+        timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+        transport=limits.CappedJsonBodies(PooledTransport(session_connections())),
     )

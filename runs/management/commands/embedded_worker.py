@@ -4,9 +4,11 @@ import signal
 import threading
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.workers.embedded import serve
+from runs.workers.open_files import hold_open_files
 from runs.workers.run_threads import RunThreads
 
 
@@ -45,6 +47,10 @@ class Command(BaseCommand):
                 "REDIS_URL is set: runs are dispatched to Redis. Run `manage.py rqworker "
                 "--with-scheduler` and `manage.py rqcron runs.cron` instead."
             )
+        try:
+            hold_open_files(settings.NRLLM_WORKER_CONCURRENCY)
+        except ImproperlyConfigured as error:
+            raise CommandError(f"embedded_worker not started: {error}") from None
         stop = threading.Event()
         self._stop_on_signals(stop)
         runs = RunThreads(settings.NRLLM_WORKER_CONCURRENCY)

@@ -1,11 +1,12 @@
-"""``manage.py rqworker-pool``: django-rq's, with ``rqworker``'s check first
-and its log level."""
+"""``manage.py rqworker-pool``: django-rq's, with ``rqworker``'s checks first
+(the open-files limit its workers inherit included) and its log level."""
 
 import importlib
 
 from django.db import connections
 
 from runs.management.commands.rqworker import (
+    hold_open_files_for_the_slots,
     refuse_a_non_durable_database,
     refuse_a_worker_class_without_team_queues,
     verbosity_from_log_level,
@@ -33,5 +34,6 @@ class Command(_pool.Command):
     def handle(self, *args, **options):
         refuse_a_worker_class_without_team_queues("rqworker-pool", options)
         refuse_a_non_durable_database("rqworker-pool")
+        hold_open_files_for_the_slots("rqworker-pool", options)  # each worker's, inherited
         close_pools_before_forking()
         return super().handle(*args, **verbosity_from_log_level(options))

@@ -1,17 +1,23 @@
 """``manage.py rqworker``: django-rq's, but it refuses to start on a database
 that cannot make a commit durable (``ground.durability``), naming why: every
 run it executed there could run a write twice after a server crash; and with
-a ``--worker-class`` that does not serve the teams' queues (``runs.checks``).
+a ``--worker-class`` that does not serve the teams' queues (``runs.checks``);
+a concurrent worker raises its open-files limit to what its slots hold, or
+refuses naming both (``runs.workers.open_files``).
 RQ's own log lines follow ``LOG_LEVEL`` as every other logger does."""
 
 import logging
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError
+from django.utils.module_loading import import_string
 from django_rq.management.commands.rqworker import Command as RQWorkerCommand
 
 from ground.durability import refusal
 from runs.checks import WORKER_CLASSES, why_not_a_worker_class
+from runs.workers.concurrent import ConcurrentWorker
+from runs.workers.open_files import hold_open_files
 
 
 def refuse_a_non_durable_database(command: str) -> None:
@@ -29,6 +35,22 @@ def refuse_a_worker_class_without_team_queues(command: str, options: dict) -> No
     why = why_not_a_worker_class(name) if name else None
     if why is not None:
         raise CommandError(f"{command} not started: --worker-class {why}; {WORKER_CLASSES}")
+
+
+def hold_open_files_for_the_slots(command: str, options: dict) -> None:
+    """A concurrent worker's slots each hold connections for their whole
+    calls: the process's open-files limit is raised to what they need, or
+    ``CommandError`` names why not (``runs.workers.open_files``)."""
+    try:
+        worker_class = import_string(options.get("worker_class") or settings.RQ["WORKER_CLASS"])
+    except ImportError:
+        return  # refused by the system checks, with the reason (runs.E002)
+    if not (isinstance(worker_class, type) and issubclass(worker_class, ConcurrentWorker)):
+        return  # a run at a time
+    try:
+        hold_open_files(settings.NRLLM_WORKER_CONCURRENCY)
+    except ImproperlyConfigured as error:
+        raise CommandError(f"{command} not started: {error}") from None
 
 
 def verbosity_from_log_level(options: dict) -> dict:
@@ -52,4 +74,5 @@ class Command(RQWorkerCommand):
     def handle(self, *args, **options):
         refuse_a_worker_class_without_team_queues("rqworker", options)
         refuse_a_non_durable_database("rqworker")
+        hold_open_files_for_the_slots("rqworker", options)
         return super().handle(*args, **verbosity_from_log_level(options))
