@@ -120,16 +120,7 @@ def model_latency_round(
     workers = []
     try:
         Note.objects.update_or_create(slug="bench", defaults={"body": "hello"})
-        for _ in range(processes):
-            workers.append(
-                subprocess.Popen(
-                    [sys.executable, "manage.py", "rqworker", settings.NRLLM_QUEUE_NAME],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+        workers += start_workers(env, processes)
         pids = {worker.pid for worker in workers}
         wait_for_workers(processes)
         cpu_before = idle_cpu_seconds(pids)
@@ -249,6 +240,21 @@ def _ordinal(number: int) -> str:
 
 def _p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+def start_workers(env: dict, count: int) -> list[subprocess.Popen]:
+    """``count`` ``manage.py rqworker`` processes on the runs' queue, with
+    ``env``, their output discarded (they are measured, not read)."""
+    return [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "rqworker", settings.NRLLM_QUEUE_NAME],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
 
 
 def wait_for_workers(count: int) -> None:

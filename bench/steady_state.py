@@ -50,7 +50,6 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -59,8 +58,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from bench.measuring import ROOT
-from bench.model_latency import CONCURRENT_WORKER, ModelServer, wait_for_workers
+from bench.model_latency import CONCURRENT_WORKER, ModelServer, start_workers, wait_for_workers
 from bench.processes import (
     cpu_seconds,
     family,
@@ -167,16 +165,7 @@ def steady_state_round(
         # that appeared after would be served only after a blocking dequeue
         # (``ServesTeamQueues.dequeue_seconds``, 5 s), in the ramp.
         warm_up = enqueue({**request, "prompt": f"{prompt} (warm-up)"})
-        for _ in range(processes):
-            workers.append(
-                subprocess.Popen(
-                    [sys.executable, "manage.py", "rqworker", settings.NRLLM_QUEUE_NAME],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+        workers += start_workers(env, processes)
         wait_for_workers(processes)
         _wait_for_end(warm_up.pk, seconds=60 + 2 * latency)
         # Their start-up (which goes on after they register) done before the

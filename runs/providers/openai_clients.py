@@ -69,10 +69,6 @@ class ModelClients:
         with self._least_busy.taken() as index:
             return self.clients[index].post(path, **kwargs)
 
-    def in_flight(self) -> list[int]:
-        """Calls in flight, per pool."""
-        return self._least_busy.in_flight()
-
 
 def model_connections() -> int:
     """Connections the process holds to the model at most: one per slot of

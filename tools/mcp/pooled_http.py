@@ -58,10 +58,6 @@ class PooledTransport(httpx2.AsyncBaseTransport):
             extensions=response.extensions,
         )
 
-    def in_flight(self) -> list[int]:
-        """Requests whose answers are open, per pool."""
-        return self._least_busy.in_flight()
-
     async def aclose(self) -> None:
         for pool in self._pools:
             await pool.aclose()
