@@ -16,6 +16,14 @@ def cpu_seconds(pid: int) -> float:
     return (utime + stime + cutime + cstime) / _CLOCK_TICKS
 
 
+def system_cpu_seconds(pid: int) -> float:
+    """System (kernel) time of ``pid`` and of the children it has reaped:
+    with many threads, what their waking one another costs shows here."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[12]) + int(fields[14])) / _CLOCK_TICKS
+
+
 def parent_of(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -87,3 +95,28 @@ def host_cpu_seconds() -> tuple[float, float]:
     busy = sum(fields[index] for index in _BUSY_FIELDS)
     steal = fields[_STEAL_FIELD] if len(fields) > _STEAL_FIELD else 0
     return busy / _CLOCK_TICKS, steal / _CLOCK_TICKS
+
+
+def cpu_seconds_by_kind(kinds: dict[str, set[int]]) -> dict[str, float]:
+    """The host's processes' CPU time (their own and their reaped
+    children's), summed by kind: each of ``kinds`` (a name and its pids,
+    their live children included), and every other process by its command
+    (``postgres``, ``redis-server``…). What a window's host CPU went to: a
+    PostgreSQL backend that exited is in its postmaster's reaped time."""
+    kind_of = {pid: kind for kind, pids in kinds.items() for pid in pids}
+    totals = dict.fromkeys(kinds, 0.0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue  # exited between the listing and the read
+        command = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rpartition(")")[2].split()
+        parent = int(fields[1])
+        kind = kind_of.get(int(entry)) or kind_of.get(parent) or command
+        seconds = sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
+        totals[kind] = totals.get(kind, 0.0) + seconds
+    return totals

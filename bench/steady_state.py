@@ -61,11 +61,13 @@ from django.utils import timezone
 from bench.model_latency import CONCURRENT_WORKER, ModelServer, start_workers, wait_for_workers
 from bench.processes import (
     cpu_seconds,
+    cpu_seconds_by_kind,
     family,
     host_cpu_seconds,
     host_loop_milliseconds,
     idle_cpu_seconds,
     pss_kb,
+    system_cpu_seconds,
 )
 
 #: Arrivals a second against the ideal.
@@ -173,7 +175,12 @@ def steady_state_round(
         idle_cpu_seconds({worker.pid for worker in workers})
         host_loop_ms = host_loop_milliseconds()
         measured = _paced_round(
-            workers, request, rate=ARRIVALS_TO_IDEAL * ideal, ramp=2 * latency, window=window
+            workers,
+            model,
+            request,
+            rate=ARRIVALS_TO_IDEAL * ideal,
+            ramp=2 * latency,
+            window=window,
         )
         connections = model.stats()
     finally:
@@ -208,7 +215,9 @@ def steady_state_round(
     }
 
 
-def _paced_round(workers: list, request: dict, *, rate: float, ramp: float, window: float) -> dict:
+def _paced_round(
+    workers: list, model: ModelServer, request: dict, *, rate: float, ramp: float, window: float
+) -> dict:
     """Runs of ``request`` arriving at ``rate`` a second (``PacedArrivals``)
     until the window, ``window`` seconds from ``ramp`` after the first
     commit, closes; the CPU counters read as it opens and closes, and the
@@ -218,6 +227,7 @@ def _paced_round(workers: list, request: dict, *, rate: float, ramp: float, wind
     from runs.models import AgentRun
 
     pids = {worker.pid for worker in workers}
+    kinds = {"workers": pids, "bench": {os.getpid()}, "model server": {model.process.pid}}
     running = AgentRun.objects.filter(prompt=request["prompt"], status="running")
     arrivals = PacedArrivals(request, rate)
     arrivals.start()
@@ -225,13 +235,13 @@ def _paced_round(workers: list, request: dict, *, rate: float, ramp: float, wind
     try:
         first_at = arrivals.first_commit_at(timeout=60)
         _sleep_until(first_at + ramp, workers, arrivals)
-        opened = _counters(pids)
+        opened = _counters(pids, kinds)
         closes_at = opened["monotonic"] + window
         next_look = opened["monotonic"]
         while True:
             _sleep_until(min(next_look, closes_at), workers, arrivals)
             if time.monotonic() >= closes_at:
-                closed = _counters(pids)
+                closed = _counters(pids, kinds)
                 break
             looks.append((running.count(), sum(pss_kb(pid) for pid in family(pids))))
             next_look += PSS_LOOK_SECONDS
@@ -315,17 +325,20 @@ def _wait_for_end(run_id, *, seconds: float) -> None:
         time.sleep(0.1)
 
 
-def _counters(pids: set[int]) -> dict:
+def _counters(pids: set[int], kinds: dict[str, set[int]]) -> dict:
     """The moment (wall and monotonic), the workers' CPU time, the bench's
-    own (its arrivals and looks), the host's."""
+    own (its arrivals and looks), the host's, and the host's processes' by
+    kind (``kinds``, then by command)."""
     host_busy, host_steal = host_cpu_seconds()
     return {
         "at": timezone.now(),
         "monotonic": time.monotonic(),
         "worker_cpu": sum(cpu_seconds(pid) for pid in pids),
+        "worker_system_cpu": sum(system_cpu_seconds(pid) for pid in pids),
         "bench_cpu": cpu_seconds(os.getpid()),
         "host_cpu": host_busy,
         "host_steal": host_steal,
+        "by_kind": cpu_seconds_by_kind(kinds),
     }
 
 
@@ -365,10 +378,17 @@ def _figures(rows: list[tuple], measured: dict, *, ideal: float, run_seconds: fl
         "ratio_to_ideal": rate / ideal,
         "runs_per_second_by_run_length": by_run_length,
         "worker_cpu_ms_per_run": (closed["worker_cpu"] - opened["worker_cpu"]) * 1000 / len(ended),
+        # The kernel's share of it: threads waking one another (the GIL, the
+        # pools' locks) grows it.
+        "worker_system_share": (closed["worker_system_cpu"] - opened["worker_system_cpu"])
+        / max(closed["worker_cpu"] - opened["worker_cpu"], 1e-9),
         "host_cpu_ms_per_run": host_busy * 1000 / len(ended),
         # The bench process's share of the host's: its enqueuing (in
         # production the web process's), its looks.
         "bench_cpu_ms_per_run": (closed["bench_cpu"] - opened["bench_cpu"]) * 1000 / len(ended),
+        # Where the host's went: the workers, the bench, the model server,
+        # then every other process by its command (PostgreSQL, Redis).
+        "host_cpu_ms_per_run_by_kind": _by_kind(opened["by_kind"], closed["by_kind"], len(ended)),
         "host_steal_ms_per_run": (closed["host_steal"] - opened["host_steal"]) * 1000 / len(ended),
         # Near 1, the host's CPUs are what the runs wait for.
         "host_cpus": os.cpu_count(),
@@ -396,6 +416,17 @@ def _figures(rows: list[tuple], measured: dict, *, ideal: float, run_seconds: fl
         "started_in_window": len(to_start),
         "enqueue_to_start_p50_s": statistics.median(to_start) if to_start else None,
         "enqueue_to_start_p99_s": _p99(to_start) if to_start else None,
+    }
+
+
+def _by_kind(opened: dict[str, float], closed: dict[str, float], runs: int) -> dict[str, float]:
+    """Each kind's CPU over the window per run, the most first; a kind that
+    spent under a tenth of a millisecond a run left out."""
+    spent = {kind: (closed[kind] - opened.get(kind, 0.0)) * 1000 / runs for kind in closed}
+    return {
+        kind: round(ms, 2)
+        for kind, ms in sorted(spent.items(), key=lambda item: -item[1])
+        if ms >= 0.1
     }
 
 

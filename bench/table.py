@@ -160,8 +160,9 @@ def steady_state_rows(figures: list[dict]) -> list[dict]:
         rows.append(
             {
                 "figure": f"worker CPU per run in steady state ({where}: the workers' user and "
-                "system time over the window / runs ended in it; the host's speed then: a "
-                f"fixed Python loop in {figure['host_loop_ms']:.0f} ms)",
+                f"system time over the window / runs ended in it, "
+                f"{figure['worker_system_share']:.0%} of it the kernel's; the host's speed "
+                f"then: a fixed Python loop in {figure['host_loop_ms']:.0f} ms)",
                 "value": f"{figure['worker_cpu_ms_per_run']:.1f} ms",
                 **growth,
             }
@@ -171,7 +172,8 @@ def steady_state_rows(figures: list[dict]) -> list[dict]:
                 "figure": f"host CPU per run in steady state ({where}: the whole host's busy CPU "
                 "over the window / runs ended in it, PostgreSQL, Redis, the model server and "
                 f"the bench's enqueuing included, the bench process's own "
-                f"{figure['bench_cpu_ms_per_run']:.1f} ms; the host busy "
+                f"{figure['bench_cpu_ms_per_run']:.1f} ms; by process: {_by_kind(figure)}; "
+                f"the host busy "
                 f"{figure['host_busy_share']:.0%} of its {figure['host_cpus']} CPUs; "
                 f"{figure['host_steal_ms_per_run']:.1f} ms stolen by the hypervisor left out)",
                 "value": f"{figure['host_cpu_ms_per_run']:.1f} ms",
@@ -198,6 +200,21 @@ def steady_state_rows(figures: list[dict]) -> list[dict]:
             }
         )
     return rows
+
+
+def _by_kind(figure: dict) -> str:
+    """The host's CPU per run by process, in ms: the workers, PostgreSQL, the
+    bench's enqueuing, Redis, the model server (the kernel's threads and the
+    machine's own agents left out: the host's figure has them)."""
+    named = {
+        "workers": "workers",
+        "postgres": "PostgreSQL",
+        "bench": "enqueuing",
+        "redis-server": "Redis",
+        "model server": "model server",
+    }
+    spent = figure["host_cpu_ms_per_run_by_kind"]
+    return ", ".join(f"{name} {spent[kind]:.1f}" for kind, name in named.items() if kind in spent)
 
 
 def _spread(values: list) -> str:

@@ -90,6 +90,11 @@ def test_the_bench_produces_every_figure(tmp_path):
     # waiting on it.
     assert 0 < steady["most_model_connections"] <= steady["in_flight"]
     assert "steady state: 8 runs in flight" in (tmp_path / "results.md").read_text()
+    # Where the host's CPU went, by process; the kernel's share of the workers'.
+    spent = steady["host_cpu_ms_per_run_by_kind"]
+    assert spent["workers"] > 0 and spent["postgres"] > 0 and "bench" in spent, spent
+    assert 0 <= steady["worker_system_share"] <= 1
+    _steady_state_measured_again_replaces_only_its_rows(tmp_path, results)
     limited = results["under_a_provider_limit"]
     assert limited["completed"] == limited["runs"] and limited["answered_per_second"] > 0
     assert "rate held under a provider's limit" in (tmp_path / "results.md").read_text()
@@ -105,3 +110,23 @@ def test_the_bench_produces_every_figure(tmp_path):
     planned = {name: used for name, used in scale["index_used"].items() if "search" not in name}
     assert len(planned) == 6 and all(planned.values()), scale["plans"]
     assert "| read step" in (tmp_path / "results.md").read_text()
+
+
+def _steady_state_measured_again_replaces_only_its_rows(output, results):
+    """``bench.run --only steady --merge``: the steady-state rows of the
+    results files are the new figures', in their place; every other row is
+    kept as it was."""
+    from bench.run import _merge_steady_state
+
+    before = results["table"]
+    again = {**results["steady_state"][0], "in_flight": 16, "concurrency": 8}
+    _merge_steady_state(output, [again])
+    after = json.loads((output / "results.json").read_text())
+    assert after["steady_state"] == [again]
+    assert len(after["table"]) == len(before)
+    pairs = enumerate(zip(before, after["table"], strict=True))
+    changed = [index for index, (old, new) in pairs if old != new]
+    assert len(changed) == 5, changed
+    assert all("16 runs in flight" in after["table"][index]["figure"] for index in changed)
+    markdown = (output / "results.md").read_text()
+    assert "steady state: 16 runs in flight" in markdown and "8 runs in flight" not in markdown

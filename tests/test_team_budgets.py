@@ -232,12 +232,18 @@ TeamBudget.objects.create(team=team, period="day", max_tokens=largest + 5)
 for _ in range(2):
     ended = run(request, team=team)
     print("RESULT", ended.status, ended.termination_reason, ended.error_message)
+from decimal import Decimal
+from spend.budgets import team_budget_and_name
+priced = Team.objects.create(name="Priced", slug="priced")
+TeamBudget.objects.create(team=priced, period="month", max_cost=Decimal("0.100003"))
+print("BUDGET", team_budget_and_name(priced.pk))
 """
 
 
 def test_on_sqlite_a_teams_budget_is_read_before_each_call(tmp_path):
     """No reservation on the embedded default: the team's spend is read
-    before the call, and the call it has no room for is not made."""
+    before the call, and the call it has no room for is not made. A limit on
+    cost is read back exact (SQLite hands a decimal column back as a float)."""
     env = sqlite_env(tmp_path / "db.sqlite3", NRLLM_RESERVE_MAX_TOKENS="40")
     assert manage("migrate", "-v0", env=env).returncode == 0
     shell = manage("shell", "-c", _ON_SQLITE, env=env)
@@ -247,3 +253,5 @@ def test_on_sqlite_a_teams_budget_is_read_before_each_call(tmp_path):
         f"RESULT failed budget_exhausted stopped before a model call: the team alpha's daily "
         f"budget: {TURN_TOKENS} of "
     ), results
+    budget = "Budget(period='month', max_tokens=None, max_cost=Decimal('0.100003'))"
+    assert f"BUDGET ({budget}, 'priced')" in shell.stdout, shell.stdout
