@@ -101,8 +101,11 @@ def cpu_seconds_by_kind(kinds: dict[str, set[int]]) -> dict[str, float]:
     """The host's processes' CPU time (their own and their reaped
     children's), summed by kind: each of ``kinds`` (a name and its pids,
     their live children included), and every other process by its command
-    (``postgres``, ``redis-server``…). What a window's host CPU went to: a
-    PostgreSQL backend that exited is in its postmaster's reaped time."""
+    (``postgres``, ``redis-server``…; host-wide: every PostgreSQL on the host
+    is ``postgres``). What a window's host CPU went to: a PostgreSQL backend
+    that exited is in its postmaster's reaped time. A process that exits is
+    reaped whole by its parent: its CPU from before the window moves into
+    the parent's kind, and out of its own, which goes below zero."""
     kind_of = {pid: kind for kind, pids in kinds.items() for pid in pids}
     totals = dict.fromkeys(kinds, 0.0)
     for entry in os.listdir("/proc"):
@@ -114,6 +117,8 @@ def cpu_seconds_by_kind(kinds: dict[str, set[int]]) -> dict[str, float]:
         except OSError:
             continue  # exited between the listing and the read
         command = text[text.index("(") + 1 : text.rindex(")")]
+        if command.startswith("kworker/"):
+            command = "kworker"  # named after its current work queue, which changes
         fields = text.rpartition(")")[2].split()
         parent = int(fields[1])
         kind = kind_of.get(int(entry)) or kind_of.get(parent) or command

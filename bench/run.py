@@ -106,14 +106,18 @@ def _part(name: str) -> None:
 
 
 def _steady_rows(text: str) -> list[tuple[int, float]]:
-    """``4000x20,200x1`` as ``[(4000, 20.0), (200, 1.0)]``."""
+    """``4000x20,200x1`` as ``[(4000, 20.0), (200, 1.0)]``; runs in flight and
+    latency both above zero."""
     try:
-        return [
+        rows = [
             (int(in_flight), float(latency))
             for in_flight, latency in (row.split("x") for row in text.split(","))
         ]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not IN_FLIGHTxLATENCY rows: {text!r}") from None
+    if any(in_flight < 1 or not latency > 0 for in_flight, latency in rows):
+        raise argparse.ArgumentTypeError(f"runs in flight and latency above zero: {text!r}")
+    return rows
 
 
 #: How the rows of ``bench.table.steady_state_rows`` begin.
@@ -127,20 +131,48 @@ _STEADY_STATE_ROWS = (
 
 
 def _merge_steady_state(output: Path, steady: list[dict]) -> None:
-    """The results files with ``steady``'s rows in place of their steady-state
-    rows (where those were; at the end if there were none), the rest kept:
-    the steady state measured again without the whole bench's hour."""
+    """The results files with ``steady``'s figures in place of those of the
+    same row (runs in flight and latency) and the others kept, in order,
+    the new rows after them; the table's steady-state rows made again from
+    them where they were (at the end if there were none), every other row
+    kept: one row measured again without the whole bench's hour."""
     from bench.table import markdown, steady_state_rows
 
     results = json.loads((output / "results.json").read_text())
+
+    def row_of(figure: dict) -> tuple:
+        return figure["in_flight"], figure["latency_seconds"]
+
+    measured = {row_of(figure): figure for figure in steady}
+    kept = [figure for figure in results.get("steady_state", []) if row_of(figure) not in measured]
+    # In the order the figures had (sort is stable: new rows after them,
+    # in the order measured).
+    order = [row_of(figure) for figure in results.get("steady_state", [])]
+    merged = sorted(
+        kept + steady,
+        key=lambda figure: order.index(row_of(figure)) if row_of(figure) in order else len(order),
+    )
     table = results["table"]
-    at = [index for index, row in enumerate(table) if row["figure"].startswith(_STEADY_STATE_ROWS)]
-    first = at[0] if at else len(table)
-    kept = [row for index, row in enumerate(table) if index not in set(at)]
-    results["table"] = kept[:first] + steady_state_rows(steady) + kept[first:]
-    results["steady_state"] = steady
+    at = {index for index, row in enumerate(table) if row["figure"].startswith(_STEADY_STATE_ROWS)}
+    first = min(at) if at else len(table)
+    others = [row for index, row in enumerate(table) if index not in at]
+    results["table"] = others[:first] + steady_state_rows(merged) + others[first:]
+    results["steady_state"] = merged
     (output / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (output / "results.md").write_text(markdown(results))
+
+
+def _refuse_merge_into_other_results(output: Path, mode: str) -> str | None:
+    """Why ``--merge`` may not write into ``output``'s results files (none
+    there, or another size's: the smoke's rows must never land in the full
+    bench's), or None."""
+    path = output / "results.json"
+    if not path.exists():
+        return f"--merge: no {path} to merge into (run the whole bench first)"
+    measured_as = json.loads(path.read_text()).get("mode")
+    if measured_as != mode:
+        return f"--merge: {path} holds the {measured_as} bench's results, not the {mode}'s"
+    return None
 
 
 def main(argv=None) -> int:
@@ -175,6 +207,14 @@ def main(argv=None) -> int:
         "files, the rest of them kept",
     )
     args = parser.parse_args(argv)
+    if (args.merge or args.rows) and args.only != "steady":
+        parser.error("--rows and --merge go with --only steady")
+    if args.merge and (
+        why := _refuse_merge_into_other_results(
+            Path(args.output), "smoke" if args.smoke else "full"
+        )
+    ):
+        parser.error(why)
     size = SIZES["smoke" if args.smoke else "full"]
     if args.rows:
         size = {**size, "steady": {**size["steady"], "rows": args.rows}}

@@ -420,13 +420,16 @@ def _figures(rows: list[tuple], measured: dict, *, ideal: float, run_seconds: fl
 
 
 def _by_kind(opened: dict[str, float], closed: dict[str, float], runs: int) -> dict[str, float]:
-    """Each kind's CPU over the window per run, the most first; a kind that
-    spent under a tenth of a millisecond a run left out."""
-    spent = {kind: (closed[kind] - opened.get(kind, 0.0)) * 1000 / runs for kind in closed}
+    """Each kind's CPU over the window per run, the most first; a kind whose
+    figure is under a tenth of a millisecond a run either way left out (one
+    below zero is kept: a process of it exited and was reaped by another
+    kind, ``cpu_seconds_by_kind``)."""
+    kinds = set(opened) | set(closed)
+    spent = {kind: (closed.get(kind, 0.0) - opened.get(kind, 0.0)) * 1000 / runs for kind in kinds}
     return {
         kind: round(ms, 2)
         for kind, ms in sorted(spent.items(), key=lambda item: -item[1])
-        if ms >= 0.1
+        if abs(ms) >= 0.1
     }
 
 

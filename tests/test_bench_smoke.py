@@ -113,20 +113,24 @@ def test_the_bench_produces_every_figure(tmp_path):
 
 
 def _steady_state_measured_again_replaces_only_its_rows(output, results):
-    """``bench.run --only steady --merge``: the steady-state rows of the
-    results files are the new figures', in their place; every other row is
-    kept as it was."""
-    from bench.run import _merge_steady_state
+    """``bench.run --only steady --merge``: a row measured again (its runs in
+    flight and latency) replaces its figures, a new one joins them after, the
+    rows not measured again stay; every row of the table that is not the
+    steady state's is kept as it was, in its place."""
+    from bench.run import _STEADY_STATE_ROWS, _merge_steady_state
 
     before = results["table"]
-    again = {**results["steady_state"][0], "in_flight": 16, "concurrency": 8}
-    _merge_steady_state(output, [again])
+    (eight,) = results["steady_state"]
+    again = {**eight, "ended_in_window": 123_456}
+    sixteen = {**eight, "in_flight": 16, "concurrency": 8}
+    _merge_steady_state(output, [sixteen, again])
     after = json.loads((output / "results.json").read_text())
-    assert after["steady_state"] == [again]
-    assert len(after["table"]) == len(before)
-    pairs = enumerate(zip(before, after["table"], strict=True))
-    changed = [index for index, (old, new) in pairs if old != new]
-    assert len(changed) == 5, changed
-    assert all("16 runs in flight" in after["table"][index]["figure"] for index in changed)
+    assert after["steady_state"] == [again, sixteen]
+    steady_rows = [
+        index for index, row in enumerate(before) if row["figure"].startswith(_STEADY_STATE_ROWS)
+    ]
+    first, last = steady_rows[0], steady_rows[-1] + 1
+    assert after["table"][:first] == before[:first]
+    assert after["table"][first + 2 * (last - first) :] == before[last:]
     markdown = (output / "results.md").read_text()
-    assert "steady state: 16 runs in flight" in markdown and "8 runs in flight" not in markdown
+    assert "123,456 runs ended in it" in markdown and "steady state: 16 runs in flight" in markdown
