@@ -8,26 +8,35 @@ import time
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat(pid: int) -> tuple[str, list[str]]:
+    """``/proc/PID/stat``: the command, and the fields after it (the state
+    first; a command may hold spaces and parentheses, so split after its
+    last one)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        text = stat.read()
+    return text[text.index("(") + 1 : text.rindex(")")], text.rpartition(")")[2].split()
+
+
+def _cpu_ticks(fields: list[str]) -> int:
+    """User and system ticks, and those of the children reaped."""
+    return sum(int(value) for value in fields[11:15])
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system time of ``pid`` and of the children it has reaped."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
-    return (utime + stime + cutime + cstime) / _CLOCK_TICKS
+    return _cpu_ticks(_stat(pid)[1]) / _CLOCK_TICKS
 
 
 def system_cpu_seconds(pid: int) -> float:
     """System (kernel) time of ``pid`` and of the children it has reaped:
     with many threads, what their waking one another costs shows here."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
+    fields = _stat(pid)[1]
     return (int(fields[12]) + int(fields[14])) / _CLOCK_TICKS
 
 
 def parent_of(pid: int) -> int | None:
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rpartition(")")[2].split()[1])
+        return int(_stat(pid)[1][1])
     except OSError:
         return None
 
@@ -112,16 +121,12 @@ def cpu_seconds_by_kind(kinds: dict[str, set[int]]) -> dict[str, float]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as stat:
-                text = stat.read()
+            command, fields = _stat(int(entry))
         except OSError:
             continue  # exited between the listing and the read
-        command = text[text.index("(") + 1 : text.rindex(")")]
         if command.startswith("kworker/"):
             command = "kworker"  # named after its current work queue, which changes
-        fields = text.rpartition(")")[2].split()
-        parent = int(fields[1])
-        kind = kind_of.get(int(entry)) or kind_of.get(parent) or command
-        seconds = sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
+        kind = kind_of.get(int(entry)) or kind_of.get(int(fields[1])) or command
+        seconds = _cpu_ticks(fields) / _CLOCK_TICKS
         totals[kind] = totals.get(kind, 0.0) + seconds
     return totals

@@ -120,23 +120,13 @@ def _steady_rows(text: str) -> list[tuple[int, float]]:
     return rows
 
 
-#: How the rows of ``bench.table.steady_state_rows`` begin.
-_STEADY_STATE_ROWS = (
-    "steady state: ",
-    "worker CPU per run in steady state ",
-    "host CPU per run in steady state ",
-    "PSS per run in flight in steady state ",
-    "most model connections open at once in steady state ",
-)
-
-
 def _merge_steady_state(output: Path, steady: list[dict]) -> None:
     """The results files with ``steady``'s figures in place of those of the
     same row (runs in flight and latency) and the others kept, in order,
     the new rows after them; the table's steady-state rows made again from
     them where they were (at the end if there were none), every other row
     kept: one row measured again without the whole bench's hour."""
-    from bench.table import markdown, steady_state_rows
+    from bench.table import STEADY_STATE_ROWS, markdown, steady_state_rows
 
     results = json.loads((output / "results.json").read_text())
 
@@ -153,7 +143,7 @@ def _merge_steady_state(output: Path, steady: list[dict]) -> None:
         key=lambda figure: order.index(row_of(figure)) if row_of(figure) in order else len(order),
     )
     table = results["table"]
-    at = {index for index, row in enumerate(table) if row["figure"].startswith(_STEADY_STATE_ROWS)}
+    at = {index for index, row in enumerate(table) if row["figure"].startswith(STEADY_STATE_ROWS)}
     first = min(at) if at else len(table)
     others = [row for index, row in enumerate(table) if index not in at]
     results["table"] = others[:first] + steady_state_rows(merged) + others[first:]

@@ -109,6 +109,17 @@ def results_table(
     return table
 
 
+#: How the rows ``steady_state_rows`` makes begin (``bench.run --merge``
+#: finds them by these).
+STEADY_STATE_ROWS = (
+    "steady state: ",
+    "worker CPU per run in steady state ",
+    "host CPU per run in steady state ",
+    "PSS per run in flight in steady state ",
+    "most model connections open at once in steady state ",
+)
+
+
 def steady_state_rows(figures: list[dict]) -> list[dict]:
     """The concurrent worker in steady state (``bench.steady_state``), a row
     per figure and runs in flight. The worker CPU per run of the row with

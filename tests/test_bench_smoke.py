@@ -117,7 +117,8 @@ def _steady_state_measured_again_replaces_only_its_rows(output, results):
     flight and latency) replaces its figures, a new one joins them after, the
     rows not measured again stay; every row of the table that is not the
     steady state's is kept as it was, in its place."""
-    from bench.run import _STEADY_STATE_ROWS, _merge_steady_state
+    from bench.run import _merge_steady_state
+    from bench.table import STEADY_STATE_ROWS
 
     before = results["table"]
     (eight,) = results["steady_state"]
@@ -127,7 +128,7 @@ def _steady_state_measured_again_replaces_only_its_rows(output, results):
     after = json.loads((output / "results.json").read_text())
     assert after["steady_state"] == [again, sixteen]
     steady_rows = [
-        index for index, row in enumerate(before) if row["figure"].startswith(_STEADY_STATE_ROWS)
+        index for index, row in enumerate(before) if row["figure"].startswith(STEADY_STATE_ROWS)
     ]
     first, last = steady_rows[0], steady_rows[-1] + 1
     assert after["table"][:first] == before[:first]
