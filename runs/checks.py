@@ -7,6 +7,10 @@ from django.utils.module_loading import import_string
 
 from runs.workers.team_queues import ServesTeamQueues
 
+#: The tag of the checks a worker's start runs (``rqworker``), beside
+#: Django's of the models, the database and the caches.
+WORKER_CHECKS = "runs"
+
 #: What to name instead of a worker class that does not serve the teams' queues.
 WORKER_CLASSES = (
     "name runs.worker.ConcurrentWorker (the default), runs.worker.Worker or "
@@ -27,7 +31,7 @@ def why_not_a_worker_class(name: str) -> str | None:
     return f"{name} does not serve the teams' queues, where runs wait (G22)"
 
 
-@register()
+@register(WORKER_CHECKS)
 def worker_serves_team_queues(app_configs, **kwargs) -> list[Error]:
     """``NRLLM_WORKER_CLASS``, checked by every command (``rqworker`` refuses
     a ``--worker-class`` the same way)."""

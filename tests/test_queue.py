@@ -108,6 +108,9 @@ def test_a_worker_class_that_serves_only_its_own_queue_is_refused_at_start(setti
     settings.RQ = {"WORKER_CLASS": "rq.worker.SimpleWorker"}
     with pytest.raises(SystemCheckError, match="runs.E002.*does not serve the teams' queues"):
         call_command("check")
+    # A worker's start runs only the checks of what it stands on: this one among them.
+    with pytest.raises(SystemCheckError, match="runs.E002.*does not serve the teams' queues"):
+        call_command("rqworker", "default", burst=True, skip_checks=False)
     settings.RQ = {"WORKER_CLASS": "runs.worker.ConcurrentWorker"}
     for command in ("rqworker", "rqworker-pool"):
         with pytest.raises(CommandError, match=f"{command} not started: --worker-class rq.worker"):
