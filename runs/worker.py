@@ -44,7 +44,7 @@ HORSE_FLUSH_SECONDS = 2
 class Worker(WaitsOutRedis, ServesTeamQueues, RQWorker):
     def bootstrap(self, *args, **kwargs):
         # First: a worker that cannot load them registers nothing in Redis.
-        load_for_runs()
+        load_for_runs(url_configuration=True)
         super().bootstrap(*args, **kwargs)
 
     def fork_work_horse(self, job, queue):

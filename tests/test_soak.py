@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytes
 
 RUNS = 200
 WORKERS = 3
+#: At most this often (the loop looks every 0.3 s: about every 0.6 s).
 KILL_EVERY_SECONDS = 0.4
 #: Then the killing stops and the survivors finish. Without a bound, a
 #: loaded host made more kills: each restart (a second of CPU) slowed the
@@ -144,6 +145,7 @@ def test_runs_survive_workers_killed_every_few_seconds(
     )
     assert unfinished() == 0, f"runs left unfinished: {dict(outcomes)}"
     assert kills >= 3
+    assert sum(AgentRun.objects.values_list("requeue_count", flat=True)), "no kill hit a run"
     assert set(notifications_per_run) <= {1}, "a run sent its notification twice"
     assert set(notifications_per_key) <= {1}, "a notification was sent twice"
     assert set(posts_per_path) <= {1}, "a webhook was POSTed twice"

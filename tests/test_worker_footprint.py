@@ -11,7 +11,7 @@ import sys
 from django.core import checks
 from runs.runtime import enqueue
 
-checks.run_checks()  # as manage.py rqworker does: URLs, admin, API views
+checks.run_checks()  # every check (URLs, admin, API views): more than a worker loads
 run = enqueue({{"prompt": "p", "tools": ["search_notes"],
                "provider": {{"kind": "scripted", "turns": [{{"content": "done"}}]}}}})
 run.refresh_from_db()

@@ -6,7 +6,7 @@ import logging
 logger = logging.getLogger(__name__)
 
 
-def load_for_runs() -> None:
+def load_for_runs(*, url_configuration: bool = False) -> None:
     """Load, once per worker process, what a run needs and Django's start
     has not loaded: with the openai provider configured, its SDK (some 650
     modules) and its clients ready to send. The forking worker does it before
@@ -20,6 +20,14 @@ def load_for_runs() -> None:
     if OpenAIChatProvider.configuration_problem() is None:
         built_clients()
         logger.info("loaded for runs before any job: the openai SDK and client")
+    if url_configuration:
+        # A run's webhooks name admin pages (``reverse``). A worker's start
+        # no longer checks the URLs (``rqworker``), which loaded them: the
+        # forking worker loads them here once, for every horse, rather than
+        # in each horse that sends one (0.2 s and some 340 modules each).
+        from django.urls import get_resolver
+
+        get_resolver().url_patterns  # noqa: B018  (loading is the point)
     # What is loaded by now lives as long as the process: moved out of the
     # collector's generations, a full collection no longer walks it. With
     # thousands of runs in flight, their objects live long enough to reach

@@ -74,10 +74,12 @@ def verbosity_from_log_level(options: dict) -> dict:
 class Command(RQWorkerCommand):
     #: The checks of what a worker stands on: the models, the database, the
     #: caches and what the deployment names for runs (``runs.checks``). Not
-    #: the URLs', the admin's or the templates' (``migrate`` runs those at
-    #: every deploy): a worker serves none of them, and importing the URL
-    #: configuration to check it was a sixth of a worker's start (0.2 of
-    #: 1.3 s of CPU), paid again at each restart.
+    #: the URLs', the admin's, the templates' or the security settings'
+    #: (``migrate``, at every deploy, runs them all): a worker serves no
+    #: page, and checking the URLs imports the whole URL configuration (the
+    #: API, DRF, drf-spectacular), about 0.3 of a start's 1.3 s of CPU, paid
+    #: again at each restart. (``rqworker-pool`` runs every check, once for
+    #: the workers it forks.)
     requires_system_checks = [Tags.models, Tags.database, Tags.caches, WORKER_CHECKS]
 
     def handle(self, *args, **options):
