@@ -128,6 +128,7 @@ def test_runs_survive_workers_killed_every_few_seconds(
     elapsed = time.monotonic() - started
 
     outcomes = Counter(AgentRun.objects.values_list("status", "termination_reason"))
+    requeues = sum(AgentRun.objects.values_list("requeue_count", flat=True))
     sent = writes_per_call(http_server)
     notifications_per_key = sent["notifications per key"]
     notifications_per_run = sent["notifications per run"]
@@ -141,11 +142,11 @@ def test_runs_survive_workers_killed_every_few_seconds(
         f"per key {dict(notifications_per_key)}; model requests "
         f"{sum(drifting_model.requests_by_turn.values())}; "
         f"webhook POSTs per call {dict(posts_per_path)}; "
-        f"requeues {sum(AgentRun.objects.values_list('requeue_count', flat=True))}",
+        f"requeues {requeues}",
     )
     assert unfinished() == 0, f"runs left unfinished: {dict(outcomes)}"
     assert kills >= 3
-    assert sum(AgentRun.objects.values_list("requeue_count", flat=True)), "no kill hit a run"
+    assert requeues, "no kill hit a run"
     assert set(notifications_per_run) <= {1}, "a run sent its notification twice"
     assert set(notifications_per_key) <= {1}, "a notification was sent twice"
     assert set(posts_per_path) <= {1}, "a webhook was POSTed twice"
