@@ -11,6 +11,8 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
+from tests.preloaded import PreloadedPopen
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -208,16 +210,26 @@ def sqlite_env(database: Path, **variables: str) -> dict:
 
 
 def manage(*args: str, env: dict, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """``manage.py *args`` in a process of its own with ``env``; its output as text."""
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
+    """``manage.py *args`` in a process of its own with ``env`` (forked from
+    the preloaded interpreter where it can be: ``tests/preloaded.py``); its
+    output as text."""
+    command = [sys.executable, "manage.py", *args]
+    with PreloadedPopen(
+        command,
         cwd=ROOT,
         env=env,
-        input=stdin,
-        capture_output=True,
+        stdin=None if stdin is None else subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
-    )
+    ) as process:
+        try:
+            output, errors = process.communicate(stdin, timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, output, errors)
 
 
 def step_inserts_held(condition: str, *, lock: int = 4242):

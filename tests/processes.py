@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 
 from tests.helpers import wait_until
+from tests.preloaded import PreloadedPopen
 
 
 def cpu_seconds(process) -> float | None:
@@ -43,8 +44,9 @@ def paused(process):
                 member.send_signal(signal.SIGCONT)
 
 
-class WorkerProcess(subprocess.Popen):
-    """A worker whose output goes to a file, never to a pipe. Nobody reads a
+class WorkerProcess(PreloadedPopen):
+    """A worker whose output goes to a file, never to a pipe (forked from the
+    preloaded interpreter where it can be: ``tests/preloaded.py``). Nobody reads a
     long-lived worker's pipe while it runs, and a pipe holds 64 KiB, about 40
     runs of INFO lines: the worker's next log line would then block it for
     good, with its runs still queued (the soak's survivors did, on a slow

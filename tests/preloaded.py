@@ -1,0 +1,351 @@
+"""``manage.py`` processes forked from an interpreter that has imported the
+libraries each of them imports, rather than started from nothing.
+
+A worker's start costs about 1.6 s of CPU, two thirds of it importing
+Django, psycopg, redis, RQ, httpx and the like. ``make test`` starts some
+500 ``manage.py`` processes (364 workers) on 2 cores: about a quarter of
+its CPU. Forked from this module's server, a worker starts in about 0.5 s.
+
+What runs is still the real ``manage.py``, in a process of its own, with
+the test's arguments, environment, working directory and standard
+streams. The project, ``django.setup()`` and the settings are imported in
+the child, after the fork; only libraries are preloaded, none of which
+reads a setting as it is imported. A library may read the environment as
+it is imported, so a process whose environment differs from the server's
+in anything but the variables in ``READ_LATER`` (the project's, read by
+the settings in the child) is started the usual way. So is every process
+when ``NRLLM_TEST_PRELOAD=0``, and every command but ``manage.py``.
+
+The test holds a ``subprocess.Popen`` whose pid is the child's: signals,
+psutil's walk of its tree and its CPU are the real process's. The server
+waits for its children and sends each one's exit status to the test.
+
+    python -m tests.preloaded SOCKET   (started by ``PreloadedPopen``)
+"""
+
+import atexit
+import contextlib
+import gc
+import importlib
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Imported by the server before any fork: what every ``manage.py``
+#: process imports of these (a worker's start, measured with -X importtime),
+#: none of which reads a Django setting as it is imported
+#: (``test_preloaded.py`` checks both). Not the model and MCP SDKs or
+#: OpenTelemetry's: tests assert which processes import them.
+PRELOAD = (
+    "django.core.management",
+    "django.core.checks",
+    "django.core.mail",
+    "django.db.models",
+    "django.db.migrations",
+    "django.db.backends.postgresql.base",
+    "django.db.backends.sqlite3.base",
+    "django.forms",
+    "django.template.defaulttags",
+    "django.template.defaultfilters",
+    "django.template.loader_tags",
+    "django.urls",
+    "django.http",
+    "django.views.generic",
+    "django.middleware.common",
+    "django.middleware.csrf",
+    "django.contrib.admin",
+    "django.contrib.sessions.backends.db",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.utils.log",
+    "rq.worker",
+    "rq.cron",
+    "redis.asyncio",
+    "psycopg",
+    "psycopg_pool",
+    "httpx",
+    "jsonschema",
+    "jsonschema_rs",
+    "regex",
+    "croniter",
+    "cronsim",
+    "standardwebhooks",
+    "rest_framework.serializers",
+    "django_filters",
+    "psutil",
+    "sqlparse",
+)
+
+#: The variables a child may have that the server has not, or other
+#: values of: the project's, read by its settings in the child after the
+#: fork; the tests' MCP servers', read by those (started from nothing);
+#: and pytest's name of the current test.
+READ_LATER = (
+    "TRACKER_",
+    "LIAR_",
+    "NRLLM_",
+    "DATABASE_",
+    "REDIS_URL",
+    "SECRET_KEY",
+    "ALLOWED_HOSTS",
+    "DEBUG",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+    "DJANGO_SETTINGS_MODULE",
+    "DJANGO_ALLOW_ASYNC_UNSAFE",
+    "PYTEST_CURRENT_TEST",
+    "PYTHONUNBUFFERED",
+)
+
+#: The environment the server is started with: the test process's as this
+#: module was first imported (at the session's start, before any test
+#: changed it).
+SERVER_ENV = dict(os.environ)
+
+
+# --- the test's side ---------------------------------------------------------
+
+
+class PreloadedPopen(subprocess.Popen):
+    """``subprocess.Popen`` that forks ``python manage.py ...`` from the
+    server where it can, and otherwise starts it as ``Popen`` does."""
+
+    _status = None  # the server's connection, until the exit status came
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                       startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread,
+                       c2pwrite, errread, errwrite, restore_signals, gid, gids, uid, umask,
+                       start_new_session, process_group):  # fmt: skip
+        plain = (executable, preexec_fn, pass_fds, shell, gid, gids, uid, process_group)
+        request = None
+        if plain == (None, None, (), False, None, None, None, -1) and umask < 0:
+            request = _request(args, cwd, env, start_new_session)
+        if request is None:
+            super()._execute_child(
+                args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
+                restore_signals, gid, gids, uid, umask, start_new_session, process_group,
+            )  # fmt: skip
+            return
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        connection.connect(_server())
+        # -1: the test's own, as Popen's child inherits it.
+        streams = [p2cread, c2pwrite, errwrite]
+        streams = [fd if fd != -1 else own for own, fd in enumerate(streams)]
+        socket.send_fds(connection, [json.dumps(request).encode()], streams)
+        self.pid = int(connection.recv(64))
+        self._child_created = True
+        self._status = connection
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def _internal_poll(self, _deadstate=None, **kwargs):
+        if self._status is None:
+            return super()._internal_poll(_deadstate, **kwargs)
+        if self.returncode is None and self._waitpid_lock.acquire(False):
+            try:
+                pid, status = self._try_wait(os.WNOHANG)
+                if pid == self.pid:
+                    self._handle_exitstatus(status)
+            finally:
+                self._waitpid_lock.release()
+        return self.returncode
+
+    def _try_wait(self, wait_flags):
+        if self._status is None:
+            return super()._try_wait(wait_flags)
+        self._status.setblocking(not wait_flags & os.WNOHANG)
+        try:
+            message = self._status.recv(64)
+        except BlockingIOError:
+            return (0, 0)
+        self._status.close()
+        self._status = None
+        # The server gone (the session ends): the status is lost, as with
+        # a child whose SIGCHLD is ignored, which Popen takes for 0.
+        return (self.pid, int(message) if message else 0)
+
+
+def _request(args, cwd, env, new_session) -> dict | None:
+    """What the server needs to fork ``args``, or None if it may not."""
+    if os.environ.get("NRLLM_TEST_PRELOAD") == "0":
+        return None
+    args = [os.fsdecode(arg) for arg in args] if isinstance(args, list | tuple) else None
+    if not args or args[0] != sys.executable or args[1:2] != ["manage.py"]:
+        return None
+    if Path(cwd or os.getcwd()).resolve() != ROOT:
+        return None
+    env = dict(os.environ if env is None else env)
+    changed = {key for key in env.keys() | SERVER_ENV.keys() if env.get(key) != SERVER_ENV.get(key)}
+    if any(not key.startswith(READ_LATER) for key in changed):
+        return None
+    return {"argv": args[1:], "cwd": str(ROOT), "env": env, "new_session": new_session}
+
+
+_started = {}
+_starting = threading.Lock()
+
+
+def _server() -> str:
+    """This process's server's socket, the server started at first use."""
+    with _starting:
+        if "path" not in _started:
+            _started["server"], _started["path"] = _start_server()
+        return _started["path"]
+
+
+def _start_server() -> tuple[subprocess.Popen, str]:
+    path = os.path.join(tempfile.mkdtemp(prefix="nrllm-preloaded-"), "socket")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.preloaded", path],
+        cwd=ROOT,
+        # Without settings: a library that read one as it is imported fails
+        # the server's start instead of settling the children's settings.
+        env={key: value for key, value in SERVER_ENV.items() if key != "DJANGO_SETTINGS_MODULE"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    # It ends when its standard input does: when this process does.
+    atexit.register(_stop, server)
+    if server.stdout.readline() != b"ready\n":
+        raise RuntimeError(f"tests.preloaded: the server did not start ({server.wait()})")
+    return server, path
+
+
+def _stop(server: subprocess.Popen) -> None:
+    server.stdin.close()
+    server.stdout.close()
+    server.wait(timeout=30)
+
+
+# --- the server's side -------------------------------------------------------
+
+
+def serve(path: str):
+    """Preload, then fork a child for each request until standard input
+    ends. Returns only in a child: its request and standard streams."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    assert threading.active_count() == 1, "a preloaded library started a thread"
+    from django.conf import settings
+
+    assert not settings.configured, "a preloaded library read the settings"
+    # What is preloaded lives as long as each child: kept out of the
+    # collector, its pages stay shared instead of being copied at a child's
+    # first collection.
+    gc.freeze()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    woken, wake = os.pipe()
+    os.set_blocking(woken, False)
+    os.set_blocking(wake, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(woken, selectors.EVENT_READ)
+    selector.register(sys.stdin, selectors.EVENT_READ)
+    waiting = {}  # pid -> the connection its exit status goes to
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is sys.stdin:
+                if not os.read(sys.stdin.fileno(), 1024):
+                    sys.exit(0)
+            elif key.fileobj is listener:
+                connection, _ = listener.accept()
+                try:
+                    message, streams, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+                except OSError:  # the test is gone
+                    connection.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for kept in (listener, connection, *waiting.values()):
+                        kept.close()
+                    for fd in (woken, wake):
+                        os.close(fd)
+                    selector.close()
+                    return json.loads(message), streams
+                for fd in streams:
+                    os.close(fd)
+                waiting[pid] = connection
+                with contextlib.suppress(OSError):
+                    connection.send(str(pid).encode())
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(woken, 1024):
+                        pass
+                _report_ended(waiting)
+
+
+def _report_ended(waiting: dict) -> None:
+    while waiting:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        connection = waiting.pop(pid)
+        with contextlib.suppress(OSError):  # unless the test no longer waits
+            connection.send(str(status).encode())
+        connection.close()
+
+
+def run_child(request: dict, streams: list[int]):
+    """Become ``python manage.py ...`` as the request asks."""
+    for target, fd in enumerate(streams):
+        os.dup2(fd, target)
+    for fd in set(streams) - {0, 1, 2}:
+        os.close(fd)
+    if request["new_session"]:
+        os.setsid()
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _standard_streams(unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
+    script = os.path.join(request["cwd"], request["argv"][0])
+    sys.argv = request["argv"]
+    sys.path[0] = os.path.dirname(script)
+    import runpy
+
+    runpy.run_path(script, run_name="__main__")
+
+
+def _standard_streams(*, unbuffered: bool) -> None:
+    """New ``sys.stdin``, ``stdout`` and ``stderr`` on fds 0-2, as the
+    interpreter makes them at start (``-u``: ``PYTHONUNBUFFERED``)."""
+
+    encoding = sys.__stdout__.encoding
+
+    def writer(fd: int, errors: str, *, line_buffering: bool):
+        raw = io.FileIO(fd, "w", closefd=False)
+        binary = raw if unbuffered else io.BufferedWriter(raw)
+        return io.TextIOWrapper(
+            binary,
+            encoding=encoding,
+            errors=errors,
+            line_buffering=line_buffering,
+            write_through=unbuffered,
+        )
+
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=encoding
+    )
+    sys.stdout = sys.__stdout__ = writer(1, "strict", line_buffering=os.isatty(1))
+    sys.stderr = sys.__stderr__ = writer(2, "backslashreplace", line_buffering=True)
+
+
+if __name__ == "__main__":
+    run_child(*serve(sys.argv[1]))

@@ -1,0 +1,88 @@
+"""``tests/preloaded.py``: a ``manage.py`` process forked from the preloaded
+interpreter is the process the test asked for (its arguments, environment,
+standard streams, exit status and signals); one whose environment a
+preloaded library might have read starts as usual; and no library that
+reads a setting as it is imported can be preloaded."""
+
+import os
+import signal
+import subprocess
+import sys
+
+from tests.helpers import ROOT, wait_until
+from tests.preloaded import PRELOAD, PreloadedPopen
+
+#: What the child reports: a variable of the request's, its arguments, its
+#: parent; then what it read from its standard input, on its standard error.
+REPORT = (
+    "import os, sys\n"
+    "print(os.environ['NRLLM_PROBE'], sys.argv[1], os.getppid())\n"
+    "print(sys.stdin.read().strip(), file=sys.stderr)\n"
+    "sys.exit(3)"
+)
+
+
+def _start(script: str, **variables) -> PreloadedPopen:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "nrllm_ops.settings",
+        "DATABASE_URL": "sqlite:///:memory:",
+        "SECRET_KEY": "tests-only-secret-key",
+        **variables,
+    }
+    return PreloadedPopen(
+        [sys.executable, "manage.py", "shell", "-c", script],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_forked_process_is_the_one_asked_for_and_one_a_library_may_have_read_for_is_not():
+    forked = _start(REPORT, NRLLM_PROBE="forked")
+    output, errors = forked.communicate("from stdin", timeout=60)
+    probe, command, parent = output.splitlines()[-1].split()
+    assert (probe, command, forked.returncode) == ("forked", "shell", 3)
+    assert errors.strip() == "from stdin"
+    assert int(parent) != os.getpid()  # the server's child, not the test's
+
+    # A variable a library reads as it is imported: started as usual.
+    started = _start(REPORT, NRLLM_PROBE="started", PROMETHEUS_MULTIPROC_DIR=str(ROOT))
+    output, _ = started.communicate("", timeout=60)
+    assert output.splitlines()[-1].split()[0::2] == ["started", str(os.getpid())]
+    assert started.returncode == 3
+
+    # Its pid is the process's own: a signal reaches it, its status says so.
+    sleeping = _start("import time; print('up', flush=True); time.sleep(120)", NRLLM_PROBE="-")
+    wait_until(lambda: sleeping.stdout.readline() == "up\n", timeout=60, what="the child")
+    os.kill(sleeping.pid, signal.SIGKILL)
+    sleeping.communicate(timeout=60)
+    assert sleeping.returncode == -signal.SIGKILL
+
+
+def test_a_library_that_reads_a_setting_as_it_is_imported_is_refused_at_the_servers_start(
+    tmp_path,
+):
+    # django_rq reads RQ_SHOW_ADMIN_LINK as it is imported.
+    assert "django_rq" not in PRELOAD
+    serve = (
+        "import sys, tests.preloaded as preloaded\n"
+        "preloaded.PRELOAD += ('django_rq',)\n"
+        "preloaded.serve(sys.argv[1])"
+    )
+    for settings in ({}, {"DJANGO_SETTINGS_MODULE": "tests.settings"}):
+        env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        server = subprocess.run(
+            [sys.executable, "-c", serve, str(tmp_path / "socket")],
+            cwd=ROOT,
+            env={**env, **settings},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert server.returncode != 0
+        assert "settings" in server.stderr.splitlines()[-1], server.stderr[-2000:]
