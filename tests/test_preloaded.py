@@ -41,7 +41,9 @@ def _start(script: str, **variables) -> PreloadedPopen:
     )
 
 
-def test_a_forked_process_is_the_one_asked_for_and_one_a_library_may_have_read_for_is_not():
+def test_a_forked_process_is_the_one_asked_for_and_one_a_library_may_have_read_for_is_not(
+    tmp_path,
+):
     forked = _start(REPORT, NRLLM_PROBE="forked")
     output, errors = forked.communicate("from stdin", timeout=60)
     probe, command, parent = output.splitlines()[-1].split()
@@ -50,7 +52,7 @@ def test_a_forked_process_is_the_one_asked_for_and_one_a_library_may_have_read_f
     assert int(parent) != os.getpid()  # the server's child, not the test's
 
     # A variable a library reads as it is imported: started as usual.
-    started = _start(REPORT, NRLLM_PROBE="started", PROMETHEUS_MULTIPROC_DIR=str(ROOT))
+    started = _start(REPORT, NRLLM_PROBE="started", PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
     output, _ = started.communicate("", timeout=60)
     assert output.splitlines()[-1].split()[0::2] == ["started", str(os.getpid())]
     assert started.returncode == 3
