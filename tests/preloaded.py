@@ -18,7 +18,15 @@ when ``NRLLM_TEST_PRELOAD=0``, and every command but ``manage.py``.
 
 The test holds a ``subprocess.Popen`` whose pid is the child's: signals,
 psutil's walk of its tree and its CPU are the real process's. The server
-waits for its children and sends each one's exit status to the test.
+waits for its children and sends each one's exit status to the test; if
+the server is gone, waiting raises rather than make a status up.
+
+What differs from a fresh start, and why it is kept: the children of one
+server share its hash seed (set and dict orders agree between them, as
+they would in one process); the server reaps a child as it exits, so
+psutil no longer finds an ended process the test has not waited for (the
+tree walks here allow for that, or walk a worker expected to be alive);
+and its command line reads ``python -m tests.preloaded``.
 
     python -m tests.preloaded SOCKET   (started by ``PreloadedPopen``)
 """
@@ -31,6 +39,7 @@ import io
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,11 +50,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Imported by the server before any fork: what every ``manage.py``
-#: process imports of these (a worker's start, measured with -X importtime),
-#: none of which reads a Django setting as it is imported
-#: (``test_preloaded.py`` checks both). Not the model and MCP SDKs or
-#: OpenTelemetry's: tests assert which processes import them.
+#: Imported by the server before any fork: libraries a worker's start
+#: imports (-X importtime), and nothing they do not bring in, none of which
+#: reads a Django setting as it is imported (``test_preloaded.py`` checks
+#: both). Not the model and MCP SDKs or OpenTelemetry's: tests assert which
+#: processes import them.
 PRELOAD = (
     "django.core.management",
     "django.core.checks",
@@ -53,20 +62,13 @@ PRELOAD = (
     "django.db.models",
     "django.db.migrations",
     "django.db.backends.postgresql.base",
-    "django.db.backends.sqlite3.base",
     "django.forms",
     "django.template.defaulttags",
     "django.template.defaultfilters",
-    "django.template.loader_tags",
     "django.urls",
     "django.http",
-    "django.views.generic",
-    "django.middleware.common",
-    "django.middleware.csrf",
     "django.contrib.admin",
-    "django.contrib.sessions.backends.db",
     "django.contrib.messages",
-    "django.contrib.staticfiles",
     "django.utils.log",
     "rq.worker",
     "rq.cron",
@@ -75,13 +77,10 @@ PRELOAD = (
     "psycopg_pool",
     "httpx",
     "jsonschema",
-    "jsonschema_rs",
     "regex",
     "croniter",
     "cronsim",
     "standardwebhooks",
-    "rest_framework.serializers",
-    "django_filters",
     "psutil",
     "sqlparse",
 )
@@ -130,23 +129,36 @@ class PreloadedPopen(subprocess.Popen):
         request = None
         if plain == (None, None, (), False, None, None, None, -1) and umask < 0:
             request = _request(args, cwd, env, start_new_session)
-        if request is None:
+        pid = None if request is None else self._fork(request, p2cread, c2pwrite, errwrite)
+        if pid is None:
             super()._execute_child(
                 args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                 creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
                 restore_signals, gid, gids, uid, umask, start_new_session, process_group,
             )  # fmt: skip
             return
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        connection.connect(_server())
-        # -1: the test's own, as Popen's child inherits it.
-        streams = [p2cread, c2pwrite, errwrite]
-        streams = [fd if fd != -1 else own for own, fd in enumerate(streams)]
-        socket.send_fds(connection, [json.dumps(request).encode()], streams)
-        self.pid = int(connection.recv(64))
+        self.pid = pid
         self._child_created = True
-        self._status = connection
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def _fork(self, request: bytes, *streams: int) -> int | None:
+        """The forked child's pid, or None if the server could not fork."""
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        connection.settimeout(60)
+        try:
+            connection.connect(_server())
+            # -1: the test's own, as Popen's child inherits it.
+            streams = [fd if fd != -1 else own for own, fd in enumerate(streams)]
+            socket.send_fds(connection, [request], streams)
+            reply = connection.recv(64)
+        except BaseException:
+            connection.close()
+            raise
+        if not reply.isdigit():  # the server's fork failed
+            connection.close()
+            return None
+        self._status = connection
+        return int(reply)
 
     def _internal_poll(self, _deadstate=None, **kwargs):
         if self._status is None:
@@ -156,6 +168,10 @@ class PreloadedPopen(subprocess.Popen):
                 pid, status = self._try_wait(os.WNOHANG)
                 if pid == self.pid:
                     self._handle_exitstatus(status)
+            except ChildProcessError:
+                if _deadstate is None:
+                    raise
+                self.returncode = _deadstate  # as Popen's, from __del__
             finally:
                 self._waitpid_lock.release()
         return self.returncode
@@ -168,27 +184,33 @@ class PreloadedPopen(subprocess.Popen):
             message = self._status.recv(64)
         except BlockingIOError:
             return (0, 0)
+        if not message:
+            raise ChildProcessError(
+                f"tests.preloaded: the server is gone; the exit status of {self.pid} is lost"
+            )
         self._status.close()
         self._status = None
-        # The server gone (the session ends): the status is lost, as with
-        # a child whose SIGCHLD is ignored, which Popen takes for 0.
-        return (self.pid, int(message) if message else 0)
+        return (self.pid, int(message))
 
 
-def _request(args, cwd, env, new_session) -> dict | None:
+def _request(args, cwd, env, new_session) -> bytes | None:
     """What the server needs to fork ``args``, or None if it may not."""
     if os.environ.get("NRLLM_TEST_PRELOAD") == "0":
         return None
-    args = [os.fsdecode(arg) for arg in args] if isinstance(args, list | tuple) else None
-    if not args or args[0] != sys.executable or args[1:2] != ["manage.py"]:
+    if not isinstance(args, list | tuple) or not all(isinstance(arg, str) for arg in args):
         return None
-    if Path(cwd or os.getcwd()).resolve() != ROOT:
+    if list(args[:2]) != [sys.executable, "manage.py"]:
+        return None
+    if not isinstance(cwd, str | Path | None) or Path(cwd or os.getcwd()).resolve() != ROOT:
         return None
     env = dict(os.environ if env is None else env)
+    if not all(isinstance(item, str) for pair in env.items() for item in pair):
+        return None
     changed = {key for key in env.keys() | SERVER_ENV.keys() if env.get(key) != SERVER_ENV.get(key)}
     if any(not key.startswith(READ_LATER) for key in changed):
         return None
-    return {"argv": args[1:], "cwd": str(ROOT), "env": env, "new_session": new_session}
+    request = {"argv": list(args[1:]), "cwd": str(ROOT), "env": env, "new_session": new_session}
+    return json.dumps(request).encode()
 
 
 _started = {}
@@ -215,16 +237,17 @@ def _start_server() -> tuple[subprocess.Popen, str]:
         stdout=subprocess.PIPE,
     )
     # It ends when its standard input does: when this process does.
-    atexit.register(_stop, server)
+    atexit.register(_stop, server, path)
     if server.stdout.readline() != b"ready\n":
         raise RuntimeError(f"tests.preloaded: the server did not start ({server.wait()})")
     return server, path
 
 
-def _stop(server: subprocess.Popen) -> None:
+def _stop(server: subprocess.Popen, path: str) -> None:
     server.stdin.close()
     server.stdout.close()
     server.wait(timeout=30)
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 # --- the server's side -------------------------------------------------------
@@ -242,6 +265,7 @@ def serve(path: str):
     # What is preloaded lives as long as each child: kept out of the
     # collector, its pages stay shared instead of being copied at a child's
     # first collection.
+    gc.collect()
     gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -265,12 +289,29 @@ def serve(path: str):
                     sys.exit(0)
             elif key.fileobj is listener:
                 connection, _ = listener.accept()
+                # A test that connected and sends nothing holds no one up.
+                connection.settimeout(5)
                 try:
                     message, streams, _, _ = socket.recv_fds(connection, 1 << 20, 3)
-                except OSError:  # the test is gone
+                except OSError:  # gone, or silent
                     connection.close()
                     continue
-                pid = os.fork()
+                if not message or len(streams) != 3:
+                    for fd in streams:
+                        os.close(fd)
+                    connection.close()
+                    continue
+                try:
+                    pid = os.fork()
+                except OSError:  # the test starts it as usual
+                    pid = None
+                if pid is None:
+                    for fd in streams:
+                        os.close(fd)
+                    with contextlib.suppress(OSError):
+                        connection.send(b"-")
+                    connection.close()
+                    continue
                 if pid == 0:
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -297,7 +338,9 @@ def _report_ended(waiting: dict) -> None:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
             return
-        connection = waiting.pop(pid)
+        connection = waiting.pop(pid, None)
+        if connection is None:
+            continue
         with contextlib.suppress(OSError):  # unless the test no longer waits
             connection.send(str(status).encode())
         connection.close()
@@ -315,36 +358,37 @@ def run_child(request: dict, streams: list[int]):
     os.environ.clear()
     os.environ.update(request["env"])
     _standard_streams(unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
-    script = os.path.join(request["cwd"], request["argv"][0])
     sys.argv = request["argv"]
-    sys.path[0] = os.path.dirname(script)
+    sys.path[0] = request["cwd"]
     import runpy
 
-    runpy.run_path(script, run_name="__main__")
+    runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def _standard_streams(*, unbuffered: bool) -> None:
     """New ``sys.stdin``, ``stdout`` and ``stderr`` on fds 0-2, as the
-    interpreter makes them at start (``-u``: ``PYTHONUNBUFFERED``)."""
+    interpreter makes them at start (``-u``: ``PYTHONUNBUFFERED``), with
+    the encodings and error handlers of the server's own, whose locale is
+    the child's."""
 
-    encoding = sys.__stdout__.encoding
-
-    def writer(fd: int, errors: str, *, line_buffering: bool):
-        raw = io.FileIO(fd, "w", closefd=False)
-        binary = raw if unbuffered else io.BufferedWriter(raw)
+    def stream(fd: int, old, *, line_buffering: bool = False):
+        raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
+        if fd == 0:
+            binary = io.BufferedReader(raw)
+        else:
+            binary = raw if unbuffered else io.BufferedWriter(raw)
         return io.TextIOWrapper(
             binary,
-            encoding=encoding,
-            errors=errors,
-            line_buffering=line_buffering,
+            encoding=old.encoding,
+            errors=old.errors,
+            newline="\n",
+            line_buffering=line_buffering and not unbuffered,
             write_through=unbuffered,
         )
 
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(
-        io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=encoding
-    )
-    sys.stdout = sys.__stdout__ = writer(1, "strict", line_buffering=os.isatty(1))
-    sys.stderr = sys.__stderr__ = writer(2, "backslashreplace", line_buffering=True)
+    sys.stdin = sys.__stdin__ = stream(0, sys.__stdin__)
+    sys.stdout = sys.__stdout__ = stream(1, sys.__stdout__, line_buffering=os.isatty(1))
+    sys.stderr = sys.__stderr__ = stream(2, sys.__stderr__, line_buffering=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 
+from django.conf import settings
+
 from tests.helpers import ROOT, wait_until
 from tests.preloaded import PRELOAD, PreloadedPopen
 
@@ -16,8 +18,10 @@ from tests.preloaded import PRELOAD, PreloadedPopen
 #: parent; then what it read from its standard input, on its standard error.
 REPORT = (
     "import os, sys\n"
+    "streams = (sys.stdin, sys.stdout, sys.stderr)\n"
+    "print([(s.encoding, s.errors, s.line_buffering, s.write_through) for s in streams])\n"
     "print(os.environ['NRLLM_PROBE'], sys.argv[1], os.getppid())\n"
-    "print(sys.stdin.read().strip(), file=sys.stderr)\n"
+    "print(repr(sys.stdin.read()), file=sys.stderr)\n"
     "sys.exit(3)"
 )
 
@@ -45,17 +49,21 @@ def test_a_forked_process_is_the_one_asked_for_and_one_a_library_may_have_read_f
     tmp_path,
 ):
     forked = _start(REPORT, NRLLM_PROBE="forked")
-    output, errors = forked.communicate("from stdin", timeout=60)
-    probe, command, parent = output.splitlines()[-1].split()
+    output, errors = forked.communicate("from\r\nstdin", timeout=60)
+    *_, streams, report = output.splitlines()
+    probe, command, parent = report.split()
     assert (probe, command, forked.returncode) == ("forked", "shell", 3)
-    assert errors.strip() == "from stdin"
+    assert errors.strip() == repr("from\r\nstdin")
     assert int(parent) != os.getpid()  # the server's child, not the test's
 
-    # A variable a library reads as it is imported: started as usual.
+    # A variable a library reads as it is imported: started as usual, with
+    # the same standard streams.
     started = _start(REPORT, NRLLM_PROBE="started", PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
     output, _ = started.communicate("", timeout=60)
-    assert output.splitlines()[-1].split()[0::2] == ["started", str(os.getpid())]
+    *_, fresh_streams, report = output.splitlines()
+    assert report.split()[0::2] == ["started", str(os.getpid())]
     assert started.returncode == 3
+    assert streams == fresh_streams
 
     # Its pid is the process's own: a signal reaches it, its status says so.
     sleeping = _start("import time; print('up', flush=True); time.sleep(120)", NRLLM_PROBE="-")
@@ -75,12 +83,12 @@ def test_a_library_that_reads_a_setting_as_it_is_imported_is_refused_at_the_serv
         "preloaded.PRELOAD += ('django_rq',)\n"
         "preloaded.serve(sys.argv[1])"
     )
-    for settings in ({}, {"DJANGO_SETTINGS_MODULE": "tests.settings"}):
+    for configured in ({}, {"DJANGO_SETTINGS_MODULE": "tests.settings"}):
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
         server = subprocess.run(
             [sys.executable, "-c", serve, str(tmp_path / "socket")],
             cwd=ROOT,
-            env={**env, **settings},
+            env={**env, **configured},
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -88,3 +96,46 @@ def test_a_library_that_reads_a_setting_as_it_is_imported_is_refused_at_the_serv
         )
         assert server.returncode != 0
         assert "settings" in server.stderr.splitlines()[-1], server.stderr[-2000:]
+
+
+def test_the_server_preloads_nothing_a_workers_start_does_not_import(queue, worker_env):
+    """What a forked worker has imported is what a fresh one imports: no
+    module more (a lookup one registers, a warning filter) to hide that
+    production's worker lacks it."""
+    fresh = subprocess.run(
+        [sys.executable, "-X", "importtime", "manage.py", "rqworker", "--burst"]
+        + [settings.NRLLM_QUEUE_NAME],
+        cwd=ROOT,
+        env=worker_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    logged = [
+        line.rsplit("|", 1)[1].strip()
+        for line in fresh.stderr.splitlines()
+        if line.startswith("import time:")
+    ]
+    # A package is in sys.modules before its modules, logged or not.
+    imported = {name.rsplit(".", depth)[0] for name in logged for depth in range(4)}
+    probe = (
+        "import importlib, sys, tests.preloaded as preloaded\n"
+        "own = set(sys.modules)\n"
+        "for name in preloaded.PRELOAD:\n"
+        "    importlib.import_module(name)\n"
+        "print(*sorted(set(sys.modules) - own))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    preloaded = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert preloaded.returncode == 0, preloaded.stderr[-2000:]
+    # Made, not imported: Cython's runtime modules (by the extensions) and
+    # multiprocessing's name for ``__main__``.
+    more = {
+        name
+        for name in set(preloaded.stdout.split()) - imported
+        if not name.startswith(("_cython_", "cython_runtime", "__mp_main__"))
+    }
+    assert more == set()
