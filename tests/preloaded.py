@@ -46,6 +46,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,6 +121,7 @@ class PreloadedPopen(subprocess.Popen):
     """``subprocess.Popen`` that forks ``python manage.py ...`` from the
     server where it can, and otherwise starts it as ``Popen`` does."""
 
+    _forked = False
     _status = None  # the server's connection, until the exit status came
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
@@ -139,19 +142,25 @@ class PreloadedPopen(subprocess.Popen):
             return
         self.pid = pid
         self._child_created = True
+        self._forked = True
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
     def _fork(self, request: bytes, *streams: int) -> int | None:
-        """The forked child's pid, or None if the server could not fork."""
+        """The forked child's pid, or None if the server did not fork it (the
+        process is then started as usual)."""
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        connection.settimeout(60)
         try:
             connection.connect(_server())
+            connection.settimeout(60)
             # -1: the test's own, as Popen's child inherits it.
             streams = [fd if fd != -1 else own for own, fd in enumerate(streams)]
             socket.send_fds(connection, [request], streams)
+        except OSError:  # nothing forked yet
+            connection.close()
+            return None
+        try:
             reply = connection.recv(64)
-        except BaseException:
+        except BaseException:  # a child may be running: no second one
             connection.close()
             raise
         if not reply.isdigit():  # the server's fork failed
@@ -161,14 +170,15 @@ class PreloadedPopen(subprocess.Popen):
         return int(reply)
 
     def _internal_poll(self, _deadstate=None, **kwargs):
-        if self._status is None:
+        if not self._forked:
             return super()._internal_poll(_deadstate, **kwargs)
         if self.returncode is None and self._waitpid_lock.acquire(False):
             try:
-                pid, status = self._try_wait(os.WNOHANG)
-                if pid == self.pid:
-                    self._handle_exitstatus(status)
-            except ChildProcessError:
+                if self.returncode is None:  # unless another thread waited
+                    pid, status = self._try_wait(os.WNOHANG)
+                    if pid == self.pid:
+                        self._handle_exitstatus(status)
+            except OSError:
                 if _deadstate is None:
                     raise
                 self.returncode = _deadstate  # as Popen's, from __del__
@@ -177,20 +187,35 @@ class PreloadedPopen(subprocess.Popen):
         return self.returncode
 
     def _try_wait(self, wait_flags):
-        if self._status is None:
+        if not self._forked:
             return super()._try_wait(wait_flags)
+        if self._status is None:
+            return self._without_server(wait_flags)
         self._status.setblocking(not wait_flags & os.WNOHANG)
         try:
             message = self._status.recv(64)
         except BlockingIOError:
             return (0, 0)
-        if not message:
-            raise ChildProcessError(
-                f"tests.preloaded: the server is gone; the exit status of {self.pid} is lost"
-            )
         self._status.close()
         self._status = None
+        if not message:
+            return self._without_server(wait_flags)
         return (self.pid, int(message))
+
+    def _without_server(self, wait_flags):
+        """The server is gone, and the exit status with it: the child runs
+        while its pid does; once it has ended, waiting raises rather than
+        make a status up."""
+        while True:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                raise ChildProcessError(
+                    f"tests.preloaded: the server is gone; the exit status of {self.pid} is lost"
+                ) from None
+            if wait_flags & os.WNOHANG:
+                return (0, 0)
+            time.sleep(0.1)
 
 
 def _request(args, cwd, env, new_session) -> bytes | None:
@@ -237,13 +262,15 @@ def _start_server() -> tuple[subprocess.Popen, str]:
         stdout=subprocess.PIPE,
     )
     # It ends when its standard input does: when this process does.
-    atexit.register(_stop, server, path)
+    atexit.register(_stop, server, path, os.getpid())
     if server.stdout.readline() != b"ready\n":
         raise RuntimeError(f"tests.preloaded: the server did not start ({server.wait()})")
     return server, path
 
 
-def _stop(server: subprocess.Popen, path: str) -> None:
+def _stop(server: subprocess.Popen, path: str, owner: int) -> None:
+    if os.getpid() != owner:  # a fork of the test's process
+        return
     server.stdin.close()
     server.stdout.close()
     server.wait(timeout=30)
@@ -360,9 +387,15 @@ def run_child(request: dict, streams: list[int]):
     _standard_streams(unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
     sys.argv = request["argv"]
     sys.path[0] = request["cwd"]
-    import runpy
-
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    # As ``python manage.py`` runs it: argv[0] as given, __file__ absolute.
+    script = os.path.abspath(sys.argv[0])
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__cached__ = None
+    sys.modules["__main__"] = main
+    with open(script, "rb") as source:
+        code = compile(source.read(), script, "exec")
+    exec(code, main.__dict__)
 
 
 def _standard_streams(*, unbuffered: bool) -> None:
@@ -371,24 +404,23 @@ def _standard_streams(*, unbuffered: bool) -> None:
     the encodings and error handlers of the server's own, whose locale is
     the child's."""
 
-    def stream(fd: int, old, *, line_buffering: bool = False):
-        raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
-        if fd == 0:
-            binary = io.BufferedReader(raw)
-        else:
-            binary = raw if unbuffered else io.BufferedWriter(raw)
+    def stream(fd: int, old):
+        # stdin is buffered even with -u; a tty and stderr by lines, without.
+        buffered = fd == 0 or not unbuffered
+        binary = open(fd, "wb" if fd else "rb", buffering=-1 if buffered else 0, closefd=False)
+        (binary.raw if buffered else binary).name = ("<stdin>", "<stdout>", "<stderr>")[fd]
         return io.TextIOWrapper(
             binary,
             encoding=old.encoding,
             errors=old.errors,
             newline="\n",
-            line_buffering=line_buffering and not unbuffered,
+            line_buffering=not unbuffered and (fd == 2 or os.isatty(fd)),
             write_through=unbuffered,
         )
 
     sys.stdin = sys.__stdin__ = stream(0, sys.__stdin__)
-    sys.stdout = sys.__stdout__ = stream(1, sys.__stdout__, line_buffering=os.isatty(1))
-    sys.stderr = sys.__stderr__ = stream(2, sys.__stderr__, line_buffering=True)
+    sys.stdout = sys.__stdout__ = stream(1, sys.__stdout__)
+    sys.stderr = sys.__stderr__ = stream(2, sys.__stderr__)
 
 
 if __name__ == "__main__":

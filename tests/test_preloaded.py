@@ -19,7 +19,8 @@ from tests.preloaded import PRELOAD, PreloadedPopen
 REPORT = (
     "import os, sys\n"
     "streams = (sys.stdin, sys.stdout, sys.stderr)\n"
-    "print([(s.encoding, s.errors, s.line_buffering, s.write_through) for s in streams])\n"
+    "print([(s.name, s.encoding, s.errors, s.line_buffering, s.write_through,"
+    " type(s.buffer).__name__) for s in streams])\n"
     "print(os.environ['NRLLM_PROBE'], sys.argv[1], os.getppid())\n"
     "print(repr(sys.stdin.read()), file=sys.stderr)\n"
     "sys.exit(3)"
