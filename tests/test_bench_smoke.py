@@ -91,8 +91,11 @@ def test_the_bench_produces_every_figure(tmp_path):
     assert 0 < steady["most_model_connections"] <= steady["in_flight"]
     assert "steady state: 8 runs in flight" in (tmp_path / "results.md").read_text()
     # Where the host's CPU went, by process; the kernel's share of the workers'.
+    # The workers' own; the host-wide kinds present, not judged: in make test
+    # another test may stop a PostgreSQL of its own in the window, whose CPU
+    # then leaves the "postgres" kind (cpu_seconds_by_kind), below zero.
     spent = steady["host_cpu_ms_per_run_by_kind"]
-    assert spent["workers"] > 0 and spent["postgres"] > 0 and "bench" in spent, spent
+    assert spent["workers"] > 0 and "postgres" in spent and "bench" in spent, spent
     assert 0 <= steady["worker_system_share"] <= 1
     _steady_state_measured_again_replaces_only_its_rows(tmp_path, results)
     limited = results["under_a_provider_limit"]
