@@ -315,31 +315,9 @@ def serve(path: str):
                 if not os.read(sys.stdin.fileno(), 1024):
                     sys.exit(0)
             elif key.fileobj is listener:
-                connection, _ = listener.accept()
-                # A test that connected and sends nothing holds no one up.
-                connection.settimeout(5)
-                try:
-                    message, streams, _, _ = socket.recv_fds(connection, 1 << 20, 3)
-                except OSError:  # gone, or silent
-                    connection.close()
-                    continue
-                if not message or len(streams) != 3:
-                    for fd in streams:
-                        os.close(fd)
-                    connection.close()
-                    continue
-                try:
-                    pid = os.fork()
-                except OSError:  # the test starts it as usual
-                    pid = None
-                if pid is None:
-                    for fd in streams:
-                        os.close(fd)
-                    with contextlib.suppress(OSError):
-                        connection.send(b"-")
-                    connection.close()
-                    continue
-                if pid == 0:
+                child = _accept(listener, waiting)
+                if child is not None:
+                    connection, request, streams = child
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     for kept in (listener, connection, *waiting.values()):
@@ -347,17 +325,43 @@ def serve(path: str):
                     for fd in (woken, wake):
                         os.close(fd)
                     selector.close()
-                    return json.loads(message), streams
-                for fd in streams:
-                    os.close(fd)
-                waiting[pid] = connection
-                with contextlib.suppress(OSError):
-                    connection.send(str(pid).encode())
+                    return request, streams
             else:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(woken, 1024):
                         pass
                 _report_ended(waiting)
+
+
+def _accept(listener: socket.socket, waiting: dict) -> tuple | None:
+    """Fork a child for the next connection's request. In the child: the
+    connection, the request and its standard streams; in the server, None
+    (the child's pid sent, and its connection kept in ``waiting``)."""
+    connection, _ = listener.accept()
+    connection.settimeout(5)  # a test that connected and sends nothing holds no one up
+    try:
+        message, streams, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    except OSError:  # gone, or silent
+        connection.close()
+        return None
+    pid = None
+    if message and len(streams) == 3:
+        try:
+            pid = os.fork()
+        except OSError:  # the test starts it as usual
+            with contextlib.suppress(OSError):
+                connection.send(b"-")
+    if pid == 0:
+        return connection, json.loads(message), streams
+    for fd in streams:
+        os.close(fd)
+    if pid is None:
+        connection.close()
+        return None
+    waiting[pid] = connection
+    with contextlib.suppress(OSError):
+        connection.send(str(pid).encode())
+    return None
 
 
 def _report_ended(waiting: dict) -> None:

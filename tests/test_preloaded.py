@@ -14,8 +14,9 @@ from django.conf import settings
 from tests.helpers import ROOT, wait_until
 from tests.preloaded import PRELOAD, PreloadedPopen
 
-#: What the child reports: a variable of the request's, its arguments, its
-#: parent; then what it read from its standard input, on its standard error.
+#: What the child reports: its standard streams; a variable of the
+#: request's, its arguments, its parent; then what it read from its standard
+#: input, on its standard error.
 REPORT = (
     "import os, sys\n"
     "streams = (sys.stdin, sys.stdout, sys.stderr)\n"
