@@ -23,6 +23,23 @@ def cpu_seconds(process) -> float | None:
     return times.user + times.system
 
 
+def voluntary_context_switches(process) -> int:
+    """How often the threads of ``process`` alive now have gone to sleep:
+    each wait for the GIL that times out (CPython's switch interval) is one,
+    as is each wait for I/O. Summed over ``/proc/PID/task``, since a thread's
+    count is its own; a thread that ended takes its count with it."""
+    switches = 0
+    for task in os.listdir(f"/proc/{process.pid}/task"):
+        try:
+            with open(f"/proc/{process.pid}/task/{task}/status") as status:
+                for line in status:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        switches += int(line.split()[1])
+        except FileNotFoundError:
+            pass  # the thread ended as it was read
+    return switches
+
+
 @contextlib.contextmanager
 def paused(process):
     """``process`` and its children (a work horse) stopped (SIGSTOP) while

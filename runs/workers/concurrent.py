@@ -61,7 +61,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 from ground import tracing
 from runs.workers.preload import load_for_runs
 from runs.workers.redis_outage import WaitsOutRedis
-from runs.workers.run_threads import RunThreads
+from runs.workers.run_threads import RunThreads, set_the_gil_switch_interval
 from runs.workers.team_queues import ServesTeamQueues
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class ConcurrentWorker(WaitsOutRedis, ServesTeamQueues, SimpleWorker):
 
     def bootstrap(self, *args, **kwargs):
         load_for_runs()
+        set_the_gil_switch_interval()
         self.runs = RunThreads(settings.NRLLM_WORKER_CONCURRENCY)
         # Each run's thread holds a connection of this pool while RQ keeps
         # its job's books, and the main thread one while it takes jobs:

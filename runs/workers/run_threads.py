@@ -13,12 +13,29 @@ made as runs need them (never more than ``limit``: a thread waits for work
 before its run's slot is given back) and are daemons: a run still in
 flight never holds its process's exit. Each run ends with its thread's
 database connections closed (back to the pool), so no run sees another's.
+
+A process that keeps its runs in threads lets a thread hold the GIL
+``SWITCH_INTERVAL_SECONDS`` while others wait for it, not CPython's 5 ms
+(``set_the_gil_switch_interval``, called as a concurrent worker's
+process starts; a test process that makes ``RunThreads`` keeps its own). A
+thread waiting for the GIL wakes every interval to ask for it again: with
+the default, a thousand runs whose answers came together (a generation of
+runs that started together, or a host short of CPU) each slept and woke
+again every 5 ms, 250–594 times a run against 53–56 with 100 ms
+(``tests/test_model_connections.py``). Two workers at 4,000 runs in flight
+collapsed under it: 65–71% of their CPU in the kernel, 47–96 ms a run
+against 15 ms at 200 in flight, and 0.16–0.31 of the ideal rate; with 100
+ms, 16.6 ms a run (27% the kernel's) and 0.70, which is what the host's CPU
+allows (``bench/results.md``). A run's thread gives the GIL up by itself at
+each wait, every few milliseconds, so the interval only bounds how long a
+run that computes holds the others up.
 """
 
 import contextvars
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +48,20 @@ logger = logging.getLogger(__name__)
 
 #: The name of a thread waiting for its next run.
 IDLE_NAME = "run-thread-idle"
+
+#: How long a thread may hold the GIL while others wait for it (CPython's
+#: default: 5 ms). At 4,000 runs in flight on 2 processes, 100 runs a second
+#: asked of a host that had the CPU for about 70 (``bench/steady_state.py``):
+#: 5 ms collapsed (0.31 of the ideal, 47 ms a run); 20 ms, 100 ms and
+#: 500 ms gave 0.64, 0.70 and 0.60 at 18.1, 16.6 and 19.5 ms, one round
+#: each (the host's drift between rounds is as large as their spread).
+SWITCH_INTERVAL_SECONDS = 0.1
+
+
+def set_the_gil_switch_interval() -> None:
+    """For a process whose runs are threads: ``SWITCH_INTERVAL_SECONDS``
+    (or a longer interval already set)."""
+    sys.setswitchinterval(max(sys.getswitchinterval(), SWITCH_INTERVAL_SECONDS))
 
 
 class RunThreads:

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.workers.embedded import serve
 from runs.workers.open_files import hold_open_files
-from runs.workers.run_threads import RunThreads
+from runs.workers.run_threads import RunThreads, set_the_gil_switch_interval
 
 
 def _positive(kind):
@@ -53,6 +53,7 @@ class Command(BaseCommand):
             raise CommandError(f"embedded_worker not started: {error}") from None
         stop = threading.Event()
         self._stop_on_signals(stop)
+        set_the_gil_switch_interval()
         runs = RunThreads(settings.NRLLM_WORKER_CONCURRENCY)
         self.stdout.write(
             f"embedded worker: reaper and due runs every {interval:g}s "
