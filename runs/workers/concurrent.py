@@ -331,8 +331,15 @@ class ConcurrentWorker(WaitsOutRedis, ServesTeamQueues, SimpleWorker):
             super().heartbeat(self.job_monitoring_interval + 60, pipeline)
             created = []
             for performer, job in jobs:
+                # Read once: the job's thread drops its execution as the job
+                # ends, which may be since ``jobs`` was made (an ended job
+                # needs no heartbeat; one left out must not cost the others
+                # theirs).
+                execution = performer.execution
+                if execution is None:
+                    continue
                 ttl = int(performer.get_heartbeat_ttl(job))
-                performer.execution.heartbeat(job.started_job_registry, ttl, pipeline=pipeline)
+                execution.heartbeat(job.started_job_registry, ttl, pipeline=pipeline)
                 created.append((job, len(pipeline)))
                 job.heartbeat(now(), ttl, pipeline=pipeline, xx=True)
             results = pipeline.execute()
