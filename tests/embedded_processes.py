@@ -84,6 +84,7 @@ def embedded_worker(env):
         process.kill()
         raise
     assert process.returncode == 0, output[-3000:]
+    assert "runs in flight, the GIL's switch interval 100 ms)" in output
     assert "embedded worker: stopped" in output
 
 

@@ -25,9 +25,10 @@ def cpu_seconds(process) -> float | None:
 
 def voluntary_context_switches(process) -> int:
     """How often the threads of ``process`` alive now have gone to sleep:
-    each wait for the GIL that times out (CPython's switch interval) is one,
-    as is each wait for I/O. Summed over ``/proc/PID/task``, since a thread's
-    count is its own; a thread that ended takes its count with it."""
+    every wait counts, for I/O, a lock or the GIL, and a thread waiting for
+    the GIL sleeps again each switch interval while it is not its turn.
+    Summed over ``/proc/PID/task``, since a thread's count is its own; a
+    thread that ended takes its count with it."""
     switches = 0
     for task in os.listdir(f"/proc/{process.pid}/task"):
         try:

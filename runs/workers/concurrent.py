@@ -47,6 +47,7 @@ worker of ``rqworker-pool`` leaves by ``os._exit``, past exit hooks.
 
 import copy
 import logging
+import sys
 import threading
 import time
 
@@ -115,7 +116,11 @@ class ConcurrentWorker(WaitsOutRedis, ServesTeamQueues, SimpleWorker):
         #: leaves that job unstarted: the reaper dispatches its run again.)
         self._waiting = False
         super().bootstrap(*args, **kwargs)
-        logger.info("concurrent worker: up to %d runs in flight", self.runs.limit)
+        logger.info(
+            "concurrent worker: up to %d runs in flight, the GIL's switch interval %g ms",
+            self.runs.limit,
+            sys.getswitchinterval() * 1000,
+        )
 
     def work(self, *args, max_jobs=None, **kwargs):
         """RQ's loop; with ``max_jobs`` jobs are taken one at a time, so that

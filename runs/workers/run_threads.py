@@ -27,8 +27,10 @@ collapsed under it: 65–71% of their CPU in the kernel, 47–96 ms a run
 against 15 ms at 200 in flight, and 0.16–0.31 of the ideal rate; with 100
 ms, 16.6 ms a run (27% the kernel's) and 0.70, which is what the host's CPU
 allows (``bench/results.md``). A run's thread gives the GIL up by itself at
-each wait, every few milliseconds, so the interval only bounds how long a
-run that computes holds the others up.
+each wait, every few milliseconds, so the interval matters only while runs
+compute: each then holds the GIL up to 100 ms at a stretch, and a run
+waiting for it may wait out several such stretches (C code that holds the
+GIL is bound by none). The worker's start line says the interval.
 """
 
 import contextvars

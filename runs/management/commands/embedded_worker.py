@@ -1,6 +1,7 @@
 """``manage.py embedded_worker``: the embedded default's worker and reaper (no Redis)."""
 
 import signal
+import sys
 import threading
 
 from django.conf import settings
@@ -57,7 +58,8 @@ class Command(BaseCommand):
         runs = RunThreads(settings.NRLLM_WORKER_CONCURRENCY)
         self.stdout.write(
             f"embedded worker: reaper and due runs every {interval:g}s "
-            f"(up to {runs.limit} runs in flight); SIGINT/SIGTERM to stop"
+            f"(up to {runs.limit} runs in flight, the GIL's switch interval "
+            f"{sys.getswitchinterval() * 1000:g} ms); SIGINT/SIGTERM to stop"
         )
         self.stdout.flush()
         try:
