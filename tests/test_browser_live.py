@@ -247,6 +247,11 @@ def test_live_pages_show_a_new_step_an_ended_run_and_a_decided_call_without_a_re
         expect(changed).to_contain_text("This list has changed", timeout=CATCH_UP)
         expect(changed.locator("a")).to_have_text("reload")
         expect(runs_list.locator("#result_list tbody tr")).to_have_count(4)
+        # The run that arrived ran as it was enqueued (without Redis it runs
+        # in its caller): a poll the overview made meanwhile showed it running.
+        # Its next shows it ended; a fresh clone's loaded host cut the server
+        # off below before that poll came.
+        expect(overview.locator("#running")).to_have_text("0", timeout=CATCH_UP)
 
         # The server does not answer: the overview stays as it was, says so
         # quietly, and catches up once it answers again.
