@@ -128,6 +128,8 @@ def steady_state_rows(figures: list[dict]) -> list[dict]:
     issue's targets are at 4,000 against 200."""
     if not figures:
         return []
+    # By runs in flight, then latency, whatever order they were measured in.
+    figures = sorted(figures, key=lambda figure: (figure["in_flight"], figure["latency_seconds"]))
     fewest = min(figures, key=lambda figure: figure["in_flight"])
     # Of two rows with as many runs in flight, the one whose model answers
     # soonest: it asks the most runs a second of them (the issue's 4,000 at
