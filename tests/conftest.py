@@ -2,6 +2,7 @@
 processes, a local HTTP server and the database fault injector."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from django.db import connection
 
 from runs.queue.dispatch import run_queue
 from teams.models import DEFAULT_TEAM_ID
-from tests.helpers import ROOT
+from tests.helpers import ROOT, manage, sqlite_env
 from tests.http_fixture import TestResolver, start_http_server
 from tests.mcp_fixtures import http_tracker, tracker  # noqa: F401 (fixtures)
 from tests.processes import WorkerProcess
@@ -22,14 +23,21 @@ from tests.webhook_receiver import receiver  # noqa: F401 (a fixture)
 
 
 def pytest_collection_modifyitems(items):
-    """Give each schemathesis item (one per API operation, named
-    ``test[GET /api/...]``) a node id of its own. Under pytest 9.2 they all
-    get their test function's, and xdist keys its work by node id: with
+    """The ``slow`` tests first, and each schemathesis item its own node id.
+
+    xdist hands the tests out in this order: a soak or a browser suite that
+    came late (most are in modules named after ``s`` or ``t``) would keep
+    one worker busy alone at the suite's end while the others stood idle.
+
+    Each schemathesis item (one per API operation, named
+    ``test[GET /api/...]``) gets a node id of its own. Under pytest 9.2 they
+    all get their test function's, and xdist keys its work by node id: with
     ``--dist loadgroup`` it ran one operation per schemathesis test and
     dropped the others without a word. ``test_api_schema.py`` checks each
     item's id, so a pytest that no longer has ``_id`` fails there."""
     from _pytest.nodeid import NodeId
 
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         label = getattr(item, "operation_label", None)
         if label and hasattr(item, "_id") and item._id.params is None:
@@ -97,6 +105,23 @@ def post_migrate_rows_kept(django_db_setup, django_db_blocker):
     TransactionTestCase._fixture_teardown = flush_keeping_post_migrate_rows
     yield
     TransactionTestCase._fixture_teardown = flush_and_send_post_migrate
+
+
+@pytest.fixture(scope="session")
+def migrated(tmp_path_factory):
+    """``migrated(path)`` puts at ``path`` a copy of a SQLite database
+    migrated once for the test process (a process and several seconds of
+    CPU each): for the tests of the embedded default whose subject comes
+    after the migrations. ``make run``'s own set-up and the migrations
+    themselves are tested from an empty file (``test_embedded_default``)."""
+    template = tmp_path_factory.mktemp("migrated") / "template.sqlite3"
+    done = manage("migrate", "--noinput", env=sqlite_env(template))
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def copy_to(path):
+        shutil.copyfile(template, path)
+
+    return copy_to
 
 
 @pytest.fixture

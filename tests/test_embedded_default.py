@@ -3,11 +3,9 @@ no PostgreSQL. The set-up commands run as `make run` runs them."""
 
 import json
 import os
-import shutil
 import uuid
 from datetime import datetime, timedelta
 
-import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from agents.management.commands import seed_demo
@@ -27,22 +25,6 @@ from tests.helpers import manage, sqlite_env, wait_until
 #: A wait fails after this long with nothing moving (``progress``), not
 #: after this long in all: a loaded host is slow, a stuck one still.
 STALLED = 60.0
-
-
-@pytest.fixture(scope="module")
-def migrated(tmp_path_factory):
-    """``migrated(path)`` puts at ``path`` a copy of a SQLite database
-    migrated once for the module (a process and most of two seconds each):
-    for the tests whose subject comes after the migrations. ``make run``'s
-    own set-up and the migrations themselves are tested from an empty file."""
-    template = tmp_path_factory.mktemp("migrated") / "template.sqlite3"
-    done = manage("migrate", "--noinput", env=sqlite_env(template))
-    assert done.returncode == 0, done.stderr[-2000:]
-
-    def copy_to(path):
-        shutil.copyfile(template, path)
-
-    return copy_to
 
 
 def test_make_runs_setup_works_on_sqlite_without_redis_and_ends_with_how_to_log_in(tmp_path):

@@ -19,8 +19,9 @@ LOOK_UP = {"name": "look_up_ticket", "arguments": {"title": "who owns db-2"}}
 
 
 @pytest.fixture
-def env(tmp_path, fake_openai):
+def env(tmp_path, fake_openai, migrated):
     database = tmp_path / "embedded.sqlite3"
+    migrated(database)
     variables = sqlite_env(
         database,
         NRLLM_OPENAI_BASE_URL=fake_openai.base_url,
@@ -28,8 +29,6 @@ def env(tmp_path, fake_openai):
         NRLLM_TOOLS=TOOLS_ENV,
         NRLLM_APPROVAL_REQUIRED_FOR="none",
     )
-    done = manage("migrate", "--noinput", env=variables)
-    assert done.returncode == 0, done.stderr[-2000:]
     return variables
 
 

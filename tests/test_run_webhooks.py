@@ -223,7 +223,7 @@ def test_a_worker_killed_after_the_settle_leaves_the_event_to_the_reaper(model, 
     assert ("take 1" in expected) if model else (expected == "shipped (take same)")
 
 
-def test_on_sqlite_the_triggers_record_every_end_and_outlive_a_migrate(tmp_path):
+def test_on_sqlite_the_triggers_record_every_end_and_outlive_a_migrate(tmp_path, migrated):
     """The embedded default: ``run_agent`` tells the receiver itself, a
     dead-lettered run is marked so, and ``migrate`` puts back a trigger a
     table rebuild would have dropped."""
@@ -236,8 +236,8 @@ def test_on_sqlite_the_triggers_record_every_end_and_outlive_a_migrate(tmp_path)
         NRLLM_RUN_WEBHOOK_SECRET=SECRET,
         NRLLM_EXECUTE_IN_CALLER="true",
     )
+    migrated(database)
     try:
-        assert manage("migrate", "--noinput", env=env).returncode == 0
         with contextlib.closing(sqlite3.connect(database)) as db:
             db.execute("DROP TRIGGER nrllm_run_event")  # as a rebuild of the runs table does
             db.execute("DROP TRIGGER nrllm_team_never_changes_runs_agentrun")  # so, too

@@ -104,9 +104,9 @@ def test_the_tool_filter_matches_offered_tools_only(admin_client, api):
     assert [prompt for prompt, pk in runs.items() if str(pk) in page] == ["offers it"]
 
 
-def test_the_tool_filter_matches_offered_tools_only_on_sqlite_too(tmp_path):
+def test_the_tool_filter_matches_offered_tools_only_on_sqlite_too(tmp_path, migrated):
+    migrated(tmp_path / "tool_filter.sqlite3")
     env = sqlite_env(tmp_path / "tool_filter.sqlite3")
-    assert manage("migrate", "--noinput", env=env).returncode == 0
     script = (
         "import json, sys\n"
         "from runs.models import AgentRun\n"

@@ -240,12 +240,12 @@ print("BUDGET", team_budget_and_name(priced.pk))
 """
 
 
-def test_on_sqlite_a_teams_budget_is_read_before_each_call(tmp_path):
+def test_on_sqlite_a_teams_budget_is_read_before_each_call(tmp_path, migrated):
     """No reservation on the embedded default: the team's spend is read
     before the call, and the call it has no room for is not made. A limit on
     cost is read back exact (SQLite hands a decimal column back as a float)."""
+    migrated(tmp_path / "db.sqlite3")
     env = sqlite_env(tmp_path / "db.sqlite3", NRLLM_RESERVE_MAX_TOKENS="40")
-    assert manage("migrate", "-v0", env=env).returncode == 0
     shell = manage("shell", "-c", _ON_SQLITE, env=env)
     results = [line for line in shell.stdout.splitlines() if line.startswith("RESULT")]
     assert results[0] == "RESULT completed completed ", shell.stderr

@@ -19,10 +19,10 @@ print(run.status, sorted({{name.split(".")[0] for name in sys.modules}} & set({S
 """
 
 
-def test_a_process_whose_runs_use_neither_sdk_never_imports_them(tmp_path):
+def test_a_process_whose_runs_use_neither_sdk_never_imports_them(tmp_path, migrated):
     # The run executes in the process that enqueues it, as a worker's would.
+    migrated(tmp_path / "db.sqlite3")
     env = sqlite_env(tmp_path / "db.sqlite3", NRLLM_EXECUTE_IN_CALLER="true")
-    assert manage("migrate", "-v0", env=env).returncode == 0
     shell = manage("shell", "-c", _RUN_ONE_SCRIPTED_RUN, env=env)
     assert shell.returncode == 0, shell.stderr
     assert shell.stdout.split("\n")[-2] == "completed []"
