@@ -39,8 +39,10 @@ SIZES = {
         # what the host's CPU can give (the 200 and 20 s rows ask for 100 a
         # second). Those two, whose worker CPU per run the targets set
         # against each other, are measured last and back to back: the
-        # host's speed drifts (its fixed loop 100 ms in one row and 203 ms
-        # in the next, once) less between neighbours. The table sorts them.
+        # host's speed drifts from minute to minute (its fixed loop 100 ms
+        # in the one and 203 ms in the other, once, with the 1,000 row
+        # between them), and both see a database that the rows before them
+        # filled and emptied. The table sorts the rows.
         "steady": {
             "rows": [(1000, 10.0), (4000, 40.0), (200, 1.0), (4000, 20.0)],
             "processes": 2,
@@ -121,6 +123,9 @@ def _steady_rows(text: str) -> list[tuple[int, float]]:
         raise argparse.ArgumentTypeError(f"not IN_FLIGHTxLATENCY rows: {text!r}") from None
     if any(in_flight < 1 or not latency > 0 for in_flight, latency in rows):
         raise argparse.ArgumentTypeError(f"runs in flight and latency above zero: {text!r}")
+    if len(set(rows)) < len(rows):
+        # The results keep a figure per row: a second would stand beside the first.
+        raise argparse.ArgumentTypeError(f"a row given twice: {text!r}")
     return rows
 
 

@@ -2,10 +2,11 @@
 processes, a local HTTP server and the database fault injector."""
 
 import os
-import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 
 import psutil
 import pytest
@@ -23,21 +24,14 @@ from tests.webhook_receiver import receiver  # noqa: F401 (a fixture)
 
 
 def pytest_collection_modifyitems(items):
-    """The ``slow`` tests first, and each schemathesis item its own node id.
-
-    xdist hands the tests out in this order: a soak or a browser suite that
-    came late (most are in modules named after ``s`` or ``t``) would keep
-    one worker busy alone at the suite's end while the others stood idle.
-
-    Each schemathesis item (one per API operation, named
-    ``test[GET /api/...]``) gets a node id of its own. Under pytest 9.2 they
-    all get their test function's, and xdist keys its work by node id: with
+    """Give each schemathesis item (one per API operation, named
+    ``test[GET /api/...]``) a node id of its own. Under pytest 9.2 they all
+    get their test function's, and xdist keys its work by node id: with
     ``--dist loadgroup`` it ran one operation per schemathesis test and
     dropped the others without a word. ``test_api_schema.py`` checks each
     item's id, so a pytest that no longer has ``_id`` fails there."""
     from _pytest.nodeid import NodeId
 
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         label = getattr(item, "operation_label", None)
         if label and hasattr(item, "_id") and item._id.params is None:
@@ -119,7 +113,9 @@ def migrated(tmp_path_factory):
     assert done.returncode == 0, done.stderr[-2000:]
 
     def copy_to(path):
-        shutil.copyfile(template, path)
+        # SQLite's own copy: whatever a write-ahead log still held comes too.
+        with closing(sqlite3.connect(template)) as source, closing(sqlite3.connect(path)) as copy:
+            source.backup(copy)
 
     return copy_to
 

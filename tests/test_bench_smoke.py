@@ -117,9 +117,10 @@ def test_the_bench_produces_every_figure(tmp_path):
 
 def _steady_state_measured_again_replaces_only_its_rows(output, results):
     """``bench.run --only steady --merge``: a row measured again (its runs in
-    flight and latency) replaces its figures, a new one joins them after, the
-    rows not measured again stay; every row of the table that is not the
-    steady state's is kept as it was, in its place."""
+    flight and latency) replaces its figures, new ones join them after, the
+    rows not measured again stay; the table shows them by runs in flight,
+    and every row of it that is not the steady state's is kept as it was,
+    in its place."""
     from bench.run import _merge_steady_state
     from bench.table import STEADY_STATE_ROWS
 
@@ -127,14 +128,17 @@ def _steady_state_measured_again_replaces_only_its_rows(output, results):
     (eight,) = results["steady_state"]
     again = {**eight, "ended_in_window": 123_456}
     sixteen = {**eight, "in_flight": 16, "concurrency": 8}
-    _merge_steady_state(output, [sixteen, again])
+    four = {**eight, "in_flight": 4, "concurrency": 2}
+    _merge_steady_state(output, [sixteen, again, four])
     after = json.loads((output / "results.json").read_text())
-    assert after["steady_state"] == [again, sixteen]
+    assert after["steady_state"] == [again, sixteen, four]
     steady_rows = [
         index for index, row in enumerate(before) if row["figure"].startswith(STEADY_STATE_ROWS)
     ]
     first, last = steady_rows[0], steady_rows[-1] + 1
     assert after["table"][:first] == before[:first]
-    assert after["table"][first + 2 * (last - first) :] == before[last:]
+    assert after["table"][first + 3 * (last - first) :] == before[last:]
     markdown = (output / "results.md").read_text()
-    assert "123,456 runs ended in it" in markdown and "steady state: 16 runs in flight" in markdown
+    assert "123,456 runs ended in it" in markdown
+    shown = [markdown.index(f"steady state: {count} runs in flight") for count in (4, 8, 16)]
+    assert shown == sorted(shown)

@@ -242,8 +242,8 @@ def test_on_sqlite_the_triggers_record_every_end_and_outlive_a_migrate(tmp_path,
             db.execute("DROP TRIGGER nrllm_run_event")  # as a rebuild of the runs table does
             db.execute("DROP TRIGGER nrllm_team_never_changes_runs_agentrun")  # so, too
             db.commit()
-        migrated = manage("migrate", "--noinput", env=env)
-        assert migrated.returncode == 0, migrated.stderr[-2000:]
+        again = manage("migrate", "--noinput", env=env)
+        assert again.returncode == 0, again.stderr[-2000:]
         request = json.dumps({**scripted({"content": "hi"}), "webhook": receiver.url()})
         ran = manage("run_agent", "-", env=env, stdin=request)
         assert ran.returncode == 0, ran.stderr[-2000:]
