@@ -236,8 +236,8 @@ def test_on_sqlite_the_triggers_record_every_end_and_outlive_a_migrate(tmp_path,
         NRLLM_RUN_WEBHOOK_SECRET=SECRET,
         NRLLM_EXECUTE_IN_CALLER="true",
     )
-    migrated(database)
     try:
+        migrated(database)
         with contextlib.closing(sqlite3.connect(database)) as db:
             db.execute("DROP TRIGGER nrllm_run_event")  # as a rebuild of the runs table does
             db.execute("DROP TRIGGER nrllm_team_never_changes_runs_agentrun")  # so, too
