@@ -1,5 +1,6 @@
 """`make bench` in small: every figure is produced (the numbers are not judged here)."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -142,3 +143,18 @@ def _steady_state_measured_again_replaces_only_its_rows(output, results):
     assert "123,456 runs ended in it" in markdown
     shown = [markdown.index(f"steady state: {count} runs in flight") for count in (4, 8, 16)]
     assert shown == sorted(shown)
+
+
+def test_rows_asked_for_are_refused_when_malformed_or_given_twice():
+    """``--rows``: the results keep one figure per row, so a row given twice
+    is refused, as a row that is not IN_FLIGHTxLATENCY or not above zero is."""
+    from bench.run import _steady_rows
+
+    assert _steady_rows("4000x20,200x1") == [(4000, 20.0), (200, 1.0)]
+    for rows, why in [
+        ("4000", "not IN_FLIGHTxLATENCY"),
+        ("0x1", "above zero"),
+        ("8x1,200x1,8x1", "a row given twice"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            _steady_rows(rows)
