@@ -10,10 +10,15 @@ What runs is still the real ``manage.py``, in a process of its own, with
 the test's arguments, environment, working directory and standard
 streams. The project, ``django.setup()`` and the settings are imported in
 the child, after the fork; only libraries are preloaded, none of which
-reads a setting as it is imported. A library may read the environment as
-it is imported, so a process whose environment differs from the server's
-in anything but the variables in ``READ_LATER`` (the project's, read by
-the settings in the child) is started the usual way. So is every process
+reads a setting as it is imported. The model and MCP SDKs, which a worker
+imports when a run first uses one (about 1 s of CPU each, in some 150 of
+the suite's workers), are imported by the server as well but kept out of
+each child's ``sys.modules`` until it imports one of their modules: then
+it gets all of them at once, the server's (``DEFERRED``). A library may
+read the environment as it is imported, so a process whose environment
+differs from the server's in anything but the variables in
+``READ_LATER`` (the project's, read by the settings in the child) is
+started the usual way. So is every process
 when ``NRLLM_TEST_PRELOAD=0``, and every command but ``manage.py``.
 
 The test holds a ``subprocess.Popen`` whose pid is the child's: signals,
@@ -26,7 +31,10 @@ server share its hash seed (set and dict orders agree between them, as
 they would in one process); the server reaps a child as it exits, so
 psutil no longer finds an ended process the test has not waited for (the
 tree walks here allow for that, or walk a worker expected to be alive);
-and its command line reads ``python -m tests.preloaded``.
+its command line reads ``python -m tests.preloaded``; a child that imports
+one SDK has the other's modules as well; and what the SDKs' import did
+beyond making modules is every child's (loggers made, and multiprocessing's
+exit function registered: it finds nothing to do).
 
     python -m tests.preloaded SOCKET   (started by ``PreloadedPopen``)
 """
@@ -35,6 +43,8 @@ import atexit
 import contextlib
 import gc
 import importlib
+import importlib.abc
+import importlib.machinery
 import io
 import json
 import os
@@ -56,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: imports (-X importtime), and nothing they do not bring in, none of which
 #: reads a Django setting as it is imported (``test_preloaded.py`` checks
 #: both). Not the model and MCP SDKs or OpenTelemetry's: tests assert which
-#: processes import them.
+#: processes import them (those are ``DEFERRED``).
 PRELOAD = (
     "django.core.management",
     "django.core.checks",
@@ -78,6 +88,7 @@ PRELOAD = (
     "psycopg",
     "psycopg_pool",
     "httpx",
+    "anyio",
     "jsonschema",
     "regex",
     "croniter",
@@ -85,6 +96,21 @@ PRELOAD = (
     "standardwebhooks",
     "psutil",
     "sqlparse",
+)
+
+#: Imported by the server too, after ``PRELOAD``, but kept out of each
+#: child's ``sys.modules`` until the child imports one of the modules they
+#: brought in (``_Deferred``): the SDKs a worker imports when a run first
+#: uses them (``runs.providers``, ``tools.mcp``), about 1 s of CPU each. A
+#: child that never does has none of them (``test_worker_footprint``).
+DEFERRED = (
+    "openai",
+    "mcp",
+    "mcp.client.stdio",
+    "mcp.client.streamable_http",
+    "mcp.shared._httpx_utils",
+    "mcp.shared.exceptions",
+    "mcp_types.version",
 )
 
 #: The variables a child may have that the server has not, or other
@@ -285,6 +311,11 @@ def serve(path: str):
     ends. Returns only in a child: its request and standard streams."""
     for name in PRELOAD:
         importlib.import_module(name)
+    before = set(sys.modules)
+    for name in DEFERRED:
+        importlib.import_module(name)
+    deferred = {name: sys.modules.pop(name) for name in set(sys.modules) - before}
+    sys.meta_path.insert(0, _Deferred(deferred))
     assert threading.active_count() == 1, "a preloaded library started a thread"
     from django.conf import settings
 
@@ -331,6 +362,48 @@ def serve(path: str):
                     while os.read(woken, 1024):
                         pass
                 _report_ended(waiting)
+
+
+class _Deferred(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """The modules ``DEFERRED``'s imports brought in, out of ``sys.modules``
+    until the child imports one of them: then all are put back at once, the
+    server's own objects, never a second copy of any. At once, because a
+    module of theirs may use another without importing it (a pydantic model
+    built at its first use looks its module's namespace up in
+    ``sys.modules``). First on ``sys.meta_path`` for the child's life: an
+    import of a module put back by a thread's import racing it still gets
+    the server's."""
+
+    def __init__(self, modules: dict):
+        self.modules = modules
+        self.specs = {name: getattr(module, "__spec__", None) for name, module in modules.items()}
+        self.put_back = False
+
+    def find_spec(self, name, path=None, target=None):
+        # Called under the import system's global lock.
+        if name not in self.modules:
+            return None
+        if not self.put_back:
+            self.put_back = True
+            for other, module in self.modules.items():
+                if other != name:
+                    sys.modules.setdefault(other, module)
+        made = self.specs[name]
+        spec = importlib.machinery.ModuleSpec(
+            name,
+            self,
+            origin=getattr(made, "origin", None),
+            is_package=getattr(made, "submodule_search_locations", None) is not None,
+        )
+        spec.has_location = bool(getattr(made, "has_location", False))
+        return spec
+
+    def create_module(self, spec):
+        return self.modules[spec.name]
+
+    def exec_module(self, module):
+        # Made in the server: only the spec the import system set is undone.
+        module.__spec__ = self.specs[module.__spec__.name]
 
 
 def _accept(listener: socket.socket, waiting: dict) -> tuple | None:

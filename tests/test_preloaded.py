@@ -75,6 +75,39 @@ def test_a_forked_process_is_the_one_asked_for_and_one_a_library_may_have_read_f
     assert sleeping.returncode == -signal.SIGKILL
 
 
+#: What a child reports of the SDKs its server imported for later
+#: (``DEFERRED``): which it has, and its parent; then which it has once it
+#: imported two, whether a module imported twice is one, the loader the
+#: spec of the first one imported names (the file's, as in a fresh process),
+#: and an answer validated by a model pydantic builds at its first use (from
+#: its module's namespace, looked up in ``sys.modules``).
+DEFERRED_REPORT = (
+    "import os, sys\n"
+    "SDKS = {'openai', 'mcp', 'mcp_types', 'pydantic'}\n"
+    "print(sorted(SDKS & set(sys.modules)), os.getppid())\n"
+    "from mcp.client import stdio\n"
+    "import mcp.client.stdio as imported\n"
+    "import openai\n"
+    "from openai.types.chat import ChatCompletion\n"
+    "answer = ChatCompletion.model_validate(\n"
+    "    {'id': 'c1', 'choices': [], 'created': 1, 'model': 'm', 'object': 'chat.completion'}\n"
+    ")\n"
+    "print(sorted(SDKS & set(sys.modules)), imported is stdio,\n"
+    "      type(sys.modules['mcp'].__spec__.loader).__name__, answer.id)\n"
+)
+
+
+def test_the_sdks_the_server_imported_are_a_childs_only_once_it_imports_them():
+    child = _start(DEFERRED_REPORT, NRLLM_PROBE="-")
+    output, errors = child.communicate("", timeout=60)
+    assert child.returncode == 0, errors[-2000:]
+    started, imported = output.splitlines()[-2:]
+    sdks, parent = started.rsplit(" ", 1)
+    assert sdks == "[]"  # as in a fresh process: none until a run uses one
+    assert int(parent) != os.getpid()  # forked from the server that imported them
+    assert imported == "['mcp', 'mcp_types', 'openai', 'pydantic'] True SourceFileLoader c1"
+
+
 def test_a_library_that_reads_a_setting_as_it_is_imported_is_refused_at_the_servers_start(
     tmp_path,
 ):
