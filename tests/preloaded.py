@@ -13,7 +13,7 @@ the child, after the fork; only libraries are preloaded, none of which
 reads a setting as it is imported. The model and MCP SDKs, which a worker
 imports when a run first uses one (about 1 s of CPU each, in some 150 of
 the suite's workers), are imported by the server as well but kept out of
-each child's ``sys.modules`` until it imports one of their modules: then
+each child's ``sys.modules`` until it imports one of an SDK's modules: then
 it gets all of them at once, the server's (``DEFERRED``). A library may
 read the environment as it is imported, so a process whose environment
 differs from the server's in anything but the variables in
@@ -32,9 +32,9 @@ they would in one process); the server reaps a child as it exits, so
 psutil no longer finds an ended process the test has not waited for (the
 tree walks here allow for that, or walk a worker expected to be alive);
 its command line reads ``python -m tests.preloaded``; a child that imports
-one SDK has the other's modules as well; and what the SDKs' import did
-beyond making modules is every child's (loggers made, and multiprocessing's
-exit function registered: it finds nothing to do).
+one SDK has the other's modules as well, and their modules' specs name a
+loader of this module's (``_HandedBack``: the file's own loader behind it);
+and the loggers the SDKs' import made are every child's.
 
     python -m tests.preloaded SOCKET   (started by ``PreloadedPopen``)
 """
@@ -43,7 +43,6 @@ import atexit
 import contextlib
 import gc
 import importlib
-import importlib.abc
 import importlib.machinery
 import io
 import json
@@ -99,10 +98,11 @@ PRELOAD = (
 )
 
 #: Imported by the server too, after ``PRELOAD``, but kept out of each
-#: child's ``sys.modules`` until the child imports one of the modules they
-#: brought in (``_Deferred``): the SDKs a worker imports when a run first
-#: uses them (``runs.providers``, ``tools.mcp``), about 1 s of CPU each. A
-#: child that never does has none of them (``test_worker_footprint``).
+#: child's ``sys.modules`` until the child imports them (``_Deferred``): the
+#: SDKs a worker imports when a run first uses them (``runs.providers``,
+#: ``tools.mcp``), about 1 s of CPU each. A child that never does has none
+#: of them (``test_preloaded.py``), as a fresh process
+#: (``test_worker_footprint``).
 DEFERRED = (
     "openai",
     "mcp",
@@ -311,11 +311,17 @@ def serve(path: str):
     ends. Returns only in a child: its request and standard streams."""
     for name in PRELOAD:
         importlib.import_module(name)
-    before = set(sys.modules)
+    before, exit_functions = set(sys.modules), atexit._ncallbacks()
     for name in DEFERRED:
         importlib.import_module(name)
     deferred = {name: sys.modules.pop(name) for name in set(sys.modules) - before}
-    sys.meta_path.insert(0, _Deferred(deferred))
+    # What their import registered to run at exit is known, and undone (it is
+    # registered again as its module is handed back); anything more fails here.
+    known = _AS_IMPORTED.keys() & deferred.keys()
+    assert atexit._ncallbacks() == exit_functions + len(known), "an unknown exit function"
+    for name in known:
+        atexit.unregister(deferred[name]._exit_function)
+    sys.meta_path.insert(0, _Deferred(deferred, {name.split(".")[0] for name in DEFERRED}))
     assert threading.active_count() == 1, "a preloaded library started a thread"
     from django.conf import settings
 
@@ -364,46 +370,88 @@ def serve(path: str):
                 _report_ended(waiting)
 
 
-class _Deferred(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """The modules ``DEFERRED``'s imports brought in, out of ``sys.modules``
-    until the child imports one of them: then all are put back at once, the
-    server's own objects, never a second copy of any. At once, because a
-    module of theirs may use another without importing it (a pydantic model
-    built at its first use looks its module's namespace up in
-    ``sys.modules``). First on ``sys.meta_path`` for the child's life: an
-    import of a module put back by a thread's import racing it still gets
-    the server's."""
+#: What importing a module does beyond making it, done again as a deferred
+#: module is handed back (the server undid it after ``DEFERRED``'s imports):
+#: multiprocessing registers its exit function as ``util`` is imported.
+_AS_IMPORTED = {"multiprocessing.util": lambda util: atexit.register(util._exit_function)}
 
-    def __init__(self, modules: dict):
-        self.modules = modules
-        self.specs = {name: getattr(module, "__spec__", None) for name, module in modules.items()}
+
+class _Deferred:
+    """The modules ``DEFERRED``'s imports brought in, out of ``sys.modules``
+    until the child imports one, and then handed back: the server's own
+    objects, never run again. The first module of an SDK (``roots``) puts
+    all of them back at once, because a module of theirs may use another
+    without importing it (a pydantic model built at its first use looks its
+    module's namespace up in ``sys.modules``); any other (``shlex``,
+    ``multiprocessing.connection``, which a worker may import for itself)
+    comes back alone. A module's spec is its ``_HandedBack`` from the
+    server on: an import racing another thread's, which finds the module
+    put back meanwhile and loads it by its spec, gets it back too. A
+    reload reads the file again, as in a fresh process."""
+
+    def __init__(self, modules: dict, roots: set):
+        self.modules, self.roots = modules, roots
         self.put_back = False
+        self.specs = {}
+        for name, module in modules.items():
+            made = getattr(module, "__spec__", None)
+            spec = self.specs[name] = importlib.machinery.ModuleSpec(
+                name,
+                _HandedBack(self, module, getattr(made, "loader", None)),
+                origin=getattr(made, "origin", None),
+                loader_state=getattr(made, "loader_state", None),
+                is_package=getattr(made, "submodule_search_locations", None) is not None,
+            )
+            if made is not None:
+                spec.submodule_search_locations = made.submodule_search_locations
+                spec.cached, spec.has_location = made.cached, made.has_location
+                module.__spec__ = spec
+        # A package of the server's keeps no attribute naming a deferred
+        # submodule: ``from multiprocessing import util`` imports it, as in a
+        # fresh process, instead of finding it.
+        self.detached = []
+        for name, module in modules.items():
+            parent, _, child = name.rpartition(".")
+            package = sys.modules.get(parent)
+            if package is not None and getattr(package, child, None) is module:
+                delattr(package, child)
+                self.detached.append((package, child, module))
 
     def find_spec(self, name, path=None, target=None):
-        # Called under the import system's global lock.
-        if name not in self.modules:
-            return None
-        if not self.put_back:
+        return None if target is not None else self.specs.get(name)
+
+    def handing_back(self, name: str, module) -> None:
+        """``name`` is being imported: put back what comes back with it."""
+        back = {name: module}
+        if not self.put_back and name.partition(".")[0] in self.roots:
             self.put_back = True
-            for other, module in self.modules.items():
-                if other != name:
-                    sys.modules.setdefault(other, module)
-        made = self.specs[name]
-        spec = importlib.machinery.ModuleSpec(
-            name,
-            self,
-            origin=getattr(made, "origin", None),
-            is_package=getattr(made, "submodule_search_locations", None) is not None,
-        )
-        spec.has_location = bool(getattr(made, "has_location", False))
-        return spec
+            back = {other: made for other, made in self.modules.items() if other not in sys.modules}
+            sys.modules.update({other: made for other, made in back.items() if other != name})
+            for package, child, made in self.detached:
+                if back.get(made.__name__) is made:
+                    setattr(package, child, made)
+        for done_again, module in back.items():
+            if done_again in _AS_IMPORTED:
+                _AS_IMPORTED[done_again](module)
+
+
+class _HandedBack:
+    """The loader of a deferred module: hands the server's module back, run
+    already; for the rest (its files, source and resources) the loader that
+    made it."""
+
+    def __init__(self, deferred: _Deferred, module, made_by):
+        self._deferred, self._module, self._made_by = deferred, module, made_by
 
     def create_module(self, spec):
-        return self.modules[spec.name]
+        self._deferred.handing_back(spec.name, self._module)
+        return self._module
 
     def exec_module(self, module):
-        # Made in the server: only the spec the import system set is undone.
-        module.__spec__ = self.specs[module.__spec__.name]
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._made_by, name)
 
 
 def _accept(listener: socket.socket, waiting: dict) -> tuple | None:

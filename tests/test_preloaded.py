@@ -76,36 +76,62 @@ def test_a_forked_process_is_the_one_asked_for_and_one_a_library_may_have_read_f
 
 
 #: What a child reports of the SDKs its server imported for later
-#: (``DEFERRED``): which it has, and its parent; then which it has once it
-#: imported two, whether a module imported twice is one, the loader the
-#: spec of the first one imported names (the file's, as in a fresh process),
-#: and an answer validated by a model pydantic builds at its first use (from
-#: its module's namespace, looked up in ``sys.modules``).
-DEFERRED_REPORT = (
-    "import os, sys\n"
-    "SDKS = {'openai', 'mcp', 'mcp_types', 'pydantic'}\n"
-    "print(sorted(SDKS & set(sys.modules)), os.getppid())\n"
-    "from mcp.client import stdio\n"
-    "import mcp.client.stdio as imported\n"
-    "import openai\n"
-    "from openai.types.chat import ChatCompletion\n"
-    "answer = ChatCompletion.model_validate(\n"
-    "    {'id': 'c1', 'choices': [], 'created': 1, 'model': 'm', 'object': 'chat.completion'}\n"
-    ")\n"
-    "print(sorted(SDKS & set(sys.modules)), imported is stdio,\n"
-    "      type(sys.modules['mcp'].__spec__.loader).__name__, answer.id)\n"
+#: (``DEFERRED``): which it has, having imported modules of theirs that are
+#: not the SDKs' (``rqworker-pool`` imports ``multiprocessing.connection``),
+#: whether such a module is the server's, and its parent; then, once five
+#: threads imported modules of the SDKs at the same moment: which it has,
+#: the modules of theirs that are not the server's, whether a package's
+#: resources are found, whether a module loaded by its own spec is the one
+#: it was, and an answer validated by a model pydantic builds at its first
+#: use (from its module's namespace, looked up in sys.modules).
+DEFERRED_REPORT = """
+import importlib.resources, importlib.util, os, sys, threading
+SDKS = {"openai", "mcp", "mcp_types", "pydantic"}
+deferred = sys.meta_path[0]
+import shlex, multiprocessing.connection
+from multiprocessing import util
+servers = util is deferred.modules["multiprocessing.util"]
+print(sorted(SDKS & set(sys.modules)), servers, os.getppid())
+names = ["openai", "mcp", "mcp_types.version", "mcp.client.stdio", "openai.types.chat"]
+barrier = threading.Barrier(len(names))
+def load(name):
+    barrier.wait()
+    __import__(name)
+sys.setswitchinterval(1e-6)  # the threads' imports interleave as much as they can
+threads = [threading.Thread(target=load, args=(name,)) for name in names]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+sys.setswitchinterval(0.005)
+copies = [name for name, made in deferred.modules.items() if sys.modules.get(name) is not made]
+from openai.types.chat import ChatCompletion
+answer = ChatCompletion.model_validate(
+    {"id": "c1", "choices": [], "created": 1, "model": "m", "object": "chat.completion"}
 )
+typed = importlib.resources.files("openai").joinpath("py.typed").is_file()
+# What an import racing another thread's does with a module put back while
+# it asked the finders (one no import asked for here): it loads it by the
+# spec the module carries.
+client = sys.modules["openai._client"]
+by_spec = importlib.util.module_from_spec(client.__spec__)
+client.__spec__.loader.exec_module(by_spec)
+print(sorted(SDKS & set(sys.modules)), copies, typed, by_spec is client, answer.id)
+"""
 
 
 def test_the_sdks_the_server_imported_are_a_childs_only_once_it_imports_them():
-    child = _start(DEFERRED_REPORT, NRLLM_PROBE="-")
-    output, errors = child.communicate("", timeout=60)
-    assert child.returncode == 0, errors[-2000:]
-    started, imported = output.splitlines()[-2:]
-    sdks, parent = started.rsplit(" ", 1)
-    assert sdks == "[]"  # as in a fresh process: none until a run uses one
-    assert int(parent) != os.getpid()  # forked from the server that imported them
-    assert imported == "['mcp', 'mcp_types', 'openai', 'pydantic'] True SourceFileLoader c1"
+    # Three children: threads racing to put the modules back race differently.
+    children = [_start(DEFERRED_REPORT, NRLLM_PROBE="-") for _ in range(3)]
+    for child in children:
+        output, errors = child.communicate("", timeout=60)
+        assert child.returncode == 0, errors[-2000:]
+        started, imported = output.splitlines()[-2:]
+        sdks, servers, parent = started.rsplit(" ", 2)
+        # As in a fresh process: none until a run uses one, whatever else it imported.
+        assert (sdks, servers) == ("[]", "True")
+        assert int(parent) != os.getpid()  # forked from the server that imported them
+        assert imported == "['mcp', 'mcp_types', 'openai', 'pydantic'] [] True True c1"
 
 
 def test_a_library_that_reads_a_setting_as_it_is_imported_is_refused_at_the_servers_start(
