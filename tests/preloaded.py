@@ -392,6 +392,7 @@ class _Deferred:
     def __init__(self, modules: dict, roots: set):
         self.modules, self.roots = modules, roots
         self.put_back = False
+        self.handing = threading.Lock()  # two threads handing back one module
         self.specs = {}
         for name, module in modules.items():
             made = getattr(module, "__spec__", None)
@@ -405,7 +406,9 @@ class _Deferred:
             if made is not None:
                 spec.submodule_search_locations = made.submodule_search_locations
                 spec.cached, spec.has_location = made.cached, made.has_location
-                module.__spec__ = spec
+                # The two agree, as the import system leaves them (Python warns
+                # of a module whose __loader__ is not its spec's).
+                module.__spec__, module.__loader__ = spec, spec.loader
         # A package of the server's keeps no attribute naming a deferred
         # submodule: ``from multiprocessing import util`` imports it, as in a
         # fresh process, instead of finding it.
@@ -422,17 +425,39 @@ class _Deferred:
 
     def handing_back(self, name: str, module) -> None:
         """``name`` is being imported: put back what comes back with it."""
-        back = {name: module}
-        if not self.put_back and name.partition(".")[0] in self.roots:
-            self.put_back = True
-            back = {other: made for other, made in self.modules.items() if other not in sys.modules}
+        with self.handing:
+            if not self.put_back and name.partition(".")[0] in self.roots:
+                self.put_back = True
+                wanted = self.modules.keys()
+            else:
+                wanted = self._held_by(name)
+            back = {other: self.modules[other] for other in wanted if other not in sys.modules}
+            back[name] = module
             sys.modules.update({other: made for other, made in back.items() if other != name})
             for package, child, made in self.detached:
                 if back.get(made.__name__) is made:
                     setattr(package, child, made)
-        for done_again, module in back.items():
-            if done_again in _AS_IMPORTED:
-                _AS_IMPORTED[done_again](module)
+            for done_again in back.keys() & _AS_IMPORTED.keys():
+                _AS_IMPORTED[done_again](back[done_again])
+
+    def _held_by(self, name: str) -> set:
+        """``name``, its packages and the deferred modules its namespace
+        holds (a module, or a class or function of one), and theirs in turn:
+        what its import made that it uses (``multiprocessing.connection``'s
+        ``util``), as a fresh process would have them."""
+        held, todo = set(), [name]
+        while todo:
+            current = todo.pop()
+            if current in held or current not in self.modules or current in sys.modules:
+                continue
+            held.add(current)
+            todo.append(current.rpartition(".")[0])
+            for value in vars(self.modules[current]).values():
+                if isinstance(value, types.ModuleType):
+                    todo.append(value.__name__)
+                elif isinstance(value, type | types.FunctionType):
+                    todo.append(value.__module__)
+        return held
 
 
 class _HandedBack:
@@ -451,6 +476,8 @@ class _HandedBack:
         pass
 
     def __getattr__(self, name):
+        if name.startswith("_"):  # its own, unset (a copy): not the loader's
+            raise AttributeError(name)
         return getattr(self._made_by, name)
 
 

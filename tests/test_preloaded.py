@@ -78,20 +78,26 @@ def test_a_forked_process_is_the_one_asked_for_and_one_a_library_may_have_read_f
 #: What a child reports of the SDKs its server imported for later
 #: (``DEFERRED``): which it has, having imported modules of theirs that are
 #: not the SDKs' (``rqworker-pool`` imports ``multiprocessing.connection``),
-#: whether such a module is the server's, and its parent; then, once five
+#: whether the module that one's import made came with it, whether such a
+#: module is the server's, and its parent; then, once five
 #: threads imported modules of the SDKs at the same moment: which it has,
 #: the modules of theirs that are not the server's, whether a package's
 #: resources are found, whether a module loaded by its own spec is the one
-#: it was, and an answer validated by a model pydantic builds at its first
-#: use (from its module's namespace, looked up in sys.modules).
+#: it was, the warnings one of their modules raises (no more than in a fresh
+#: process), and an answer validated by a model pydantic builds at its first
+#: use (from its module's namespace, looked up in sys.modules); at its exit,
+#: what multiprocessing's exit function runs.
 DEFERRED_REPORT = """
 import importlib.resources, importlib.util, os, sys, threading
 SDKS = {"openai", "mcp", "mcp_types", "pydantic"}
 deferred = sys.meta_path[0]
 import shlex, multiprocessing.connection
+held = "multiprocessing.util" in sys.modules  # connection's import made it
 from multiprocessing import util
 servers = util is deferred.modules["multiprocessing.util"]
-print(sorted(SDKS & set(sys.modules)), servers, os.getppid())
+# Run at exit by multiprocessing's exit function, registered as util came back.
+util.Finalize(None, print, args=("finalized at exit",), exitpriority=0)
+print(sorted(SDKS & set(sys.modules)), held, servers, os.getppid())
 names = ["openai", "mcp", "mcp_types.version", "mcp.client.stdio", "openai.types.chat"]
 barrier = threading.Barrier(len(names))
 def load(name):
@@ -116,7 +122,12 @@ typed = importlib.resources.files("openai").joinpath("py.typed").is_file()
 client = sys.modules["openai._client"]
 by_spec = importlib.util.module_from_spec(client.__spec__)
 client.__spec__.loader.exec_module(by_spec)
-print(sorted(SDKS & set(sys.modules)), copies, typed, by_spec is client, answer.id)
+import warnings
+with warnings.catch_warnings(record=True) as warned:  # from a module of theirs
+    warnings.simplefilter("always")
+    warnings.warn_explicit("w", UserWarning, "f", 1, module_globals=vars(client))
+warned = [warning.category.__name__ for warning in warned]
+print(sorted(SDKS & set(sys.modules)), copies, typed, by_spec is client, warned, answer.id)
 """
 
 
@@ -126,12 +137,15 @@ def test_the_sdks_the_server_imported_are_a_childs_only_once_it_imports_them():
     for child in children:
         output, errors = child.communicate("", timeout=60)
         assert child.returncode == 0, errors[-2000:]
-        started, imported = output.splitlines()[-2:]
-        sdks, servers, parent = started.rsplit(" ", 2)
-        # As in a fresh process: none until a run uses one, whatever else it imported.
-        assert (sdks, servers) == ("[]", "True")
+        started, imported, at_exit = output.splitlines()[-3:]
+        sdks, held, servers, parent = started.rsplit(" ", 3)
+        # As in a fresh process: none until a run uses one, whatever else it
+        # imported, and what that import made with it.
+        assert (sdks, held, servers) == ("[]", "True", "True")
         assert int(parent) != os.getpid()  # forked from the server that imported them
-        assert imported == "['mcp', 'mcp_types', 'openai', 'pydantic'] [] True True c1"
+        sdks = "['mcp', 'mcp_types', 'openai', 'pydantic']"
+        assert imported == f"{sdks} [] True True ['UserWarning'] c1"
+        assert at_exit == "finalized at exit"
 
 
 def test_a_library_that_reads_a_setting_as_it_is_imported_is_refused_at_the_servers_start(
