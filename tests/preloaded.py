@@ -384,7 +384,8 @@ class _Deferred:
     without importing it (a pydantic model built at its first use looks its
     module's namespace up in ``sys.modules``); any other (``shlex``,
     ``multiprocessing.connection``, which a worker may import for itself)
-    comes back alone. A module's spec is its ``_HandedBack`` from the
+    comes back with only what it holds (``_held_by``). A module's spec is
+    its ``_HandedBack`` from the
     server on: an import racing another thread's, which finds the module
     put back meanwhile and loads it by its spec, gets it back too. A
     reload reads the file again, as in a fresh process."""
@@ -457,6 +458,7 @@ class _Deferred:
                     todo.append(value.__name__)
                 elif isinstance(value, type | types.FunctionType):
                     todo.append(value.__module__)
+            todo = [name for name in todo if isinstance(name, str)]
         return held
 
 
