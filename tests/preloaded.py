@@ -64,8 +64,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Imported by the server before any fork: libraries a worker's start
 #: imports (-X importtime), and nothing they do not bring in, none of which
 #: reads a Django setting as it is imported (``test_preloaded.py`` checks
-#: both). Not the model and MCP SDKs or OpenTelemetry's: tests assert which
-#: processes import them (those are ``DEFERRED``).
+#: both). Not the model and MCP SDKs (``DEFERRED``) or OpenTelemetry's SDK:
+#: tests assert which processes import them.
 PRELOAD = (
     "django.core.management",
     "django.core.checks",
